@@ -1,0 +1,68 @@
+#include "draftfeed/common/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace draftfeed {
+
+namespace {
+
+Error os_error(const std::string& what, const std::string& path, int err) {
+  const ErrorKind kind = (err == ENOENT || err == ENOTDIR) ? ErrorKind::kNotFound : ErrorKind::kIo;
+  return Error(kind, path + ": " + what + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return os_error("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return os_error("cannot stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error(ErrorKind::kIo, path + ": not a regular file");
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  const std::uint8_t* data = nullptr;
+  if (size > 0) {
+    void* addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return os_error("cannot mmap", path, err);
+    }
+    data = static_cast<const std::uint8_t*>(addr);
+  }
+  // The mapping keeps the file's pages; the descriptor is no longer needed.
+  ::close(fd);
+  return std::shared_ptr<const MappedFile>(new MappedFile(path, data, size));
+}
+
+std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& path) {
+  return open(path).value();
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+}
+
+void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
+  if (data_ == nullptr || offset >= size_) return;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t start = offset / page * page;
+  const std::size_t end = std::min(size_, offset + length);
+  ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
+}
+
+}  // namespace draftfeed

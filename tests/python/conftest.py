@@ -1,0 +1,45 @@
+"""Shared fixtures: where the `draftfeed` program is, and bounded subprocess runs of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def cli_path() -> str:
+    path = os.environ.get("DRAFTFEED_CLI") or shutil.which("draftfeed")
+    if not path:
+        pytest.fail("the draftfeed program is not on PATH (pip install . or set DRAFTFEED_CLI)")
+    return path
+
+
+@pytest.fixture
+def run_cli():
+    """Runs `draftfeed ARGS...` with a time bound; returns the CompletedProcess."""
+
+    def run(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [cli_path(), *map(str, args)], capture_output=True, text=True, timeout=timeout
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"draftfeed {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                f"{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def run_cli_json(run_cli):
+    """Runs `draftfeed ARGS... --json` and parses its standard output."""
+
+    def run(*args: str, timeout: float = 120) -> dict:
+        return json.loads(run_cli(*args, "--json", timeout=timeout).stdout)
+
+    return run
