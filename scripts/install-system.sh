@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages draftfeed builds and tests with. Skips apt entirely when all are present,
+# so a second run is instant and works offline.
+set -euo pipefail
+
+packages=(
+  g++ clang clang-format libclang-rt-14-dev   # compilers; clang for libFuzzer and the sanitizers
+  cmake ninja-build pkg-config
+  libgtest-dev libgmock-dev                  # the C++ test suite
+  libcurl4-openssl-dev                       # the vLLM client
+  nlohmann-json3-dev                         # JSON (safetensors headers, state.json, HTTP bodies)
+  python3-dev
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "system packages: all present"
+  exit 0
+fi
+echo "system packages: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

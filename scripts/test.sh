@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The README's second command (and what CI runs): installs what the tests need, then runs every suite:
+#   1. the C++ unit tests (ctest, Release build)
+#   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   3. the pipeline tests under ThreadSanitizer
+#   4. every libFuzzer target for a bounded time (FUZZ_SECONDS, default 60 each)
+#   5. the Python suite (pytest) against the installed package and the reference packages
+# Every stage runs even when an earlier one fails; the exit status is non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+jobs=${JOBS:-$(nproc)}
+fuzz_seconds=${FUZZ_SECONDS:-60}
+failed=()
+
+stage() {  # stage NAME COMMAND...
+  local name=$1
+  shift
+  echo
+  echo "=== $name ==="
+  if "$@"; then echo "=== $name: ok ==="; else echo "=== $name: FAILED ==="; failed+=("$name"); fi
+}
+
+configure_and_build() {  # configure_and_build DIR [CMAKE ARGS...]
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DDRAFTFEED_TESTS=ON "$@" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  cmake --build "$dir" -j "$jobs"
+}
+
+cpp_tests() {  # cpp_tests DIR [CTEST ARGS...]
+  local dir=$1
+  shift
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" "$@"
+}
+
+run_fuzzers() {
+  local dir=build/fuzz status=0
+  CC=clang CXX=clang++ configure_and_build "$dir" -DDRAFTFEED_TESTS=OFF -DDRAFTFEED_FUZZ=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDRAFTFEED_SANITIZE=address,undefined || return 1
+  for fuzzer in "$dir"/*_fuzz; do
+    [ -x "$fuzzer" ] || continue
+    local name corpus
+    name=$(basename "$fuzzer")
+    corpus="$dir/corpus/$name"
+    mkdir -p "$corpus"
+    [ -d "tests/fuzz/corpus/$name" ] && cp -n tests/fuzz/corpus/"$name"/* "$corpus"/ 2>/dev/null
+    echo "--- $name for ${fuzz_seconds}s"
+    if ! "$fuzzer" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -max_len=65536 \
+        -print_final_stats=1 "$corpus" >"$dir/$name.log" 2>&1; then
+      tail -n 60 "$dir/$name.log"
+      status=1
+    else
+      grep -E "stat::number_of_executed_units|Done" "$dir/$name.log" | tail -n 2
+    fi
+  done
+  return $status
+}
+
+python_tests() {
+  python3 -m pytest -q -p no:cacheprovider "$@"
+}
+
+stage "install: system packages" scripts/install-system.sh
+stage "install: python packages and draftfeed" scripts/install-python.sh --test
+stage "build: C++ tests (Release)" configure_and_build build/tests -DCMAKE_BUILD_TYPE=Release
+stage "ctest: C++ tests" cpp_tests build/tests
+stage "build: C++ tests (ASan+UBSan)" configure_and_build build/asan -DCMAKE_BUILD_TYPE=Debug \
+  -DDRAFTFEED_SANITIZE=address,undefined
+stage "ctest: C++ tests under ASan+UBSan" cpp_tests build/asan
+stage "build: C++ tests (TSan)" configure_and_build build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DDRAFTFEED_SANITIZE=thread
+stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent" --no-tests=ignore
+stage "fuzz: every parser for ${fuzz_seconds}s" run_fuzzers
+stage "pytest: Python suite" python_tests
+
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED stages: ${failed[*]}"
+  exit 1
+fi
+echo "all stages passed"
