@@ -1,0 +1,285 @@
+#include "draftfeed/sampler/multipack.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "draftfeed/common/error.h"
+#include "draftfeed/sampler/numpy_random.h"
+
+namespace draftfeed {
+
+namespace {
+
+// Limits that let a bin's (fill, slot) pair live in one 64-bit heap key and a window position and
+// length share one 64-bit sort key; far beyond any real batch.
+constexpr std::int64_t kMaxMaxLen = std::int64_t{1} << 40;
+constexpr int kMaxWorldSize = 1 << 20;
+
+int bit_width_of(std::uint64_t value) {
+  int bits = 0;
+  while (value != 0) {
+    ++bits;
+    value >>= 1;
+  }
+  return bits;
+}
+
+void check_options(std::span<const std::int64_t> lengths, const PlanOptions& options,
+                   std::int64_t epoch) {
+  require(options.max_len >= 1 && options.max_len < kMaxMaxLen, ErrorKind::kInvalidArgument,
+          "plan: max_len must be in [1, 2^40), got " + std::to_string(options.max_len));
+  require(options.world_size >= 1 && options.world_size <= kMaxWorldSize,
+          ErrorKind::kInvalidArgument,
+          "plan: world_size must be in [1, 2^20], got " + std::to_string(options.world_size));
+  require(epoch >= 0, ErrorKind::kInvalidArgument,
+          "plan: epoch must be non-negative, got " + std::to_string(epoch));
+  require(!options.max_batches || *options.max_batches >= 0, ErrorKind::kInvalidArgument,
+          "plan: max_batches must be non-negative, got " +
+              std::to_string(options.max_batches.value_or(0)));
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 0) {
+      throw Error(ErrorKind::kInvalidArgument, "plan: sample " + std::to_string(i) +
+                                                   " has a negative length " +
+                                                   std::to_string(lengths[i]));
+    }
+  }
+}
+
+// The epoch's shuffled samples: original indices and their (clipped) lengths, with prefix sums.
+struct EpochOrder {
+  std::vector<std::int64_t> indices;
+  std::vector<std::int64_t> lengths;
+  std::vector<std::int64_t> cumsum;
+};
+
+EpochOrder shuffle_epoch(std::span<const std::int64_t> lengths, const PlanOptions& options,
+                         std::int64_t epoch, PlanCounts& counts) {
+  EpochOrder order;
+  counts.num_samples = static_cast<std::int64_t>(lengths.size());
+  order.indices.reserve(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const bool is_long = lengths[i] > options.max_len;
+    counts.num_long += is_long ? 1 : 0;
+    if (!is_long || options.truncate) order.indices.push_back(static_cast<std::int64_t>(i));
+  }
+  counts.dropped_long = options.truncate ? 0 : counts.num_long;
+
+  // numpy's default_rng(seed + epoch) takes the exact sum, however large.
+  const Uint128 epoch_seed = static_cast<Uint128>(options.seed) + static_cast<Uint128>(epoch);
+  Pcg64 rng(seed_sequence_state(seed_words(epoch_seed)));
+  numpy_shuffle(rng, order.indices);
+
+  order.lengths.resize(order.indices.size());
+  order.cumsum.resize(order.indices.size());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < order.indices.size(); ++i) {
+    const std::int64_t length =
+        std::min(lengths[static_cast<std::size_t>(order.indices[i])], options.max_len);
+    order.lengths[i] = length;
+    if (__builtin_add_overflow(total, length, &total)) {
+      throw Error(
+          ErrorKind::kInvalidArgument,
+          "plan: the lengths' sum overflows int64 at shuffled position " + std::to_string(i));
+    }
+    order.cumsum[i] = total;
+  }
+  return order;
+}
+
+// Plans one epoch. Scratch buffers live here so windows reuse them without reallocating.
+class Planner {
+ public:
+  // `only_rank` < 0 collects every rank's batches, else only that rank's.
+  Planner(const PlanOptions& options, int only_rank)
+      : options_(options),
+        world_size_(options.world_size),
+        only_rank_(only_rank),
+        slot_bits_(bit_width_of(static_cast<std::uint64_t>(options.world_size - 1))),
+        heap_(static_cast<std::size_t>(options.world_size)) {}
+
+  void run(const EpochOrder& order, std::vector<RankPlan>& ranks, PlanCounts& counts) {
+    const auto n = static_cast<std::int64_t>(order.indices.size());
+    const std::int64_t capacity = options_.max_len * world_size_;
+    std::int64_t ind = 0;
+    std::int64_t batch_no = 0;
+    bool cut = false;
+    while (n - ind >= world_size_) {
+      if (options_.max_batches && batch_no >= *options_.max_batches) {
+        cut = true;
+        break;
+      }
+      // Upper bound of the search: the longest prefix whose tokens fit in all bins together.
+      const std::int64_t before = ind == 0 ? 0 : order.cumsum[static_cast<std::size_t>(ind - 1)];
+      const auto* first = order.cumsum.data() + ind;
+      const std::int64_t limit = before > std::numeric_limits<std::int64_t>::max() - capacity
+                                     ? std::numeric_limits<std::int64_t>::max()
+                                     : before + capacity;
+      const auto* fits_end = std::upper_bound(first, order.cumsum.data() + n, limit);
+      const std::int64_t max_count = fits_end - first;
+      sort_window(order.lengths.data() + ind, max_count);
+
+      std::int64_t left = 1;
+      std::int64_t right = 1 + max_count;
+      bool left_packed = false;  // accepted_slots_ holds the packing of `left` samples
+      while (right - left > 1 && right > world_size_) {
+        const std::int64_t mid = (left + right) / 2;
+        if (pack(mid, trial_slots_)) {
+          left = mid;
+          std::swap(trial_slots_, accepted_slots_);
+          left_packed = true;
+        } else {
+          right = mid;
+        }
+      }
+      if (!left_packed) {
+        // One sample always fits (lengths are at most max_len), and so does any size that passed.
+        const bool packed = pack(left, accepted_slots_);
+        (void)packed;
+      }
+      emit(order, ind, left, batch_no, ranks);
+      ind += left;
+      ++batch_no;
+    }
+    const std::int64_t rest = n - ind;
+    (cut ? counts.cut_by_max_batches : counts.dropped_tail) = rest;
+    counts.planned = ind;
+  }
+
+ private:
+  // Orders positions [0, count) of the window by descending length, later position first on ties.
+  void sort_window(const std::int64_t* window_lengths, std::int64_t count) {
+    sorted_pos_.resize(static_cast<std::size_t>(count));
+    sorted_len_.resize(static_cast<std::size_t>(count));
+    const int pos_bits = bit_width_of(static_cast<std::uint64_t>(count));
+    if (pos_bits + bit_width_of(static_cast<std::uint64_t>(options_.max_len)) <= 64) {
+      // Fast path: one integer key per item; sorting keys descending gives length desc, pos desc.
+      keys_.resize(static_cast<std::size_t>(count));
+      for (std::int64_t p = 0; p < count; ++p) {
+        keys_[static_cast<std::size_t>(p)] =
+            (static_cast<std::uint64_t>(window_lengths[p]) << pos_bits) |
+            static_cast<std::uint64_t>(p);
+      }
+      std::sort(keys_.begin(), keys_.end(), std::greater<>());
+      const std::uint64_t pos_mask = (std::uint64_t{1} << pos_bits) - 1;
+      for (std::size_t t = 0; t < keys_.size(); ++t) {
+        const auto pos = static_cast<std::int64_t>(keys_[t] & pos_mask);
+        sorted_pos_[t] = pos;
+        sorted_len_[t] = window_lengths[pos];
+      }
+      return;
+    }
+    for (std::int64_t p = 0; p < count; ++p) sorted_pos_[static_cast<std::size_t>(p)] = p;
+    std::sort(sorted_pos_.begin(), sorted_pos_.end(), [&](std::int64_t a, std::int64_t b) {
+      return window_lengths[a] != window_lengths[b] ? window_lengths[a] > window_lengths[b] : a > b;
+    });
+    for (std::size_t t = 0; t < sorted_pos_.size(); ++t) {
+      sorted_len_[t] = window_lengths[sorted_pos_[t]];
+    }
+  }
+
+  // LPT over the window's first `count` positions, longest first, each into the bin with the
+  // smallest (fill, slot). Records each visited item's slot; false when an item does not fit.
+  bool pack(std::int64_t count, std::vector<int>& slots) {
+    // A bin is the key fill << slot_bits | slot, so the smallest key is the smallest (fill, slot).
+    const auto world = static_cast<std::size_t>(world_size_);
+    for (std::size_t s = 0; s < world; ++s) heap_[s] = s;  // all empty: already a heap
+    const std::uint64_t slot_mask = (std::uint64_t{1} << slot_bits_) - 1;
+    const auto max_len = static_cast<std::uint64_t>(options_.max_len);
+    slots.clear();
+    for (std::size_t t = 0; t < sorted_pos_.size(); ++t) {
+      if (sorted_pos_[t] >= count) continue;
+      const std::uint64_t top = heap_[0];
+      const std::uint64_t fill = (top >> slot_bits_) + static_cast<std::uint64_t>(sorted_len_[t]);
+      if (fill > max_len) return false;
+      slots.push_back(static_cast<int>(top & slot_mask));
+      sift_down_root((fill << slot_bits_) | (top & slot_mask));
+    }
+    return true;
+  }
+
+  // Replaces the heap's root with `key` (never smaller) and restores the heap order.
+  void sift_down_root(std::uint64_t key) {
+    const std::size_t size = heap_.size();
+    std::size_t hole = 0;
+    while (true) {
+      std::size_t child = 2 * hole + 1;
+      if (child >= size) break;
+      if (child + 1 < size && heap_[child + 1] < heap_[child]) ++child;
+      if (heap_[child] >= key) break;
+      heap_[hole] = heap_[child];
+      hole = child;
+    }
+    heap_[hole] = key;
+  }
+
+  // Appends the accepted packing of `count` samples starting at shuffled position `ind` as batch
+  // `batch_no`: slot s goes to rank (s + batch_no) mod world_size, in packing order.
+  void emit(const EpochOrder& order, std::int64_t ind, std::int64_t count, std::int64_t batch_no,
+            std::vector<RankPlan>& ranks) {
+    const std::int64_t rotation = batch_no % world_size_;
+    std::size_t visited = 0;
+    for (std::size_t t = 0; t < sorted_pos_.size(); ++t) {
+      const std::int64_t pos = sorted_pos_[t];
+      if (pos >= count) continue;
+      const std::int64_t rank = (accepted_slots_[visited++] + rotation) % world_size_;
+      const std::int64_t sample = order.indices[static_cast<std::size_t>(ind + pos)];
+      if (only_rank_ < 0) {
+        ranks[static_cast<std::size_t>(rank)].samples.push_back(sample);
+      } else if (rank == only_rank_) {
+        ranks[0].samples.push_back(sample);
+      }
+    }
+    for (auto& plan : ranks) {
+      plan.batch_offsets.push_back(static_cast<std::int64_t>(plan.samples.size()));
+    }
+  }
+
+  const PlanOptions& options_;
+  const std::int64_t world_size_;
+  const int only_rank_;
+  const int slot_bits_;
+  std::vector<std::uint64_t> heap_;
+  std::vector<std::uint64_t> keys_;
+  std::vector<std::int64_t> sorted_pos_;
+  std::vector<std::int64_t> sorted_len_;
+  std::vector<int> trial_slots_;
+  std::vector<int> accepted_slots_;
+};
+
+void reserve_for(std::vector<RankPlan>& ranks, std::int64_t samples_each) {
+  for (auto& plan : ranks) plan.samples.reserve(static_cast<std::size_t>(samples_each));
+}
+
+}  // namespace
+
+AllRanksPlan plan_all_ranks(std::span<const std::int64_t> lengths, const PlanOptions& options,
+                            std::int64_t epoch) {
+  check_options(lengths, options, epoch);
+  AllRanksPlan plan;
+  const EpochOrder order = shuffle_epoch(lengths, options, epoch, plan.counts);
+  plan.ranks.resize(static_cast<std::size_t>(options.world_size));
+  reserve_for(plan.ranks,
+              static_cast<std::int64_t>(order.indices.size()) / options.world_size + 1024);
+  Planner(options, -1).run(order, plan.ranks, plan.counts);
+  plan.num_batches = plan.ranks[0].num_batches();
+  return plan;
+}
+
+RankPlan plan_rank(std::span<const std::int64_t> lengths, const PlanOptions& options, int rank,
+                   std::int64_t epoch, PlanCounts* counts) {
+  check_options(lengths, options, epoch);
+  require(rank >= 0 && rank < options.world_size, ErrorKind::kInvalidArgument,
+          "plan: rank " + std::to_string(rank) +
+              " is outside [0, world_size=" + std::to_string(options.world_size) + ")");
+  PlanCounts local_counts;
+  PlanCounts& out_counts = counts != nullptr ? *counts : local_counts;
+  out_counts = PlanCounts{};
+  const EpochOrder order = shuffle_epoch(lengths, options, epoch, out_counts);
+  std::vector<RankPlan> ranks(1);
+  reserve_for(ranks, static_cast<std::int64_t>(order.indices.size()) / options.world_size + 1024);
+  Planner(options, rank).run(order, ranks, out_counts);
+  return std::move(ranks[0]);
+}
+
+}  // namespace draftfeed

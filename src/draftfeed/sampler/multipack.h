@@ -1,0 +1,75 @@
+// The multipack batch planner (SPEC §4): which samples each data-parallel rank trains on in each
+// batch of an epoch, identical to speculators' MultipackDistributedBatchSamplerV2.
+//
+// Per epoch the valid samples are shuffled with numpy's permutation (seed + epoch), then cut into
+// consecutive windows. For each window a binary search finds the longest prefix of the remaining
+// shuffled samples that LPT (longest first, into the least-filled of `world_size` bins of capacity
+// `max_len`) can pack; bin `slot` of batch `b` goes to rank `(slot + b) mod world_size`. Fewer than
+// `world_size` samples left at the end are dropped. Every rank gets the same number of batches.
+//
+// Ties: the reference orders equal lengths by numpy's unstable argsort, so its output is defined
+// only for distinct lengths. Here equal lengths are ordered by their position in the shuffled
+// order, later position first (what a stable ascending sort, reversed, gives); with ties the batch
+// count and each batch's multiset of lengths match the reference, the exact indices may not.
+//
+// Indices are positions in the `lengths` span given (local to a split; the caller maps them to
+// global rows). Thread safety: the functions are pure and may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace draftfeed {
+
+struct PlanOptions {
+  std::int64_t max_len = 8192;  // token capacity of one rank's batch (total_seq_len)
+  int world_size = 1;           // data-parallel ranks
+  std::uint64_t seed = 0;       // the epoch's shuffle uses numpy's default_rng(seed + epoch)
+  bool truncate = true;         // long samples: clip their length to max_len (true) or drop (false)
+  std::optional<std::int64_t> max_batches;  // keep only the first max_batches batches per rank
+};
+
+// One rank's batches, stored back to back: batch b is samples[batch_offsets[b] ..
+// batch_offsets[b+1]).
+struct RankPlan {
+  std::vector<std::int64_t> samples;
+  std::vector<std::int64_t> batch_offsets{0};
+
+  std::int64_t num_batches() const { return static_cast<std::int64_t>(batch_offsets.size()) - 1; }
+  std::span<const std::int64_t> batch(std::int64_t b) const {
+    const auto begin = static_cast<std::size_t>(batch_offsets[static_cast<std::size_t>(b)]);
+    const auto end = static_cast<std::size_t>(batch_offsets[static_cast<std::size_t>(b) + 1]);
+    return std::span<const std::int64_t>(samples).subspan(begin, end - begin);
+  }
+};
+
+// What happened to the samples of one epoch's plan.
+struct PlanCounts {
+  std::int64_t num_samples = 0;         // lengths given
+  std::int64_t num_long = 0;            // longer than max_len (clipped when truncating)
+  std::int64_t dropped_long = 0;        // long samples left out (drop mode)
+  std::int64_t dropped_tail = 0;        // fewer than world_size left at the end of the epoch
+  std::int64_t cut_by_max_batches = 0;  // not planned because max_batches was reached
+  std::int64_t planned = 0;             // samples in some rank's batch
+};
+
+struct AllRanksPlan {
+  std::int64_t num_batches = 0;  // the same on every rank
+  std::vector<RankPlan> ranks;   // index = rank
+  PlanCounts counts;
+};
+
+// Every rank's batches for `epoch`, in one pass (the packing is shared by all ranks).
+// Throws Error(kInvalidArgument) for a negative length, max_len < 1, world_size < 1, epoch < 0,
+// max_batches < 0, or sizes whose token capacity (max_len * world_size) overflows.
+AllRanksPlan plan_all_ranks(std::span<const std::int64_t> lengths, const PlanOptions& options,
+                            std::int64_t epoch);
+
+// One rank's batches for `epoch` (the reference sampler's `_generate_batches(epoch)` on `rank`).
+// Same errors as plan_all_ranks, and rank outside [0, world_size). `counts`, when given, is filled.
+RankPlan plan_rank(std::span<const std::int64_t> lengths, const PlanOptions& options, int rank,
+                   std::int64_t epoch, PlanCounts* counts = nullptr);
+
+}  // namespace draftfeed

@@ -1,0 +1,81 @@
+// numpy's permutation: the SPEC's published vectors, plus properties that hold for any seed. The
+// thorough bit-for-bit comparison with numpy itself is tests/python/test_sampler_permutation.py.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "draftfeed/common/error.h"
+#include "draftfeed/sampler/numpy_random.h"
+
+namespace draftfeed {
+namespace {
+
+TEST(SamplerNumpyRandom, SpecVectors) {
+  // SPEC §4: default_rng(seed).permutation(10) for seeds 0, 1, 42.
+  EXPECT_EQ(numpy_permutation(0, 10), (std::vector<std::int64_t>{4, 6, 2, 7, 3, 5, 9, 0, 8, 1}));
+  EXPECT_EQ(numpy_permutation(1, 10), (std::vector<std::int64_t>{8, 4, 7, 0, 1, 2, 5, 9, 6, 3}));
+  EXPECT_EQ(numpy_permutation(42, 10), (std::vector<std::int64_t>{5, 6, 0, 7, 3, 2, 4, 9, 1, 8}));
+}
+
+TEST(SamplerNumpyRandom, SeedWordsSplitLeastSignificantFirst) {
+  EXPECT_EQ(seed_words(0), (std::vector<std::uint32_t>{0}));
+  EXPECT_EQ(seed_words(42), (std::vector<std::uint32_t>{42}));
+  EXPECT_EQ(seed_words((Uint128{1} << 40) + 7), (std::vector<std::uint32_t>{7, 256}));
+  EXPECT_EQ(seed_words(Uint128{1} << 64), (std::vector<std::uint32_t>{0, 0, 1}));
+}
+
+TEST(SamplerNumpyRandom, PermutationIsAPermutation) {
+  for (const std::int64_t n : {0, 1, 2, 3, 17, 1000}) {
+    auto perm = numpy_permutation(7, n);
+    ASSERT_EQ(static_cast<std::int64_t>(perm.size()), n);
+    std::sort(perm.begin(), perm.end());
+    std::vector<std::int64_t> expected(static_cast<std::size_t>(n));
+    std::iota(expected.begin(), expected.end(), 0);
+    EXPECT_EQ(perm, expected) << "n=" << n;
+  }
+}
+
+TEST(SamplerNumpyRandom, PermutationOfArrayMovesItemsLikeTheIndexPermutation) {
+  // Shuffling an array applies the same swaps as shuffling arange(n): item k lands where index k
+  // does.
+  const std::vector<std::int64_t> items{100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110};
+  const auto words = seed_words(5);
+  const auto shuffled = numpy_permutation_of(words, items);
+  const auto perm = numpy_permutation(words, static_cast<std::int64_t>(items.size()));
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(shuffled[i], items[static_cast<std::size_t>(perm[i])]);
+  }
+}
+
+TEST(SamplerNumpyRandom, Next32UsesBothHalvesOfOneNext64) {
+  const auto state = seed_sequence_state(seed_words(3));
+  Pcg64 wide(state);
+  Pcg64 narrow(state);
+  const std::uint64_t word = wide.next64();
+  EXPECT_EQ(narrow.next32(), static_cast<std::uint32_t>(word));
+  EXPECT_EQ(narrow.next32(), static_cast<std::uint32_t>(word >> 32));
+  EXPECT_EQ(narrow.next64(), wide.next64());
+}
+
+TEST(SamplerNumpyRandom, IntervalStaysInRange) {
+  Pcg64 rng(seed_sequence_state(seed_words(11)));
+  for (const std::uint64_t max :
+       {0ULL, 1ULL, 2ULL, 5ULL, 0xFFFFFFFFULL, 0x100000000ULL, 0xFFFFFFFFFFFFFFFFULL}) {
+    for (int i = 0; i < 200; ++i) EXPECT_LE(rng.interval(max), max);
+  }
+}
+
+TEST(SamplerNumpyRandom, NegativeSizeIsRefused) {
+  try {
+    (void)numpy_permutation(0, -3);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(error.what()).find("-3"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace draftfeed
