@@ -1,0 +1,154 @@
+#include "draftfeed/batch/assemble.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "draftfeed/batch/hidden_copy.h"
+#include "draftfeed/batch/noise.h"
+
+namespace draftfeed {
+
+namespace {
+
+std::int64_t* int64_tensor(const BatchLayout& layout, std::uint8_t* batch, const char* name) {
+  return reinterpret_cast<std::int64_t*>(batch + layout.find(name)->offset);
+}
+
+// Source token of output row r, for the target layers and for the last layer.
+std::int64_t shift_of(Preprocess preprocess) {
+  return preprocess == Preprocess::kEagle3Shift ? 1 : 0;
+}
+
+}  // namespace
+
+std::int64_t sample_rows_after_preprocess(Preprocess preprocess, std::int64_t tokens) {
+  return preprocess == Preprocess::kEagle3Shift ? std::max<std::int64_t>(tokens - 1, 0) : tokens;
+}
+
+BatchPlacement place_samples(std::int64_t max_len, const std::vector<std::int64_t>& rows,
+                             const std::vector<bool>& usable) {
+  BatchPlacement placement;
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (!usable[i]) continue;
+    const std::int64_t take = std::min(rows[i], max_len - offset);
+    placement.samples.push_back(SamplePlacement{i, offset, take});
+    // The reference's lengths loop: a sample that reaches max_len ends the batch.
+    if (rows[i] + offset >= max_len) {
+      placement.documents.push_back(max_len - offset);
+      offset = max_len;
+      break;
+    }
+    placement.documents.push_back(rows[i]);
+    offset += take;
+  }
+  placement.used_rows = offset;
+  placement.locally_empty = placement.samples.empty();
+  return placement;
+}
+
+std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
+                              const SamplePlacement& placement, const FetchedSample& sample,
+                              std::int64_t global_row, const NoiseContext& noise,
+                              std::int64_t first, std::int64_t last) {
+  const BatchSpec& spec = layout.spec;
+  const HiddenStatesView& hs = sample.hidden;
+  const std::int64_t rows = last - first;
+  if (rows <= 0) return 0;
+  const std::size_t src_elem = hidden_dtype_size(hs.dtype);
+  const std::size_t dst_elem = hidden_dtype_size(spec.dtype);
+  const std::int64_t src_stride = hs.layers * hs.hidden;
+  const std::int64_t shift = shift_of(spec.preprocess);
+  const TensorSlot* target = layout.find("hidden_states");
+  const TensorSlot* last_layer = layout.find("verifier_last_hidden_states");
+  const std::int64_t dst_row = placement.dst_row + first;
+  std::int64_t nonfinite = 0;
+
+  auto source_at = [&](std::int64_t token, std::int64_t layer) {
+    return hs.data + (static_cast<std::size_t>(token) * static_cast<std::size_t>(src_stride) +
+                      static_cast<std::size_t>(layer * hs.hidden)) *
+                         src_elem;
+  };
+
+  RowCopy job;
+  job.src_dtype = hs.dtype;
+  job.src_row_stride = src_stride;
+  job.dst_dtype = spec.dtype;
+  job.rows = rows;
+
+  if (spec.preprocess == Preprocess::kMtp) {
+    // MTP: `hidden_states` is the verifier's last layer, never noised.
+    job.src = source_at(first, hs.layers - 1);
+    job.width = hs.hidden;
+    job.dst_row_stride = job.width;
+    job.dst = batch + target->offset + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
+    return copy_hidden_rows(job);
+  }
+
+  // Target layers 0..L-2 of token t are contiguous: one row of (L-1)*H elements.
+  job.src = source_at(first, 0);
+  job.width = (hs.layers - 1) * hs.hidden;
+  job.dst_row_stride = job.width;
+  job.dst = batch + target->offset + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
+  if (noise.enabled && spec.noise.kind != NoiseKind::kNone && spec.noise.std > 0.0) {
+    job.noise = spec.noise.kind;
+    job.noise_std = static_cast<float>(spec.noise.std);
+    job.noise_sample_key =
+        noise_sample_key(spec.noise.seed, noise.epoch, static_cast<std::uint64_t>(global_row));
+    job.first_token = first;
+  }
+  nonfinite += copy_hidden_rows(job);
+
+  // The verifier's last layer, shifted by one token under EAGLE-3.
+  RowCopy last_job;
+  last_job.src_dtype = hs.dtype;
+  last_job.src_row_stride = src_stride;
+  last_job.dst_dtype = spec.dtype;
+  last_job.rows = rows;
+  last_job.src = source_at(first + shift, hs.layers - 1);
+  last_job.width = hs.hidden;
+  last_job.dst_row_stride = hs.hidden;
+  last_job.dst =
+      batch + last_layer->offset + static_cast<std::size_t>(dst_row * hs.hidden) * dst_elem;
+  nonfinite += copy_hidden_rows(last_job);
+  return nonfinite;
+}
+
+void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPlacement& placement,
+                  const std::vector<IntArrayView>& ids, const std::vector<IntArrayView>& masks) {
+  const std::int64_t max_len = layout.spec.max_len;
+  const std::int64_t shift = shift_of(layout.spec.preprocess);
+  std::int64_t* input_ids = int64_tensor(layout, batch, "input_ids");
+  std::int64_t* loss_mask = int64_tensor(layout, batch, "loss_mask");
+  std::int64_t* position_ids = int64_tensor(layout, batch, "position_ids");
+  std::int64_t* document_ids = int64_tensor(layout, batch, "document_ids");
+
+  for (const SamplePlacement& p : placement.samples) {
+    const IntArrayView& id_view = ids[p.sample];
+    const IntArrayView& mask_view = masks[p.sample];
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      input_ids[p.dst_row + r] = id_view[r + shift];
+      loss_mask[p.dst_row + r] = mask_view[r + shift];
+      position_ids[p.dst_row + r] = r + shift;
+    }
+  }
+  std::int64_t row = 0;
+  for (std::size_t doc = 0; doc < placement.documents.size(); ++doc) {
+    std::fill_n(document_ids + row, placement.documents[doc], static_cast<std::int64_t>(doc));
+    row += placement.documents[doc];
+  }
+  const std::int64_t used = placement.used_rows;
+  std::fill(document_ids + row, document_ids + max_len, -1);
+  std::fill(input_ids + used, input_ids + max_len, 0);
+  std::fill(loss_mask + used, loss_mask + max_len, 0);
+  std::fill(position_ids + used, position_ids + max_len, 0);
+  // Zero the padding rows of the hidden-state tensors (the buffer is reused across batches).
+  for (const TensorSlot& slot : layout.tensors) {
+    if (slot.dtype == TensorDType::kInt64) continue;
+    const std::size_t row_bytes = slot.nbytes / static_cast<std::size_t>(max_len);
+    std::memset(batch + slot.offset + static_cast<std::size_t>(used) * row_bytes, 0,
+                static_cast<std::size_t>(max_len - used) * row_bytes);
+  }
+}
+
+}  // namespace draftfeed

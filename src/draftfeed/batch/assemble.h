@@ -1,0 +1,59 @@
+// Assembly of one batch (SPEC §5) into its preallocated buffer, in three steps the pipeline runs:
+//   1. `place_samples` (serial, cheap): after fetching, decide where each usable sample's rows go,
+//      exactly as the reference collate packs them (dropped samples leave no gap; the sample
+//      crossing `max_len` is truncated; later ones are left out);
+//   2. `copy_sample_rows` (parallel, in chunks): the hidden-state rows of one placed sample, with
+//   cast,
+//      noise and finiteness check fused (hidden_copy.h);
+//   3. `finish_batch` (serial, small): token ids, loss mask, positions, document ids, zeroed tails.
+// If step 2 finds non-finite values the pipeline marks that sample unusable and repeats 1-3 (rare).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/sample.h"
+#include "draftfeed/dataset/token_dataset.h"
+
+namespace draftfeed {
+
+// Rows a sample of `tokens` tokens contributes after the preprocess (the EAGLE-3 shift drops one).
+std::int64_t sample_rows_after_preprocess(Preprocess preprocess, std::int64_t tokens);
+
+struct SamplePlacement {
+  std::size_t sample = 0;    // index in the batch's plan order
+  std::int64_t dst_row = 0;  // first row in the batch
+  std::int64_t rows = 0;     // rows copied (may be fewer than the sample has: truncation)
+};
+
+struct BatchPlacement {
+  std::vector<SamplePlacement> samples;  // usable samples that got rows, in plan order
+  std::vector<std::int64_t> documents;   // document lengths, as the reference's `lengths`
+  std::int64_t used_rows = 0;
+  bool locally_empty = false;  // no usable sample: the all-padding batch
+};
+
+// `rows[i]` is sample i's row count after preprocess; `usable[i]` false for dropped samples.
+BatchPlacement place_samples(std::int64_t max_len, const std::vector<std::int64_t>& rows,
+                             const std::vector<bool>& usable);
+
+struct NoiseContext {
+  bool enabled = false;  // training split with noise on
+  std::uint64_t epoch = 0;
+};
+
+// Copies rows [first, last) (relative to the placement) of the sample's hidden states into the
+// batch buffer `batch` laid out by `layout`; `global_row` keys the noise. Returns non-finite
+// elements seen.
+std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
+                              const SamplePlacement& placement, const FetchedSample& sample,
+                              std::int64_t global_row, const NoiseContext& noise,
+                              std::int64_t first, std::int64_t last);
+
+// Writes the integer tensors of every placed sample, document ids, and zeros every tensor's rows
+// past `used_rows`. `ids[i]`/`masks[i]` are sample i's dataset row views (plan order).
+void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPlacement& placement,
+                  const std::vector<IntArrayView>& ids, const std::vector<IntArrayView>& masks);
+
+}  // namespace draftfeed

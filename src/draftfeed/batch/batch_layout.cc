@@ -1,0 +1,112 @@
+#include <string>
+
+#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/error.h"
+
+namespace draftfeed {
+
+std::size_t hidden_dtype_size(HiddenDType dtype) { return dtype == HiddenDType::kF32 ? 4 : 2; }
+
+const char* hidden_dtype_name(HiddenDType dtype) {
+  switch (dtype) {
+    case HiddenDType::kBF16:
+      return "bfloat16";
+    case HiddenDType::kF16:
+      return "float16";
+    case HiddenDType::kF32:
+      return "float32";
+  }
+  return "unknown";
+}
+
+std::size_t tensor_dtype_size(TensorDType dtype) {
+  switch (dtype) {
+    case TensorDType::kInt64:
+      return 8;
+    case TensorDType::kBool:
+      return 1;
+    case TensorDType::kBF16:
+    case TensorDType::kF16:
+      return 2;
+    case TensorDType::kF32:
+      return 4;
+  }
+  return 0;
+}
+
+const TensorSlot* BatchLayout::find(const std::string& name) const {
+  for (const auto& slot : tensors) {
+    if (slot.name == name) return &slot;
+  }
+  return nullptr;
+}
+
+std::int64_t BatchLayout::target_row_width() const {
+  const TensorSlot* slot = find("hidden_states");
+  return slot == nullptr ? 0 : slot->shape.back();
+}
+
+std::int64_t BatchLayout::last_row_width() const {
+  const TensorSlot* slot = find("verifier_last_hidden_states");
+  return slot == nullptr ? 0 : slot->shape.back();
+}
+
+BatchLayout make_batch_layout(const BatchSpec& spec) {
+  require(spec.max_len > 0, ErrorKind::kInvalidArgument,
+          "total_seq_len must be positive, got " + std::to_string(spec.max_len));
+  require(spec.hidden_size > 0, ErrorKind::kInvalidArgument,
+          "hidden_size must be positive, got " + std::to_string(spec.hidden_size));
+  require(spec.num_target_layers > 0, ErrorKind::kInvalidArgument,
+          "num_target_layers must be positive, got " + std::to_string(spec.num_target_layers));
+  require(spec.dtype != HiddenDType::kF16, ErrorKind::kInvalidArgument,
+          "hidden_states_dtype float16 is not supported for training (use bfloat16 or float32)");
+  require(spec.noise.std >= 0.0, ErrorKind::kInvalidArgument,
+          "noise std must be >= 0, got " + std::to_string(spec.noise.std));
+
+  const TensorDType hidden =
+      spec.dtype == HiddenDType::kBF16 ? TensorDType::kBF16 : TensorDType::kF32;
+  const std::int64_t n = spec.max_len;
+  const std::int64_t target_width = spec.num_target_layers * spec.hidden_size;
+
+  // Key order is the reference collate's: the first sample's keys after preprocess, `lengths`
+  // removed, `document_ids` appended.
+  std::vector<TensorSlot> tensors;
+  auto add = [&](const char* name, TensorDType dtype, std::vector<std::int64_t> shape) {
+    tensors.push_back(TensorSlot{name, dtype, std::move(shape), 0, 0});
+  };
+  switch (spec.preprocess) {
+    case Preprocess::kNone:
+      add("hidden_states", hidden, {1, n, target_width});
+      add("input_ids", TensorDType::kInt64, {1, n});
+      add("verifier_last_hidden_states", hidden, {1, n, spec.hidden_size});
+      break;
+    case Preprocess::kEagle3Shift:
+      add("input_ids", TensorDType::kInt64, {1, n});
+      add("hidden_states", hidden, {1, n, target_width});
+      add("verifier_last_hidden_states", hidden, {1, n, spec.hidden_size});
+      break;
+    case Preprocess::kMtp:
+      add("input_ids", TensorDType::kInt64, {1, n});
+      add("hidden_states", hidden, {1, n, spec.hidden_size});
+      break;
+  }
+  add("loss_mask", TensorDType::kInt64, {1, n});
+  add("position_ids", TensorDType::kInt64, {1, n});
+  add("document_ids", TensorDType::kInt64, {1, n});
+
+  BatchLayout layout;
+  layout.spec = spec;
+  std::size_t offset = 0;
+  for (auto& slot : tensors) {
+    std::size_t elements = 1;
+    for (const auto dim : slot.shape) elements *= static_cast<std::size_t>(dim);
+    slot.offset = offset;
+    slot.nbytes = elements * tensor_dtype_size(slot.dtype);
+    offset = (offset + slot.nbytes + 63) / 64 * 64;
+  }
+  layout.tensors = std::move(tensors);
+  layout.total_bytes = offset;
+  return layout;
+}
+
+}  // namespace draftfeed

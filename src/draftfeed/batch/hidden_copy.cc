@@ -1,0 +1,196 @@
+#include "draftfeed/batch/hidden_copy.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "draftfeed/batch/noise.h"
+
+// Kernels are compiled twice, for AVX2 and for the baseline, and chosen at load time (GCC ifunc),
+// so one binary runs everywhere and uses wide vectors where it can. Sanitizer builds keep one
+// version.
+#if defined(DRAFTFEED_X86) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define DRAFTFEED_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define DRAFTFEED_KERNEL
+#endif
+
+namespace draftfeed {
+
+namespace {
+
+inline std::uint32_t float_bits(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+inline float bits_float(std::uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+inline std::uint16_t round_bf16(float value) {
+  std::uint32_t bits = float_bits(value);
+  if ((bits & 0x7FFFFFFFU) > 0x7F800000U) return 0x7FC0;  // NaN, as PyTorch
+  bits += 0x7FFFU + ((bits >> 16) & 1U);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000U) << 16;
+  std::uint32_t exponent = (h >> 10) & 0x1FU;
+  std::uint32_t mantissa = h & 0x3FFU;
+  if (exponent == 0x1F) return bits_float(sign | 0x7F800000U | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0) return bits_float(sign);
+    // Subnormal: normalise.
+    int shift = 0;
+    while ((mantissa & 0x400U) == 0) {
+      mantissa <<= 1;
+      ++shift;
+    }
+    mantissa &= 0x3FFU;
+    exponent = static_cast<std::uint32_t>(1 - shift);
+  }
+  return bits_float(sign | ((exponent + 112U) << 23) | (mantissa << 13));
+}
+
+template <HiddenDType kSrc>
+inline float load(const std::uint8_t* base, std::int64_t i) {
+  if constexpr (kSrc == HiddenDType::kF32) {
+    float v;
+    std::memcpy(&v, base + i * 4, 4);
+    return v;
+  } else {
+    std::uint16_t v;
+    std::memcpy(&v, base + i * 2, 2);
+    if constexpr (kSrc == HiddenDType::kBF16) {
+      return bits_float(static_cast<std::uint32_t>(v) << 16);
+    } else {
+      return half_to_float(v);
+    }
+  }
+}
+
+template <HiddenDType kSrc>
+inline bool is_nonfinite(const std::uint8_t* base, std::int64_t i) {
+  if constexpr (kSrc == HiddenDType::kF32) {
+    std::uint32_t v;
+    std::memcpy(&v, base + i * 4, 4);
+    return (v & 0x7F800000U) == 0x7F800000U;
+  } else {
+    std::uint16_t v;
+    std::memcpy(&v, base + i * 2, 2);
+    const std::uint16_t mask = kSrc == HiddenDType::kBF16 ? 0x7F80 : 0x7C00;
+    return (v & mask) == mask;
+  }
+}
+
+template <HiddenDType kDst>
+inline void store(std::uint8_t* base, std::int64_t i, float value) {
+  if constexpr (kDst == HiddenDType::kF32) {
+    std::memcpy(base + i * 4, &value, 4);
+  } else {
+    const std::uint16_t v = round_bf16(value);
+    std::memcpy(base + i * 2, &v, 2);
+  }
+}
+
+// One row with no noise. bf16 -> bf16 and f32 -> f32 are bit copies.
+template <HiddenDType kSrc, HiddenDType kDst>
+inline std::int64_t row_plain(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n) {
+  std::int64_t bad = 0;
+  if constexpr (kSrc == kDst) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * hidden_dtype_size(kSrc));
+    for (std::int64_t i = 0; i < n; ++i) bad += is_nonfinite<kSrc>(src, i);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      bad += is_nonfinite<kSrc>(src, i);
+      store<kDst>(dst, i, load<kSrc>(src, i));
+    }
+  }
+  return bad;
+}
+
+template <HiddenDType kSrc, HiddenDType kDst>
+inline std::int64_t row_uniform(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
+                                std::uint32_t key, float std_dev) {
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    bad += is_nonfinite<kSrc>(src, i);
+    const float u = noise_uniform(key, static_cast<std::uint32_t>(i));
+    store<kDst>(dst, i, load<kSrc>(src, i) + (2.0f * u - 1.0f) * std_dev);
+  }
+  return bad;
+}
+
+template <HiddenDType kSrc, HiddenDType kDst>
+inline std::int64_t row_gaussian(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
+                                 std::uint32_t key, float std_dev) {
+  std::int64_t bad = 0;
+  constexpr float kTwoPi = 6.28318530717958647692f;
+  for (std::int64_t i = 0; i < n; i += 2) {
+    const float u1 = noise_uniform(key, static_cast<std::uint32_t>(i));
+    const float u2 = noise_uniform(key, static_cast<std::uint32_t>(i + 1));
+    const float radius = std::sqrt(-2.0f * std::log(1.0f - u1));
+    bad += is_nonfinite<kSrc>(src, i);
+    store<kDst>(dst, i, load<kSrc>(src, i) + std_dev * radius * std::cos(kTwoPi * u2));
+    if (i + 1 < n) {
+      bad += is_nonfinite<kSrc>(src, i + 1);
+      store<kDst>(dst, i + 1, load<kSrc>(src, i + 1) + std_dev * radius * std::sin(kTwoPi * u2));
+    }
+  }
+  return bad;
+}
+
+template <HiddenDType kSrc, HiddenDType kDst>
+DRAFTFEED_KERNEL std::int64_t copy_rows(const RowCopy& job) {
+  const std::size_t src_stride =
+      static_cast<std::size_t>(job.src_row_stride) * hidden_dtype_size(kSrc);
+  const std::size_t dst_stride =
+      static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(kDst);
+  std::int64_t bad = 0;
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    const std::uint8_t* src = job.src + static_cast<std::size_t>(r) * src_stride;
+    std::uint8_t* dst = job.dst + static_cast<std::size_t>(r) * dst_stride;
+    if (job.noise == NoiseKind::kNone) {
+      bad += row_plain<kSrc, kDst>(src, dst, job.width);
+      continue;
+    }
+    const auto token = static_cast<std::uint64_t>(job.first_token + r);
+    const std::uint32_t key = noise_token_key(job.noise_sample_key, token);
+    bad += job.noise == NoiseKind::kUniform
+               ? row_uniform<kSrc, kDst>(src, dst, job.width, key, job.noise_std)
+               : row_gaussian<kSrc, kDst>(src, dst, job.width, key, job.noise_std);
+  }
+  return bad;
+}
+
+template <HiddenDType kSrc>
+std::int64_t copy_from(const RowCopy& job) {
+  return job.dst_dtype == HiddenDType::kF32 ? copy_rows<kSrc, HiddenDType::kF32>(job)
+                                            : copy_rows<kSrc, HiddenDType::kBF16>(job);
+}
+
+}  // namespace
+
+std::int64_t copy_hidden_rows(const RowCopy& job) {
+  switch (job.src_dtype) {
+    case HiddenDType::kBF16:
+      return copy_from<HiddenDType::kBF16>(job);
+    case HiddenDType::kF16:
+      return copy_from<HiddenDType::kF16>(job);
+    case HiddenDType::kF32:
+      return copy_from<HiddenDType::kF32>(job);
+  }
+  return 0;
+}
+
+float bf16_to_float(std::uint16_t bits) {
+  return bits_float(static_cast<std::uint32_t>(bits) << 16);
+}
+std::uint16_t float_to_bf16(float value) { return round_bf16(value); }
+float f16_to_float(std::uint16_t bits) { return half_to_float(bits); }
+
+}  // namespace draftfeed

@@ -1,0 +1,37 @@
+// The one copy: hidden-state rows from a mapped file into a batch tensor, with the dtype cast, the
+// training noise and the finiteness check fused into a single pass over the bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "draftfeed/batch/batch_spec.h"
+
+namespace draftfeed {
+
+struct RowCopy {
+  const std::uint8_t* src = nullptr;  // first element of the first row to copy
+  HiddenDType src_dtype = HiddenDType::kBF16;
+  std::int64_t src_row_stride = 0;  // elements between consecutive rows (L * H)
+  std::uint8_t* dst = nullptr;
+  HiddenDType dst_dtype = HiddenDType::kBF16;  // bf16 or f32
+  std::int64_t dst_row_stride = 0;             // elements
+  std::int64_t rows = 0;
+  std::int64_t width = 0;  // elements per row
+
+  // Noise (kind kNone for the verifier's last layer and for validation batches).
+  NoiseKind noise = NoiseKind::kNone;
+  float noise_std = 0.0f;
+  std::uint64_t noise_sample_key = 0;
+  std::int64_t first_token = 0;  // the file's token index of the first row (the noise counter)
+};
+
+// Copies and returns the number of non-finite source elements (NaN or Inf) seen. bf16 rounding is
+// round-to-nearest-even, as PyTorch's float -> bfloat16 cast.
+std::int64_t copy_hidden_rows(const RowCopy& job);
+
+// float <-> bfloat16 / float16 conversions, exposed for tests.
+float bf16_to_float(std::uint16_t bits);
+std::uint16_t float_to_bf16(float value);
+float f16_to_float(std::uint16_t bits);
+
+}  // namespace draftfeed

@@ -1,0 +1,50 @@
+// Deterministic training noise: a counter-based generator keyed by (seed, epoch, global row) per
+// sample and by (token, element) inside it, so a sample gets the same noise whichever thread copies
+// it, in whatever order, and again after a resume.
+//
+//   sample_key = splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ row)
+//   token_key  = low 32 bits of splitmix64(sample_key ^ (token * 0x9E3779B97F4A7C15))
+//   bits(j)    = mix32(token_key + j * 0x9E3779B9)            (j: element index within the token's
+//                                                              flattened target layers, l * H + h)
+//   u(j)       = (bits(j) >> 8) * 2^-24                       (uniform in [0, 1))
+//   uniform:  x + (2 u(j) - 1) * std                          (computed in float32, then rounded
+//   once) gaussian: Box-Muller on the pair (u(j), u(j+1)) for even j: cos for j, sin for j + 1
+// `token` is the token's index in the file (before any preprocess shift), so the EAGLE-3 shift sees
+// the same noise on the same element.
+#pragma once
+
+#include <cstdint>
+
+namespace draftfeed {
+
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// A 32-bit bijective mixer with low bias (two multiply-xorshift rounds); vectorises with 32-bit
+// lanes.
+inline std::uint32_t mix32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352DU;
+  x ^= x >> 15;
+  x *= 0x846CA68BU;
+  x ^= x >> 16;
+  return x;
+}
+
+inline std::uint64_t noise_sample_key(std::uint64_t seed, std::uint64_t epoch, std::uint64_t row) {
+  return splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ row);
+}
+
+inline std::uint32_t noise_token_key(std::uint64_t sample_key, std::uint64_t token) {
+  return static_cast<std::uint32_t>(splitmix64(sample_key ^ (token * 0x9E3779B97F4A7C15ULL)));
+}
+
+inline float noise_uniform(std::uint32_t token_key, std::uint32_t element) {
+  return static_cast<float>(mix32(token_key + element * 0x9E3779B9U) >> 8) * (1.0f / 16777216.0f);
+}
+
+}  // namespace draftfeed

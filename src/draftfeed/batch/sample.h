@@ -1,0 +1,74 @@
+// One sample on its way into a batch: the hidden states a source fetched for a row, or why it could
+// not.
+//
+// A `SampleSource` is the interface between the store/online stages and assembly: the pipeline asks
+// it for a global row, gets either a view of validated hidden states `[T, L, H]` (still in the
+// mapped file: nothing copied yet) or a drop reason. Assembly copies from the view straight into
+// the batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/dataset/token_dataset.h"
+
+namespace draftfeed {
+
+// Why a sample was dropped from its batch. Counted per reason by the pipeline.
+enum class DropReason : std::uint8_t {
+  kMissing,           // no cached file (on_missing = skip or warn)
+  kMismatch,          // the file's token ids differ from the row's
+  kInvalid,           // unreadable, corrupt, or wrong shape/dtype
+  kNonFinite,         // NaN or Inf in the hidden states (found while copying)
+  kGenerationFailed,  // online generation exhausted its attempts
+  kCount,
+};
+const char* drop_reason_name(DropReason reason);
+
+// Hidden states `[tokens, layers, hidden]`, row-major and contiguous, in a file's own dtype.
+struct HiddenStatesView {
+  const std::uint8_t* data = nullptr;
+  HiddenDType dtype = HiddenDType::kBF16;
+  std::int64_t tokens = 0;
+  std::int64_t layers = 0;
+  std::int64_t hidden = 0;
+};
+
+struct FetchedSample {
+  std::shared_ptr<const void> owner;  // keeps `hidden.data` mapped until the copy is done
+  HiddenStatesView hidden;
+};
+
+struct FetchOutcome {
+  std::optional<FetchedSample> sample;  // set on success
+  DropReason reason = DropReason::kMissing;
+  std::string message;  // names the row/file and the reason, for logs and the drop examples
+  bool fatal = false;   // the run must stop (on_missing = raise, fail_on_hidden_state_error, ...)
+
+  static FetchOutcome ok(FetchedSample sample) {
+    FetchOutcome outcome;
+    outcome.sample = std::move(sample);
+    return outcome;
+  }
+  static FetchOutcome dropped(DropReason reason, std::string message, bool fatal = false) {
+    FetchOutcome outcome;
+    outcome.reason = reason;
+    outcome.message = std::move(message);
+    outcome.fatal = fatal;
+    return outcome;
+  }
+};
+
+// Fetches the hidden states of rows. Called concurrently from the pipeline's threads.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  // `input_ids` is the dataset row (for the token check). Must not throw for a bad sample (return a
+  // drop); may throw for a failure that ends the run.
+  virtual FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) = 0;
+};
+
+}  // namespace draftfeed

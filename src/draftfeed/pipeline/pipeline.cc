@@ -1,0 +1,347 @@
+#include "draftfeed/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "draftfeed/common/error.h"
+
+namespace draftfeed {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::size_t index_of(DropReason reason) { return static_cast<std::size_t>(reason); }
+
+// Bytes of hidden-state data in one batch row (every floating tensor's row).
+std::int64_t hidden_row_bytes(const BatchLayout& layout) {
+  std::int64_t bytes = 0;
+  for (const auto& slot : layout.tensors) {
+    if (slot.dtype != TensorDType::kInt64) {
+      bytes += static_cast<std::int64_t>(slot.nbytes) / layout.spec.max_len;
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+struct Pipeline::Job {
+  std::int64_t sequence = 0;
+  std::uint64_t epoch = 0;
+  PlannedBatch plan;
+  std::unique_ptr<BufferPool::Handle> buffer;
+  std::vector<FetchOutcome> outcomes;
+  std::vector<IntArrayView> ids;
+  std::vector<IntArrayView> masks;
+  std::vector<bool> usable;
+  std::vector<std::int64_t> rows;  // per sample, after preprocess
+  BatchPlacement placement;
+  std::unique_ptr<std::atomic<std::int64_t>[]> nonfinite;  // per sample, found while copying
+  std::atomic<std::int64_t> pending{0};
+};
+
+Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> dataset,
+                   std::shared_ptr<SampleSource> source, PipelineOptions options)
+    : layout_(std::move(layout)),
+      dataset_(std::move(dataset)),
+      source_(std::move(source)),
+      options_(options),
+      pool_(
+          BufferPool::create(layout_.total_bytes, std::max(1, options.prefetch), options.try_pin)) {
+  require(dataset_ != nullptr && source_ != nullptr, ErrorKind::kInvalidArgument,
+          "pipeline needs a dataset and a sample source");
+  require(dataset_->has_loss_mask(), ErrorKind::kInvalidArgument,
+          dataset_->folder() + ": the dataset has no loss_mask column");
+  require(options_.num_threads > 0, ErrorKind::kInvalidArgument,
+          "the pipeline needs at least one thread, got " + std::to_string(options_.num_threads));
+}
+
+Pipeline::~Pipeline() { stop(); }
+
+std::size_t Pipeline::pool_bytes() const {
+  return pool_->buffer_bytes() * static_cast<std::size_t>(pool_->buffers());
+}
+
+void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
+  stop();
+  {
+    std::lock_guard lock(mutex_);
+    ready_by_sequence_.clear();
+    ready_fifo_.clear();
+    next_sequence_ = 0;
+    total_batches_ = static_cast<std::int64_t>(batches.size());
+    delivered_ = 0;
+    in_flight_ = 0;
+    error_ = nullptr;
+    start_time_ = now_seconds();
+    metrics_.first_batch_seconds = -1;
+  }
+  stopping_ = false;
+  workers_ = std::make_unique<ThreadPool>(options_.num_threads);
+  scheduler_ = std::thread([this, epoch, plan = std::move(batches)]() mutable {
+    run_scheduler(epoch, std::move(plan));
+  });
+}
+
+void Pipeline::stop() {
+  stopping_ = true;
+  pool_->poke();
+  ready_changed_.notify_all();
+  if (scheduler_.joinable()) scheduler_.join();
+  if (workers_) {
+    workers_->shutdown(/*discard_pending=*/true);
+    workers_.reset();
+  }
+  // Leases return their buffers to the pool as they are destroyed: do that outside our lock.
+  std::map<std::int64_t, std::shared_ptr<BatchLease>> by_sequence;
+  std::deque<std::shared_ptr<BatchLease>> fifo;
+  std::lock_guard lock(mutex_);
+  by_sequence.swap(ready_by_sequence_);
+  fifo.swap(ready_fifo_);
+  in_flight_ = 0;
+}
+
+void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
+  for (std::size_t s = 0; s < batches.size(); ++s) {
+    auto buffer = pool_->acquire([this] { return stopping_.load(); },
+                                 [this] {
+                                   // Grow only when the consumer waits and nothing can come: every
+                                   // buffer is held by batches the consumer kept.
+                                   std::lock_guard lock(mutex_);
+                                   return consumer_waiting_ && in_flight_ == 0 &&
+                                          ready_by_sequence_.empty() && ready_fifo_.empty();
+                                 });
+    if (!buffer) return;
+    auto job = std::make_shared<Job>();
+    job->sequence = static_cast<std::int64_t>(s);
+    job->epoch = epoch;
+    job->plan = std::move(batches[s]);
+    job->buffer = std::move(buffer);
+    const std::size_t n = job->plan.rows.size();
+    job->outcomes.resize(n);
+    job->ids.resize(n);
+    job->masks.resize(n);
+    job->usable.assign(n, false);
+    job->rows.assign(n, 0);
+    job->nonfinite = std::make_unique<std::atomic<std::int64_t>[]>(n);
+    {
+      std::lock_guard lock(mutex_);
+      ++in_flight_;
+    }
+    if (n == 0) {
+      workers_->submit(job->sequence, [this, job] { place_and_copy(job); });
+      continue;
+    }
+    job->pending = static_cast<std::int64_t>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      workers_->submit(job->sequence, [this, job, i] { fetch_sample(job, i); });
+    }
+  }
+}
+
+void Pipeline::fail(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = std::move(error);
+  }
+  stopping_ = true;
+  pool_->poke();
+  ready_changed_.notify_all();
+}
+
+void Pipeline::fetch_sample(const std::shared_ptr<Job>& job, std::size_t i) {
+  if (stopping_) return;
+  try {
+    const std::int64_t row = job->plan.rows[i];
+    job->ids[i] = dataset_->input_ids(row);
+    job->masks[i] = dataset_->loss_mask(row);
+    FetchOutcome outcome = source_->fetch(row, job->ids[i]);
+    if (outcome.fatal) throw Error(ErrorKind::kRuntime, outcome.message);
+    if (outcome.sample) {
+      const HiddenStatesView& hs = outcome.sample->hidden;
+      const bool mtp = layout_.spec.preprocess == Preprocess::kMtp;
+      const bool fits = hs.hidden == layout_.spec.hidden_size &&
+                        (mtp ? hs.layers >= 1 : hs.layers == layout_.spec.num_target_layers + 1) &&
+                        hs.tokens == job->ids[i].size();
+      if (!fits) {
+        outcome = FetchOutcome::dropped(
+            DropReason::kInvalid,
+            "row " + std::to_string(row) + ": hidden states [" + std::to_string(hs.tokens) + ", " +
+                std::to_string(hs.layers) + ", " + std::to_string(hs.hidden) +
+                "] do not fit the batch (expected [" + std::to_string(job->ids[i].size()) + ", " +
+                std::to_string(layout_.spec.num_target_layers + 1) + ", " +
+                std::to_string(layout_.spec.hidden_size) + "])");
+      }
+    }
+    job->usable[i] = outcome.sample.has_value();
+    job->rows[i] = sample_rows_after_preprocess(layout_.spec.preprocess, job->ids[i].size());
+    job->outcomes[i] = std::move(outcome);
+  } catch (...) {
+    fail(std::current_exception());
+    return;
+  }
+  if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) place_and_copy(job);
+}
+
+void Pipeline::place_and_copy(const std::shared_ptr<Job>& job) {
+  if (stopping_) return;
+  job->placement = place_samples(layout_.spec.max_len, job->rows, job->usable);
+  // Split every placed sample's rows into chunks of about `chunk_bytes`.
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, hidden_row_bytes(layout_));
+  const std::int64_t chunk_rows = std::max<std::int64_t>(1, options_.chunk_bytes / row_bytes);
+  struct Chunk {
+    std::size_t placed;
+    std::int64_t first, last;
+  };
+  std::vector<Chunk> chunks;
+  for (std::size_t p = 0; p < job->placement.samples.size(); ++p) {
+    const std::int64_t rows = job->placement.samples[p].rows;
+    for (std::int64_t first = 0; first < rows; first += chunk_rows) {
+      chunks.push_back({p, first, std::min(rows, first + chunk_rows)});
+    }
+  }
+  if (chunks.empty()) {
+    finish(job);
+    return;
+  }
+  job->pending = static_cast<std::int64_t>(chunks.size());
+  // Run the first chunk here (this thread is warm); queue the rest for the other workers.
+  for (std::size_t c = 1; c < chunks.size(); ++c) {
+    const Chunk chunk = chunks[c];
+    workers_->submit(job->sequence, [this, job, chunk] {
+      copy_chunk(job, chunk.placed, chunk.first, chunk.last);
+    });
+  }
+  copy_chunk(job, chunks[0].placed, chunks[0].first, chunks[0].last);
+}
+
+void Pipeline::copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,
+                          std::int64_t last) {
+  if (stopping_) return;
+  const SamplePlacement& placement = job->placement.samples[placed];
+  const std::size_t i = placement.sample;
+  const NoiseContext noise{options_.noise, job->epoch};
+  const std::int64_t bad =
+      copy_sample_rows(layout_, job->buffer->data(), placement, *job->outcomes[i].sample,
+                       job->plan.rows[i], noise, first, last);
+  if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
+  if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(job);
+}
+
+void Pipeline::finish(const std::shared_ptr<Job>& job) {
+  if (stopping_) return;
+  // A sample with NaN/Inf is dropped like any failed sample; the batch is packed again without it.
+  bool repack = false;
+  for (const SamplePlacement& p : job->placement.samples) {
+    const std::int64_t bad = job->nonfinite[p.sample].exchange(0);
+    if (bad == 0) continue;
+    job->usable[p.sample] = false;
+    job->outcomes[p.sample] = FetchOutcome::dropped(
+        DropReason::kNonFinite, "row " + std::to_string(job->plan.rows[p.sample]) + ": " +
+                                    std::to_string(bad) + " non-finite hidden-state values");
+    repack = true;
+  }
+  if (repack) {
+    place_and_copy(job);
+    return;
+  }
+  finish_batch(layout_, job->buffer->data(), job->placement, job->ids, job->masks);
+
+  auto lease = std::make_shared<BatchLease>();
+  lease->layout = &layout_;
+  lease->data = job->buffer->data();
+  lease->index = job->plan.index;
+  lease->planned_samples = static_cast<std::int64_t>(job->plan.rows.size());
+  lease->used_samples = static_cast<std::int64_t>(job->placement.samples.size());
+  lease->tokens = job->placement.used_rows;
+  lease->locally_empty = job->placement.locally_empty;
+  for (std::size_t i = 0; i < job->outcomes.size(); ++i) {
+    if (job->usable[i]) continue;
+    const FetchOutcome& outcome = job->outcomes[i];
+    ++lease->dropped[index_of(outcome.reason)];
+    if (outcome.reason == DropReason::kGenerationFailed) ++lease->failure_count;
+    if (static_cast<int>(lease->drop_messages.size()) < options_.max_drop_examples &&
+        !outcome.message.empty()) {
+      lease->drop_messages.push_back(outcome.message);
+    }
+  }
+  lease->buffer = std::move(job->buffer);
+  deliver(std::move(lease), job->sequence);
+}
+
+void Pipeline::deliver(std::shared_ptr<BatchLease> lease, std::int64_t sequence) {
+  {
+    std::lock_guard lock(mutex_);
+    --in_flight_;
+    if (options_.in_order) {
+      ready_by_sequence_.emplace(sequence, std::move(lease));
+    } else {
+      ready_fifo_.push_back(std::move(lease));
+    }
+  }
+  ready_changed_.notify_all();
+}
+
+std::shared_ptr<BatchLease> Pipeline::next() {
+  const double wait_start = now_seconds();
+  std::unique_lock lock(mutex_);
+  auto available = [this] {
+    if (error_ || delivered_ >= total_batches_) return true;
+    if (options_.in_order) return ready_by_sequence_.count(next_sequence_) != 0;
+    return !ready_fifo_.empty();
+  };
+  if (!available()) {
+    consumer_waiting_ = true;
+    lock.unlock();
+    pool_->poke();  // the scheduler may need to grow the pool for us
+    lock.lock();
+    ready_changed_.wait(lock, [&] { return available() || (stopping_ && !error_); });
+    consumer_waiting_ = false;
+  }
+  const double now = now_seconds();
+  metrics_.consumer_wait_seconds += now - wait_start;
+  if (error_) std::rethrow_exception(error_);
+  if (delivered_ >= total_batches_ || !available()) return nullptr;
+
+  std::shared_ptr<BatchLease> lease;
+  if (options_.in_order) {
+    auto it = ready_by_sequence_.find(next_sequence_);
+    lease = std::move(it->second);
+    ready_by_sequence_.erase(it);
+    ++next_sequence_;
+  } else {
+    lease = std::move(ready_fifo_.front());
+    ready_fifo_.pop_front();
+  }
+  ++delivered_;
+  if (metrics_.first_batch_seconds < 0) metrics_.first_batch_seconds = now - start_time_;
+  ++metrics_.batches;
+  metrics_.tokens += lease->tokens;
+  metrics_.hidden_bytes += lease->tokens * hidden_row_bytes(layout_);
+  metrics_.batch_bytes += static_cast<std::int64_t>(layout_.total_bytes);
+  for (std::size_t r = 0; r < lease->dropped.size(); ++r) metrics_.dropped[r] += lease->dropped[r];
+  return lease;
+}
+
+PipelineMetrics Pipeline::metrics() const {
+  // Pool first, without our lock: the pool's waiters take our lock inside theirs.
+  const int buffers = pool_->buffers();
+  const int extra_buffers = pool_->extra_buffers();
+  const bool pinned = pool_->pinned();
+  std::lock_guard lock(mutex_);
+  PipelineMetrics m = metrics_;
+  m.elapsed_seconds = now_seconds() - start_time_;
+  m.ready = static_cast<int>(ready_by_sequence_.size() + ready_fifo_.size());
+  m.in_flight = in_flight_;
+  m.buffers = buffers;
+  m.extra_buffers = extra_buffers;
+  m.pinned = pinned;
+  m.buffer_bytes = pool_->buffer_bytes();
+  return m;
+}
+
+}  // namespace draftfeed

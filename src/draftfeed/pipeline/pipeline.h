@@ -1,0 +1,150 @@
+// The pipeline: batches of an epoch fetched and assembled by a thread pool into a fixed pool of
+// buffers, delivered in plan order or as they become ready.
+//
+//   scheduler thread: walks the epoch's batches in order; for each takes a free buffer
+//   (back-pressure)
+//                     and queues one fetch task per sample;
+//   fetch tasks:      ask the SampleSource for the row (cache file or server), in parallel, so a
+//   slow
+//                     sample does not hold its batch's other samples;
+//   last fetch:       places the usable samples (reference packing) and queues copy chunks;
+//   copy chunks:      the one fused copy (cast, noise, finiteness) of a slice of a sample's rows;
+//   last chunk:       integer tensors, document ids, zero tails; the batch is ready.
+// Tasks carry their batch's sequence number as priority, so the oldest batch finishes first.
+// A fatal error (a source that throws, `on_missing=raise`) stops the epoch and is rethrown by
+// `next()`. Thread safety: `start`, `next`, `stop` and `metrics` are for one consumer thread; the
+// pipeline's own threads never call back into the consumer.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "draftfeed/batch/assemble.h"
+#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/sample.h"
+#include "draftfeed/common/thread_pool.h"
+#include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/pipeline/buffer_pool.h"
+
+namespace draftfeed {
+
+// One batch of the epoch's plan: its position in the full plan (what resume records) and its
+// samples as global dataset rows, in packing order.
+struct PlannedBatch {
+  std::int64_t index = 0;
+  std::vector<std::int64_t> rows;
+};
+
+struct PipelineOptions {
+  int num_threads = 2;                 // fetch + assembly threads
+  int prefetch = 4;                    // batch buffers (batches in flight or waiting)
+  bool in_order = true;                // deliver in plan order, or as batches become ready
+  bool try_pin = true;                 // page-lock buffers when a CUDA runtime is present
+  bool noise = false;                  // apply the spec's noise (the training split)
+  std::int64_t chunk_bytes = 4 << 20;  // bytes of hidden states per copy task
+  int max_drop_examples = 8;           // drop messages kept per batch
+};
+
+using DropCounts = std::array<std::int64_t, static_cast<std::size_t>(DropReason::kCount)>;
+
+// A delivered batch. Holding it keeps its buffer out of the pool.
+class BatchLease {
+ public:
+  const BatchLayout* layout = nullptr;
+  std::uint8_t* data = nullptr;
+  std::int64_t index = 0;  // position in the epoch's full plan
+  std::int64_t planned_samples = 0;
+  std::int64_t used_samples = 0;   // samples with rows in the batch
+  std::int64_t tokens = 0;         // rows holding data
+  bool locally_empty = false;      // every sample failed: the reference's all-padding batch
+  std::int64_t failure_count = 0;  // drops that count as generation failures (online)
+  DropCounts dropped{};
+  std::vector<std::string> drop_messages;
+
+  std::unique_ptr<BufferPool::Handle> buffer;
+};
+
+struct PipelineMetrics {
+  std::int64_t batches = 0;
+  std::int64_t tokens = 0;
+  std::int64_t hidden_bytes = 0;     // bytes of hidden-state rows delivered (data rows only)
+  std::int64_t batch_bytes = 0;      // whole buffers delivered
+  double consumer_wait_seconds = 0;  // time `next()` spent waiting
+  double first_batch_seconds = -1;   // from `start` to the first batch of the latest epoch
+  double elapsed_seconds = 0;        // since `start` of the latest epoch
+  int ready = 0;                     // batches assembled, not yet taken
+  int in_flight = 0;                 // batches being fetched or assembled
+  int buffers = 0;
+  int extra_buffers = 0;
+  bool pinned = false;
+  std::size_t buffer_bytes = 0;
+  DropCounts dropped{};
+};
+
+class Pipeline {
+ public:
+  Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> dataset,
+           std::shared_ptr<SampleSource> source, PipelineOptions options);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Starts delivering `batches` (stopping any epoch in progress). `epoch` keys the noise.
+  void start(std::uint64_t epoch, std::vector<PlannedBatch> batches);
+  // The next batch, or nullptr when the epoch is done. Rethrows a fatal error from the workers.
+  std::shared_ptr<BatchLease> next();
+  // Stops promptly: queued work is discarded, running tasks finish, threads are joined.
+  void stop();
+
+  PipelineMetrics metrics() const;
+  const BatchLayout& layout() const { return layout_; }
+  // Bytes the pool holds: prefetch x batch size (plus any extra buffers a kept batch forced).
+  std::size_t pool_bytes() const;
+
+ private:
+  struct Job;
+  void schedule(std::shared_ptr<Job> first);
+  void run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches);
+  void fetch_sample(const std::shared_ptr<Job>& job, std::size_t i);
+  void place_and_copy(const std::shared_ptr<Job>& job);
+  void copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,
+                  std::int64_t last);
+  void finish(const std::shared_ptr<Job>& job);
+  void fail(std::exception_ptr error);
+  void deliver(std::shared_ptr<BatchLease> lease, std::int64_t sequence);
+
+  const BatchLayout layout_;
+  const std::shared_ptr<const TokenDataset> dataset_;
+  const std::shared_ptr<SampleSource> source_;
+  const PipelineOptions options_;
+  const std::shared_ptr<BufferPool> pool_;
+
+  std::unique_ptr<ThreadPool> workers_;
+  std::thread scheduler_;
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex mutex_;  // guards everything below
+  std::condition_variable ready_changed_;
+  std::map<std::int64_t, std::shared_ptr<BatchLease>> ready_by_sequence_;  // in-order delivery
+  std::deque<std::shared_ptr<BatchLease>> ready_fifo_;                     // as-ready delivery
+  std::int64_t next_sequence_ = 0;  // in order: the sequence `next()` hands out next
+  std::int64_t total_batches_ = 0;
+  std::int64_t delivered_ = 0;
+  int in_flight_ = 0;
+  bool consumer_waiting_ = false;
+  std::exception_ptr error_;
+  PipelineMetrics metrics_;
+  double start_time_ = 0;
+};
+
+}  // namespace draftfeed
