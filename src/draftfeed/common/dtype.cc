@@ -1,0 +1,129 @@
+#include "draftfeed/common/dtype.h"
+
+#include <array>
+
+namespace draftfeed {
+
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  std::string_view name;
+  unsigned bits;
+};
+
+// In enum order, so the table is indexed by the enum's value.
+constexpr std::array<DTypeInfo, 22> kDTypes = {{
+    {DType::kBool, "BOOL", 8},
+    {DType::kF4, "F4", 4},
+    {DType::kF6E2M3, "F6_E2M3", 6},
+    {DType::kF6E3M2, "F6_E3M2", 6},
+    {DType::kU8, "U8", 8},
+    {DType::kI8, "I8", 8},
+    {DType::kF8E5M2, "F8_E5M2", 8},
+    {DType::kF8E4M3, "F8_E4M3", 8},
+    {DType::kF8E8M0, "F8_E8M0", 8},
+    {DType::kF8E4M3Fnuz, "F8_E4M3FNUZ", 8},
+    {DType::kF8E5M2Fnuz, "F8_E5M2FNUZ", 8},
+    {DType::kI16, "I16", 16},
+    {DType::kU16, "U16", 16},
+    {DType::kF16, "F16", 16},
+    {DType::kBF16, "BF16", 16},
+    {DType::kI32, "I32", 32},
+    {DType::kU32, "U32", 32},
+    {DType::kF32, "F32", 32},
+    {DType::kC64, "C64", 64},
+    {DType::kF64, "F64", 64},
+    {DType::kI64, "I64", 64},
+    {DType::kU64, "U64", 64},
+}};
+
+const DTypeInfo& info(DType dtype) { return kDTypes[static_cast<std::size_t>(dtype)]; }
+
+}  // namespace
+
+std::string_view dtype_name(DType dtype) { return info(dtype).name; }
+
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (const auto& entry : kDTypes) {
+    if (entry.name == name) return entry.dtype;
+  }
+  return std::nullopt;
+}
+
+unsigned dtype_bits(DType dtype) { return info(dtype).bits; }
+
+bool dtype_is_integer(DType dtype) {
+  switch (dtype) {
+    case DType::kU8:
+    case DType::kI8:
+    case DType::kI16:
+    case DType::kU16:
+    case DType::kI32:
+    case DType::kU32:
+    case DType::kI64:
+    case DType::kU64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool dtype_is_signed_integer(DType dtype) {
+  return dtype == DType::kI8 || dtype == DType::kI16 || dtype == DType::kI32 ||
+         dtype == DType::kI64;
+}
+
+float f16_to_float(std::uint16_t bits) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  std::uint32_t exponent = (bits >> 10) & 0x1Fu;
+  std::uint32_t mantissa = bits & 0x3FFu;
+  std::uint32_t out;
+  if (exponent == 0x1F) {
+    out = sign | 0x7F800000u | (mantissa << 13);  // Inf or NaN (payload kept)
+  } else if (exponent != 0) {
+    out = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    out = sign;  // signed zero
+  } else {
+    // Subnormal: shift the mantissa up until its leading one is the implicit bit.
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    out = sign | (exponent << 23) | ((mantissa & 0x3FFu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &out, sizeof value);
+  return value;
+}
+
+std::uint16_t float_to_f16(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) {
+    return static_cast<std::uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));  // NaN
+  }
+  if (magnitude >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // overflow
+  if (magnitude < 0x38800000u) {
+    // Result is subnormal (or zero): value * 2^24 rounded to nearest even, done in integers.
+    if (magnitude < 0x33000000u) return sign;  // below half the smallest subnormal
+    const std::uint32_t exponent = magnitude >> 23;
+    const std::uint32_t mantissa = (magnitude & 0x7FFFFFu) | 0x800000u;
+    const std::uint32_t shift = 126u - exponent;  // 14..24 for the inputs that reach here
+    const std::uint32_t kept = mantissa >> shift;
+    const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const std::uint32_t half = 1u << (shift - 1u);
+    const std::uint32_t rounded = kept + ((rest > half || (rest == half && (kept & 1u))) ? 1u : 0u);
+    return static_cast<std::uint16_t>(sign | rounded);
+  }
+  // Normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even.
+  const std::uint32_t rebased = magnitude - 0x38000000u;
+  const std::uint32_t rounded = rebased + 0xFFFu + ((rebased >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (rounded >> 13));
+}
+
+}  // namespace draftfeed

@@ -1,0 +1,251 @@
+#include "draftfeed/hidden/cache_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+namespace draftfeed {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+Error os_error(const std::string& what, const std::string& path, int err) {
+  const ErrorKind kind = (err == ENOENT || err == ENOTDIR) ? ErrorKind::kNotFound : ErrorKind::kIo;
+  return Error(kind, path + ": " + what + ": " + std::strerror(err));
+}
+
+std::string seconds_text(std::chrono::duration<double> d) {
+  std::string text = std::to_string(d.count());
+  while (text.size() > 1 && text.back() == '0') text.pop_back();
+  if (!text.empty() && text.back() == '.') text.pop_back();
+  return text + " s";
+}
+
+// `base` without a trailing separator, so component-wise comparison works.
+fs::path without_trailing_separator(fs::path base) {
+  while (!base.has_filename() && base.has_relative_path()) base = base.parent_path();
+  return base;
+}
+
+// True when `path` lies strictly below `base` (both absolute and normalised).
+bool strictly_inside(const fs::path& path, const fs::path& base) {
+  auto p = path.begin();
+  for (auto b = base.begin(); b != base.end(); ++b, ++p) {
+    if (p == path.end() || *p != *b) return false;
+  }
+  // At least one more non-empty component: the folder itself is not "inside" it.
+  for (; p != path.end(); ++p) {
+    if (!p->empty()) return true;
+  }
+  return false;
+}
+
+fs::path resolve(const std::string& path, std::error_code& ec) {
+  const fs::path absolute = fs::absolute(path, ec);
+  if (ec) return {};
+  return without_trailing_separator(fs::weakly_canonical(absolute, ec));
+}
+
+void fsync_folder(const std::string& folder) {
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+// Copies `source` to a new file `target` and fsyncs it. Throws Error(kIo) naming the file.
+void copy_and_sync(const std::string& source, const std::string& target) {
+  const int in = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) throw os_error("cannot open", source, errno);
+  const int out = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (out < 0) {
+    const int err = errno;
+    ::close(in);
+    throw os_error("cannot create", target, err);
+  }
+  std::vector<char> buffer(std::size_t{4} << 20);
+  auto fail = [&](const std::string& what, const std::string& path, int err) {
+    ::close(in);
+    ::close(out);
+    ::unlink(target.c_str());
+    throw os_error(what, path, err);
+  };
+  while (true) {
+    const ssize_t got = ::read(in, buffer.data(), buffer.size());
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot read", source, errno);
+    }
+    if (got == 0) break;
+    for (ssize_t done = 0; done < got;) {
+      const ssize_t put = ::write(out, buffer.data() + done, static_cast<std::size_t>(got - done));
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        fail("cannot write", target, errno);
+      }
+      done += put;
+    }
+  }
+  if (::fsync(out) != 0) fail("cannot fsync", target, errno);
+  ::close(in);
+  if (::close(out) != 0) {
+    const int err = errno;
+    ::unlink(target.c_str());
+    throw os_error("cannot close", target, err);
+  }
+}
+
+std::atomic<std::uint64_t> adopt_counter{0};
+
+}  // namespace
+
+std::optional<Error> wait_for_lock(const std::string& lock_path,
+                                   std::chrono::duration<double> timeout,
+                                   std::chrono::duration<double> poll, LockMode mode) {
+  // Read-write as the reference opens it; a probe only needs to read.
+  const int fd =
+      ::open(lock_path.c_str(), (mode == LockMode::kWait ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;  // no writer, or it finished and the lock is gone
+    return os_error("cannot open the lock file", lock_path, errno);
+  }
+  // A probe takes a shared lock: it conflicts with the writer's exclusive one, not with other
+  // probes.
+  const int operation = (mode == LockMode::kWait ? LOCK_EX : LOCK_SH) | LOCK_NB;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  while (::flock(fd, operation) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK) {
+      ::close(fd);
+      return os_error("cannot lock", lock_path, err);
+    }
+    if (mode == LockMode::kProbe) {
+      ::close(fd);
+      return Error(ErrorKind::kTimeout, lock_path + ": locked by a writer (not waited for)");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd);
+      return Error(ErrorKind::kTimeout, lock_path + ": timed out after " + seconds_text(timeout) +
+                                            " waiting for the writer's lock");
+    }
+    std::this_thread::sleep_for(poll);
+  }
+  ::close(fd);  // releases the lock
+  if (mode == LockMode::kWait && ::unlink(lock_path.c_str()) != 0 && errno != ENOENT) {
+    return os_error("cannot remove the lock file", lock_path, errno);
+  }
+  return std::nullopt;
+}
+
+CacheStore::CacheStore(CacheStoreOptions options) : options_(std::move(options)) {
+  require(!options_.root.empty(), ErrorKind::kInvalidArgument,
+          "the cache store needs a root folder");
+  require(options_.lock_timeout.count() >= 0 && options_.lock_poll.count() > 0,
+          ErrorKind::kInvalidArgument,
+          "lock timeout must be >= 0 and poll interval > 0 (got " +
+              std::to_string(options_.lock_timeout.count()) + " and " +
+              std::to_string(options_.lock_poll.count()) + ")");
+}
+
+std::string CacheStore::path_for(std::int64_t row) const {
+  return (fs::path(options_.root) / ("hs_" + std::to_string(row) + ".safetensors")).string();
+}
+
+Result<std::string> CacheStore::confine(const std::string& path) const {
+  std::error_code ec;
+  const fs::path resolved = resolve(path, ec);
+  if (ec) return Error(ErrorKind::kIo, path + ": cannot resolve: " + ec.message());
+  std::string folders;
+  std::vector<std::string> allowed{options_.root};
+  allowed.insert(allowed.end(), options_.allowed_folders.begin(), options_.allowed_folders.end());
+  for (const auto& folder : allowed) {
+    std::error_code folder_ec;
+    const fs::path base = resolve(folder, folder_ec);
+    if (!folder_ec && strictly_inside(resolved, base)) return resolved.string();
+    folders += (folders.empty() ? "" : ", ") + (folder_ec ? folder : base.string());
+  }
+  return Error(ErrorKind::kInvalidArgument, path + " resolves to " + resolved.string() +
+                                                ", outside the folders this store may change (" +
+                                                folders + ")");
+}
+
+Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::string& path) const {
+  if (auto error = wait_for_lock(path + ".lock", options_.lock_timeout, options_.lock_poll,
+                                 options_.lock_mode)) {
+    return *error;
+  }
+  auto file = SafetensorsFile::open(path);
+  if (!file.ok()) {
+    if (file.error().kind() == ErrorKind::kNotFound) return std::optional<HiddenStateSample>();
+    return file.error();
+  }
+  auto sample = HiddenStateSample::from_file(std::move(file).value());
+  if (!sample.ok()) return sample.error();
+  return std::optional<HiddenStateSample>(std::move(sample).value());
+}
+
+Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row) const {
+  return read_with_lock(path_for(row));
+}
+
+Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& path) const {
+  auto confined = confine(path);
+  if (!confined.ok()) return confined.error();
+  return read_with_lock(confined.value());
+}
+
+void CacheStore::adopt(std::int64_t row, const std::string& source) const {
+  const std::string from = confine(source).value();
+  struct stat st {};
+  if (::stat(from.c_str(), &st) != 0) throw os_error("cannot adopt", from, errno);
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorKind::kIo, from + ": cannot adopt: not a regular file");
+  std::error_code ec;
+  fs::create_directories(options_.root, ec);
+  if (ec)
+    throw Error(ErrorKind::kIo, options_.root + ": cannot create the folder: " + ec.message());
+
+  const std::string target = path_for(row);
+  if (!options_.force_copy_on_adopt) {
+    if (::rename(from.c_str(), target.c_str()) == 0) return;
+    if (errno != EXDEV) throw os_error("cannot move " + from + " to", target, errno);
+  }
+  // Across file systems: the copy goes to a temporary name in the root, so the final name only
+  // ever appears complete (the rename is atomic within the root's file system).
+  const std::string temp =
+      (fs::path(options_.root) /
+       (".hs_" + std::to_string(row) + ".safetensors.adopt-" + std::to_string(::getpid()) + "-" +
+        std::to_string(adopt_counter.fetch_add(1))))
+          .string();
+  copy_and_sync(from, temp);
+  if (::rename(temp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw os_error("cannot move " + temp + " to", target, err);
+  }
+  fsync_folder(options_.root);
+  if (::unlink(from.c_str()) != 0 && errno != ENOENT) {
+    throw os_error("copied into the cache but cannot remove the source", from, errno);
+  }
+}
+
+void CacheStore::remove(const std::string& path) const {
+  const std::string confined = confine(path).value();
+  if (::unlink(confined.c_str()) != 0 && errno != ENOENT) {
+    throw os_error("cannot remove", confined, errno);
+  }
+}
+
+}  // namespace draftfeed

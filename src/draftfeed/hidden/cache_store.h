@@ -1,0 +1,97 @@
+// The hidden-state cache: `<root>/hs_<i>.safetensors`, keyed by the global row index (SPEC §1.2).
+//
+// Reading follows the producer's lock protocol, byte-compatible with hs_connectors.FileTransfer:
+// when `<file>.lock` exists, open it read-write, try a non-blocking flock(LOCK_EX) every
+// `lock_poll` until `lock_timeout` (then kTimeout naming the lock file); once it is ours, close it
+// and remove the lock file, then read the data file if it exists. `LockMode::kProbe` is for
+// read-only scans
+// (`draftfeed verify`): it never waits and never removes a lock file; a lock held by a writer is
+// reported at once as kTimeout ("locked"), a stale one (no holder) is left alone and the data file
+// is read as usual.
+//
+// Files are moved or deleted only inside the folders the store was given (the root plus
+// `allowed_folders`), checked after resolving symbolic links and `..`: a path a server hands back
+// cannot make the loader delete or move anything else. (The check and the operation are separate
+// system calls; a local attacker able to swap folders between them is out of scope.)
+//
+// Thread safety: every method is const and may be called from any number of threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "draftfeed/common/error.h"
+#include "draftfeed/hidden/sample.h"
+
+namespace draftfeed {
+
+enum class LockMode {
+  kWait,   // the reference's protocol: wait for the writer, then remove the lock file
+  kProbe,  // never wait, never remove: a held lock is an immediate kTimeout error
+};
+
+struct CacheStoreOptions {
+  std::string root;                          // folder of the hs_<i>.safetensors files
+  std::vector<std::string> allowed_folders;  // more folders adopt/remove/load may touch
+  std::chrono::duration<double> lock_timeout{10.0};
+  std::chrono::duration<double> lock_poll{0.1};
+  LockMode lock_mode = LockMode::kWait;
+  // Test hook: make adopt() take its cross-file-system path (copy, fsync, rename) even when a
+  // rename would work.
+  bool force_copy_on_adopt = false;
+};
+
+// Applies the lock protocol to `lock_path` (see above). Returns nothing when the data file may be
+// read (no lock file, a released one, or a stale one), else the error: kTimeout when a writer held
+// it past `timeout` (kWait) or holds it now (kProbe), kIo when the OS refused.
+std::optional<Error> wait_for_lock(const std::string& lock_path,
+                                   std::chrono::duration<double> timeout,
+                                   std::chrono::duration<double> poll,
+                                   LockMode mode = LockMode::kWait);
+
+class CacheStore {
+ public:
+  explicit CacheStore(CacheStoreOptions options);
+
+  const std::string& root() const { return options_.root; }
+  const CacheStoreOptions& options() const { return options_; }
+
+  // `<root>/hs_<row>.safetensors`.
+  std::string path_for(std::int64_t row) const;
+
+  // The cached sample of `row`: nothing when there is no file (after the lock protocol), an error
+  // when the lock timed out (kTimeout), the file is corrupt or lacks a key (kFormat), or the OS
+  // refused (kIo). Token ids, shapes and values are not checked here (see validate.h).
+  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row) const;
+
+  // Same for a file a server wrote (a generation handle): the lock protocol, then the file.
+  // The path must lie inside the allowed folders (kInvalidArgument otherwise), since the lock
+  // protocol deletes the lock file beside it.
+  Result<std::optional<HiddenStateSample>> load(const std::string& path) const;
+
+  // Moves `source` (inside the allowed folders) to `path_for(row)` atomically, creating the root:
+  // a rename, or across file systems a copy to a temporary file in the root, fsync, rename, and
+  // removal of the source. A reader never sees half a file. Replaces an existing cached file.
+  // Does not wait for the source's lock: load() and validate it first. Throws Error:
+  // kInvalidArgument for a source outside the allowed folders, kNotFound for a missing source, kIo
+  // otherwise.
+  void adopt(std::int64_t row, const std::string& source) const;
+
+  // Deletes `path`, which must lie inside the allowed folders (kInvalidArgument otherwise).
+  // A missing file is not an error. Throws Error(kIo) when the OS refuses.
+  void remove(const std::string& path) const;
+
+  // `path` with links and `..` resolved, if it lies strictly inside the root or an allowed folder;
+  // else Error(kInvalidArgument) naming the path, what it resolves to and the allowed folders.
+  Result<std::string> confine(const std::string& path) const;
+
+ private:
+  Result<std::optional<HiddenStateSample>> read_with_lock(const std::string& path) const;
+
+  CacheStoreOptions options_;
+};
+
+}  // namespace draftfeed

@@ -1,0 +1,183 @@
+#include "draftfeed/hidden/validate.h"
+
+#include <cstring>
+
+namespace draftfeed {
+
+namespace {
+
+// Loads element `i` of a little-endian integer array of `width` bytes, unaligned.
+std::int64_t load_integer(const std::uint8_t* data, std::int64_t i, unsigned width,
+                          bool is_signed) {
+  const std::uint8_t* p = data + i * static_cast<std::int64_t>(width);
+  switch (width) {
+    case 1: {
+      return is_signed ? static_cast<std::int64_t>(static_cast<std::int8_t>(p[0]))
+                       : static_cast<std::int64_t>(p[0]);
+    }
+    case 2: {
+      std::uint16_t v;
+      std::memcpy(&v, p, 2);
+      return is_signed ? static_cast<std::int64_t>(static_cast<std::int16_t>(v))
+                       : static_cast<std::int64_t>(v);
+    }
+    case 4: {
+      std::uint32_t v;
+      std::memcpy(&v, p, 4);
+      return is_signed ? static_cast<std::int64_t>(static_cast<std::int32_t>(v))
+                       : static_cast<std::int64_t>(v);
+    }
+    default: {
+      std::int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+  }
+}
+
+std::string where(const HiddenStateSample& sample, std::int64_t row) {
+  return sample.path() + (row >= 0 ? " (row " + std::to_string(row) + ")" : std::string()) + ": ";
+}
+
+SampleCheck fail(SampleProblem problem, std::string message) {
+  SampleCheck check;
+  check.problem = problem;
+  check.message = std::move(message);
+  return check;
+}
+
+std::string slots_text(const std::vector<std::int64_t>& slots) {
+  std::string text;
+  for (const auto s : slots) text += (text.empty() ? "" : ", ") + std::to_string(s);
+  return text;
+}
+
+}  // namespace
+
+const char* sample_problem_name(SampleProblem problem) {
+  switch (problem) {
+    case SampleProblem::kNone:
+      return "ok";
+    case SampleProblem::kMissingKey:
+      return "missing key";
+    case SampleProblem::kBadTokenIds:
+      return "bad token_ids";
+    case SampleProblem::kTokenMismatch:
+      return "token mismatch";
+    case SampleProblem::kBadDtype:
+      return "bad dtype";
+    case SampleProblem::kBadShape:
+      return "bad shape";
+    case SampleProblem::kLengthMismatch:
+      return "length mismatch";
+    case SampleProblem::kNonFinite:
+      return "non-finite";
+  }
+  return "unknown";
+}
+
+ErrorKind SampleCheck::error_kind() const {
+  switch (problem) {
+    case SampleProblem::kTokenMismatch:
+    case SampleProblem::kLengthMismatch:
+      return ErrorKind::kMismatch;
+    case SampleProblem::kNonFinite:
+      return ErrorKind::kNonFinite;
+    case SampleProblem::kBadDtype:
+      return ErrorKind::kUnsupported;
+    default:
+      return ErrorKind::kFormat;
+  }
+}
+
+std::int64_t RowIds::operator[](std::int64_t i) const {
+  return load_integer(data_, i, width_, signed_);
+}
+
+std::int64_t RowIds::first_difference(const TensorView& ids) const {
+  const unsigned width = dtype_bits(ids.dtype) / 8;
+  const bool is_signed = dtype_is_signed_integer(ids.dtype);
+  // Both sides int64: compare bytes, then find the index only if they differ.
+  if (width == 8 && width_ == 8 && is_signed == signed_ &&
+      std::memcmp(ids.data, data_, static_cast<std::size_t>(length_) * 8) == 0) {
+    return -1;
+  }
+  for (std::int64_t i = 0; i < length_; ++i) {
+    if (load_integer(ids.data, i, width, is_signed) != (*this)[i]) return i;
+  }
+  return -1;
+}
+
+SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, std::int64_t row) {
+  const TensorView& tokens = sample.token_ids;
+  if (!dtype_is_integer(tokens.dtype) || tokens.shape.size() != 1) {
+    return fail(SampleProblem::kBadTokenIds,
+                where(sample, row) + "token_ids is " + std::string(dtype_name(tokens.dtype)) + " " +
+                    shape_to_string(tokens.shape) + ", expected a 1-D integer tensor");
+  }
+  if (tokens.shape[0] != ids.size()) {
+    return fail(SampleProblem::kTokenMismatch,
+                where(sample, row) + "token_ids has " + std::to_string(tokens.shape[0]) +
+                    " ids but the row has " + std::to_string(ids.size()));
+  }
+  if (const std::int64_t at = ids.first_difference(tokens); at >= 0) {
+    const std::int64_t file_id = load_integer(tokens.data, at, dtype_bits(tokens.dtype) / 8,
+                                              dtype_is_signed_integer(tokens.dtype));
+    return fail(SampleProblem::kTokenMismatch,
+                where(sample, row) + "token_ids differ from the row's input_ids at position " +
+                    std::to_string(at) + " of " + std::to_string(ids.size()) + ": file has " +
+                    std::to_string(file_id) + ", row has " + std::to_string(ids[at]));
+  }
+
+  const TensorView& states = sample.hidden_states;
+  if (states.dtype != DType::kBF16 && states.dtype != DType::kF16 && states.dtype != DType::kF32) {
+    return fail(SampleProblem::kBadDtype, where(sample, row) + "hidden_states is " +
+                                              std::string(dtype_name(states.dtype)) +
+                                              ", expected BF16, F16 or F32");
+  }
+  if (states.shape.size() != 3) {
+    return fail(SampleProblem::kBadShape, where(sample, row) + "hidden_states has shape " +
+                                              shape_to_string(states.shape) +
+                                              ", expected 3-D [tokens, layers, hidden]");
+  }
+  if (states.shape[0] != ids.size()) {
+    return fail(SampleProblem::kLengthMismatch,
+                where(sample, row) + "hidden_states has " + std::to_string(states.shape[0]) +
+                    " positions but the row has " + std::to_string(ids.size()) + " tokens");
+  }
+
+  const std::size_t count = states.nbytes / (dtype_bits(states.dtype) / 8);
+  if (all_finite(states.data, count, states.dtype)) return SampleCheck{};
+
+  SampleCheck check;
+  check.problem = SampleProblem::kNonFinite;
+  check.per_layer = count_nonfinite_per_slot(states.data, states.shape[0], states.shape[1],
+                                             states.shape[2], states.dtype);
+  for (std::size_t l = 0; l < check.per_layer.size(); ++l) {
+    check.nan_count += check.per_layer[l].nan;
+    check.inf_count += check.per_layer[l].inf;
+    if (check.per_layer[l].total() > 0)
+      check.nonfinite_layers.push_back(static_cast<std::int64_t>(l));
+  }
+  check.message = where(sample, row) + "hidden_states has " + std::to_string(check.nan_count) +
+                  " NaN and " + std::to_string(check.inf_count) + " Inf values in layer slot" +
+                  (check.nonfinite_layers.size() == 1 ? " " : "s ") +
+                  slots_text(check.nonfinite_layers) + " (of " + std::to_string(states.shape[1]) +
+                  ")";
+  return check;
+}
+
+SampleCheck validate_file(const std::shared_ptr<const SafetensorsFile>& file, const RowIds& ids,
+                          std::int64_t row, HiddenStateSample* sample) {
+  auto taken = HiddenStateSample::from_file(file);
+  if (!taken.ok()) {
+    const std::string message = taken.error().what();
+    return fail(SampleProblem::kMissingKey,
+                row >= 0 ? message + " (row " + std::to_string(row) + ")" : message);
+  }
+  const SampleCheck check = validate_sample(taken.value(), ids, row);
+  if (sample != nullptr) *sample = std::move(taken).value();
+  return check;
+}
+
+}  // namespace draftfeed
