@@ -1,0 +1,204 @@
+// Python bindings of the batch planner and of numpy's permutation:
+//   draftfeed.permutation(seed, n_or_array)
+//   draftfeed.plan_batches(lengths, max_len, world_size, rank, *, epoch, seed, truncate,
+//   max_batches) draftfeed.plan_all_ranks(lengths, max_len, world_size, *, epoch, seed, truncate,
+//   max_batches,
+//                            with_counts)
+// Batches come back as numpy int64 arrays that are views of one buffer per rank (each view keeps
+// the buffer alive). The GIL is released while shuffling and planning.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "draftfeed/common/error.h"
+#include "draftfeed/sampler/multipack.h"
+#include "draftfeed/sampler/numpy_random.h"
+
+namespace draftfeed::python {
+
+namespace {
+
+using namespace nb::literals;
+
+using Int64Array = nb::ndarray<nb::numpy, std::int64_t, nb::ndim<1>>;
+using Int64Input = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A data pointer for empty arrays, so numpy never sees a null buffer.
+std::int64_t kEmptyData[1] = {0};
+
+Error invalid(const std::string& message) { return Error(ErrorKind::kInvalidArgument, message); }
+
+// str(value). Takes a handle on purpose: nb::str(object) would reinterpret, not convert.
+std::string text_of(nb::handle value) { return nb::cast<std::string>(nb::str(value)); }
+
+// The value of a Python int (or numpy integer), which must be non-negative, as numpy's 32-bit seed
+// words. `what` names the argument in messages.
+std::vector<std::uint32_t> seed_words_of(nb::handle value, const char* what) {
+  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  const int sign = PyObject_RichCompareBool(index.ptr(), nb::int_(0).ptr(), Py_LT);
+  if (sign < 0) throw nb::python_error();
+  if (sign == 1) {
+    throw invalid(std::string(what) + " must be a non-negative integer, got " + text_of(index));
+  }
+  const auto bits = nb::cast<std::int64_t>(index.attr("bit_length")());
+  const std::int64_t num_bytes = bits == 0 ? 1 : (bits + 7) / 8;
+  const nb::bytes raw = nb::cast<nb::bytes>(index.attr("to_bytes")(num_bytes, "little"));
+  const auto* data = static_cast<const std::uint8_t*>(static_cast<const void*>(raw.c_str()));
+  std::vector<std::uint32_t> words((static_cast<std::size_t>(num_bytes) + 3) / 4, 0);
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    words[i / 4] |= static_cast<std::uint32_t>(data[i]) << (8 * (i % 4));
+  }
+  return words;
+}
+
+std::uint64_t seed_u64_of(nb::handle value) {
+  const auto words = seed_words_of(value, "seed");
+  require(words.size() <= 2, ErrorKind::kInvalidArgument,
+          "seed must be below 2^64, got " + text_of(value));
+  return words.size() == 2 ? (static_cast<std::uint64_t>(words[1]) << 32) | words[0] : words[0];
+}
+
+// A 1-d integer array-like as contiguous int64 (copied only when it is not that already).
+Int64Input int64_array_of(nb::handle values, const char* what) {
+  nb::module_ numpy = nb::module_::import_("numpy");
+  nb::object array = numpy.attr("asarray")(values);
+  const auto ndim = nb::cast<int>(array.attr("ndim"));
+  require(
+      ndim == 1, ErrorKind::kInvalidArgument,
+      std::string(what) + " must be one-dimensional, got " + std::to_string(ndim) + " dimensions");
+  const auto kind = nb::cast<std::string>(array.attr("dtype").attr("kind"));
+  const auto size = nb::cast<std::int64_t>(array.attr("size"));
+  require(kind == "i" || kind == "u" || size == 0, ErrorKind::kInvalidArgument,
+          std::string(what) + " must hold integers, got dtype " + text_of(array.attr("dtype")));
+  nb::object converted = numpy.attr("ascontiguousarray")(array, "dtype"_a = "int64");
+  return nb::cast<Int64Input>(converted);
+}
+
+// Hands a vector to numpy without copying: the array owns it through a capsule.
+Int64Array to_numpy(std::vector<std::int64_t>&& values) {
+  auto* owner = new std::vector<std::int64_t>(std::move(values));
+  nb::capsule capsule(owner,
+                      [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
+  std::int64_t* data = owner->empty() ? kEmptyData : owner->data();
+  return Int64Array(data, {owner->size()}, capsule);
+}
+
+// One rank's batches as a list of views into that rank's buffer.
+nb::list batches_to_python(RankPlan&& plan) {
+  auto* owner = new RankPlan(std::move(plan));
+  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<RankPlan*>(p); });
+  nb::list batches;
+  for (std::int64_t b = 0; b < owner->num_batches(); ++b) {
+    const auto begin = owner->batch_offsets[static_cast<std::size_t>(b)];
+    const auto size = owner->batch_offsets[static_cast<std::size_t>(b) + 1] - begin;
+    std::int64_t* data = size == 0 ? kEmptyData : owner->samples.data() + begin;
+    batches.append(Int64Array(data, {static_cast<std::size_t>(size)}, capsule));
+  }
+  return batches;
+}
+
+nb::dict counts_to_python(const PlanCounts& counts) {
+  nb::dict out;
+  out["num_samples"] = counts.num_samples;
+  out["num_long"] = counts.num_long;
+  out["dropped_long"] = counts.dropped_long;
+  out["dropped_tail"] = counts.dropped_tail;
+  out["cut_by_max_batches"] = counts.cut_by_max_batches;
+  out["planned"] = counts.planned;
+  return out;
+}
+
+PlanOptions options_of(std::int64_t max_len, int world_size, nb::handle seed, bool truncate,
+                       std::optional<std::int64_t> max_batches) {
+  PlanOptions options;
+  options.max_len = max_len;
+  options.world_size = world_size;
+  options.seed = seed_u64_of(seed);
+  options.truncate = truncate;
+  options.max_batches = max_batches;
+  return options;
+}
+
+Int64Array permutation(nb::handle seed, nb::handle items) {
+  const auto words = seed_words_of(seed, "seed");
+  const bool is_count = PyLong_Check(items.ptr()) ||
+                        nb::isinstance(items, nb::module_::import_("numpy").attr("integer"));
+  std::vector<std::int64_t> result;
+  if (is_count) {
+    const auto n = nb::cast<std::int64_t>(items);
+    require(n >= 0, ErrorKind::kInvalidArgument,
+            "permutation size must be non-negative, got " + std::to_string(n));
+    nb::gil_scoped_release release;
+    result = numpy_permutation(words, n);
+  } else {
+    const Int64Input input = int64_array_of(items, "permutation input");
+    nb::gil_scoped_release release;
+    result = numpy_permutation_of(words, std::span(input.data(), input.shape(0)));
+  }
+  return to_numpy(std::move(result));
+}
+
+nb::list plan_batches(nb::handle lengths, std::int64_t max_len, int world_size, int rank,
+                      std::int64_t epoch, nb::handle seed, bool truncate,
+                      std::optional<std::int64_t> max_batches) {
+  const Int64Input input = int64_array_of(lengths, "lengths");
+  const PlanOptions options = options_of(max_len, world_size, seed, truncate, max_batches);
+  RankPlan plan;
+  {
+    nb::gil_scoped_release release;
+    plan = plan_rank(std::span(input.data(), input.shape(0)), options, rank, epoch);
+  }
+  return batches_to_python(std::move(plan));
+}
+
+nb::object plan_all(nb::handle lengths, std::int64_t max_len, int world_size, std::int64_t epoch,
+                    nb::handle seed, bool truncate, std::optional<std::int64_t> max_batches,
+                    bool with_counts) {
+  const Int64Input input = int64_array_of(lengths, "lengths");
+  const PlanOptions options = options_of(max_len, world_size, seed, truncate, max_batches);
+  AllRanksPlan plan;
+  {
+    nb::gil_scoped_release release;
+    plan = plan_all_ranks(std::span(input.data(), input.shape(0)), options, epoch);
+  }
+  nb::list ranks;
+  for (auto& rank : plan.ranks) ranks.append(batches_to_python(std::move(rank)));
+  if (!with_counts) return ranks;
+  return nb::make_tuple(ranks, counts_to_python(plan.counts));
+}
+
+void init_sampler(nb::module_& m) {
+  m.def("permutation", &permutation, "seed"_a, "x"_a,
+        "numpy.random.default_rng(seed).permutation(x), bit for bit, as an int64 array.\n\n"
+        "`x` is a size n (a permutation of arange(n)) or a 1-d integer array (a shuffled copy).\n"
+        "`seed` is any non-negative integer, as numpy accepts it.");
+  m.def("plan_batches", &plan_batches, "lengths"_a, "max_len"_a, "world_size"_a, "rank"_a,
+        nb::kw_only(), "epoch"_a = 0, "seed"_a = nb::int_(0), "truncate"_a = true,
+        "max_batches"_a = nb::none(),
+        "This rank's batches for the epoch, as speculators' MultipackDistributedBatchSamplerV2\n"
+        "plans them: a list of int64 arrays of positions in `lengths`, in packing order.\n"
+        "`truncate=False` drops samples longer than max_len instead of clipping their length.");
+  m.def("plan_all_ranks", &plan_all, "lengths"_a, "max_len"_a, "world_size"_a, nb::kw_only(),
+        "epoch"_a = 0, "seed"_a = nb::int_(0), "truncate"_a = true, "max_batches"_a = nb::none(),
+        "with_counts"_a = false,
+        "Every rank's batches for the epoch in one pass: a list (index = rank) of lists of int64\n"
+        "arrays. With `with_counts=True`, returns (batches, counts) where counts is a dict with\n"
+        "num_samples, num_long, dropped_long, dropped_tail, cut_by_max_batches and planned.");
+}
+
+const BindingRegistration registration(100, &init_sampler);
+
+}  // namespace
+
+}  // namespace draftfeed::python
