@@ -21,3 +21,4 @@ def _export(*names: str) -> None:
     for name in names:
         globals()[name] = getattr(_core, name)
         __all__.append(name)
+_export("permutation", "plan_batches", "plan_all_ranks")
