@@ -1,0 +1,158 @@
+#include "draftfeed/hidden/cache_scan.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace draftfeed {
+
+namespace {
+
+// Rows are handed out in chunks so threads touch neighbouring files and the counter stays cold.
+constexpr std::int64_t kChunkRows = 8;
+
+struct ThreadTally {
+  std::array<std::int64_t, kScanStatusCount> counts{};
+  std::array<std::vector<ScanExample>, kScanStatusCount> examples;
+  std::uint64_t bytes = 0;
+  std::vector<std::uint8_t> copy_buffer;  // kMemcpy only
+};
+
+void record(ThreadTally& tally, ScanStatus status, std::int64_t row, const std::string& reason,
+            std::size_t max_examples) {
+  const auto index = static_cast<std::size_t>(status);
+  ++tally.counts[index];
+  // A thread sees its rows in increasing order, so its first examples are its lowest rows.
+  if (status != ScanStatus::kOk && status != ScanStatus::kMissing &&
+      tally.examples[index].size() < max_examples) {
+    tally.examples[index].push_back(ScanExample{row, reason});
+  }
+}
+
+void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
+              const CacheScanOptions& options, ThreadTally& tally) {
+  auto found = store.lookup(row);
+  if (!found.ok()) {
+    const Error& error = found.error();
+    record(tally, error.kind() == ErrorKind::kTimeout ? ScanStatus::kLocked : ScanStatus::kCorrupt,
+           row, error.what(), options.max_examples);
+    return;
+  }
+  if (!found.value()) {
+    record(tally, ScanStatus::kMissing, row, "", options.max_examples);
+    return;
+  }
+  const HiddenStateSample& sample = *found.value();
+  tally.bytes += sample.file->file_size();
+  if (options.mode == ScanMode::kMemcpy) {
+    const auto& mapping = sample.file->mapping();
+    if (tally.copy_buffer.size() < mapping->size()) tally.copy_buffer.resize(mapping->size());
+    std::memcpy(tally.copy_buffer.data(), mapping->data(), mapping->size());
+    record(tally, ScanStatus::kOk, row, "", options.max_examples);
+    return;
+  }
+  const SampleCheck check = validate_sample(sample, ids, row);
+  record(tally, scan_status_of(check.problem), row, check.message, options.max_examples);
+}
+
+}  // namespace
+
+const char* scan_status_name(ScanStatus status) {
+  switch (status) {
+    case ScanStatus::kOk:
+      return "ok";
+    case ScanStatus::kMissing:
+      return "missing";
+    case ScanStatus::kCorrupt:
+      return "corrupt";
+    case ScanStatus::kMismatched:
+      return "mismatched";
+    case ScanStatus::kNonFinite:
+      return "nonfinite";
+    case ScanStatus::kLocked:
+      return "locked";
+  }
+  return "unknown";
+}
+
+bool CacheScanReport::clean() const {
+  return count(ScanStatus::kCorrupt) == 0 && count(ScanStatus::kMismatched) == 0 &&
+         count(ScanStatus::kNonFinite) == 0 && count(ScanStatus::kLocked) == 0;
+}
+
+ScanStatus scan_status_of(SampleProblem problem) {
+  switch (problem) {
+    case SampleProblem::kNone:
+      return ScanStatus::kOk;
+    case SampleProblem::kTokenMismatch:
+    case SampleProblem::kLengthMismatch:
+      return ScanStatus::kMismatched;
+    case SampleProblem::kNonFinite:
+      return ScanStatus::kNonFinite;
+    default:
+      return ScanStatus::kCorrupt;
+  }
+}
+
+CacheScanReport scan_cache(const CacheStore& store, std::int64_t num_rows,
+                           const std::function<RowIds(std::int64_t)>& ids_of_row,
+                           const CacheScanOptions& options) {
+  unsigned threads = options.threads != 0 ? options.threads : std::thread::hardware_concurrency();
+  if (threads == 0) threads = 1;
+  const std::int64_t chunks = (num_rows + kChunkRows - 1) / kChunkRows;
+  if (static_cast<std::int64_t>(threads) > chunks)
+    threads = static_cast<unsigned>(std::max<std::int64_t>(chunks, 1));
+
+  std::vector<ThreadTally> tallies(threads);
+  std::atomic<std::int64_t> next_chunk{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  const auto start = std::chrono::steady_clock::now();
+  auto work = [&](unsigned index) {
+    ThreadTally& tally = tallies[index];
+    try {
+      for (std::int64_t chunk = next_chunk++; chunk < chunks && !failed; chunk = next_chunk++) {
+        const std::int64_t end = std::min(num_rows, (chunk + 1) * kChunkRows);
+        for (std::int64_t row = chunk * kChunkRows; row < end; ++row) {
+          scan_row(store, row, ids_of_row(row), options, tally);
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!first_error) first_error = std::current_exception();
+      failed = true;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work, i);
+  work(0);
+  for (auto& thread : pool) thread.join();
+  if (first_error) std::rethrow_exception(first_error);
+
+  CacheScanReport report;
+  report.rows = num_rows;
+  report.threads = threads;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (auto& tally : tallies) {
+    report.bytes += tally.bytes;
+    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
+      report.counts[s] += tally.counts[s];
+      auto& examples = report.examples[s];
+      examples.insert(examples.end(), std::make_move_iterator(tally.examples[s].begin()),
+                      std::make_move_iterator(tally.examples[s].end()));
+    }
+  }
+  for (auto& examples : report.examples) {
+    std::sort(examples.begin(), examples.end(),
+              [](const ScanExample& a, const ScanExample& b) { return a.row < b.row; });
+    if (examples.size() > options.max_examples) examples.resize(options.max_examples);
+  }
+  return report;
+}
+
+}  // namespace draftfeed

@@ -1,0 +1,70 @@
+// A whole-cache scan (`draftfeed verify`): every row's file checked against its dataset row on a
+// pool of threads, counted by outcome, with the first few examples of each problem.
+//
+// Give the store `LockMode::kProbe` for a read-only scan: a file whose writer holds its lock is
+// then counted as locked at once, and no lock file is removed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/hidden/validate.h"
+
+namespace draftfeed {
+
+enum class ScanStatus : std::uint8_t {
+  kOk,
+  kMissing,     // no file
+  kCorrupt,     // unreadable: bad layout, a missing key, bad token_ids, dtype or shape, I/O error
+  kMismatched,  // token ids or length differ from the row
+  kNonFinite,   // NaN or Inf in hidden_states
+  kLocked,      // a writer holds the lock (or, when waiting, held it past the timeout)
+};
+inline constexpr std::size_t kScanStatusCount = 6;
+
+// "ok", "missing", "corrupt", "mismatched", "nonfinite", "locked" (the --json field names).
+const char* scan_status_name(ScanStatus status);
+
+enum class ScanMode {
+  kValidate,  // open, check layout, compare ids, shape, dtype, finiteness
+  kMemcpy,    // baseline: map each file and memcpy all of it into a buffer, nothing else
+};
+
+struct CacheScanOptions {
+  unsigned threads = 0;          // 0: one per core
+  std::size_t max_examples = 5;  // per status other than ok and missing
+  ScanMode mode = ScanMode::kValidate;
+};
+
+struct ScanExample {
+  std::int64_t row = 0;
+  std::string reason;
+};
+
+struct CacheScanReport {
+  std::int64_t rows = 0;
+  std::array<std::int64_t, kScanStatusCount> counts{};
+  std::array<std::vector<ScanExample>, kScanStatusCount> examples;  // lowest rows first
+  std::uint64_t bytes = 0;                                          // sizes of the files opened
+  double seconds = 0;
+  unsigned threads = 0;
+
+  std::int64_t count(ScanStatus status) const { return counts[static_cast<std::size_t>(status)]; }
+  // True when nothing but ok and missing was found.
+  bool clean() const;
+};
+
+// The classification of one check's problem.
+ScanStatus scan_status_of(SampleProblem problem);
+
+// Scans rows [0, num_rows). `ids_of_row` must be callable from several threads at once and return
+// ids that stay valid during the scan (a TokenDataset's views do).
+CacheScanReport scan_cache(const CacheStore& store, std::int64_t num_rows,
+                           const std::function<RowIds(std::int64_t)>& ids_of_row,
+                           const CacheScanOptions& options = {});
+
+}  // namespace draftfeed
