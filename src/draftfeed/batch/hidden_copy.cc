@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "draftfeed/batch/noise.h"
+#include "draftfeed/common/dtype.h"
 
 // Kernels are compiled twice, for AVX2 and for the baseline, and chosen at load time (GCC ifunc),
 // so one binary runs everywhere and uses wide vectors where it can. Sanitizer builds keep one
@@ -18,44 +19,6 @@ namespace draftfeed {
 
 namespace {
 
-inline std::uint32_t float_bits(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-
-inline float bits_float(std::uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-inline std::uint16_t round_bf16(float value) {
-  std::uint32_t bits = float_bits(value);
-  if ((bits & 0x7FFFFFFFU) > 0x7F800000U) return 0x7FC0;  // NaN, as PyTorch
-  bits += 0x7FFFU + ((bits >> 16) & 1U);
-  return static_cast<std::uint16_t>(bits >> 16);
-}
-
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000U) << 16;
-  std::uint32_t exponent = (h >> 10) & 0x1FU;
-  std::uint32_t mantissa = h & 0x3FFU;
-  if (exponent == 0x1F) return bits_float(sign | 0x7F800000U | (mantissa << 13));
-  if (exponent == 0) {
-    if (mantissa == 0) return bits_float(sign);
-    // Subnormal: normalise.
-    int shift = 0;
-    while ((mantissa & 0x400U) == 0) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    mantissa &= 0x3FFU;
-    exponent = static_cast<std::uint32_t>(1 - shift);
-  }
-  return bits_float(sign | ((exponent + 112U) << 23) | (mantissa << 13));
-}
-
 template <HiddenDType kSrc>
 inline float load(const std::uint8_t* base, std::int64_t i) {
   if constexpr (kSrc == HiddenDType::kF32) {
@@ -66,9 +29,9 @@ inline float load(const std::uint8_t* base, std::int64_t i) {
     std::uint16_t v;
     std::memcpy(&v, base + i * 2, 2);
     if constexpr (kSrc == HiddenDType::kBF16) {
-      return bits_float(static_cast<std::uint32_t>(v) << 16);
+      return bf16_to_float(v);
     } else {
-      return half_to_float(v);
+      return f16_to_float(v);
     }
   }
 }
@@ -92,7 +55,7 @@ inline void store(std::uint8_t* base, std::int64_t i, float value) {
   if constexpr (kDst == HiddenDType::kF32) {
     std::memcpy(base + i * 4, &value, 4);
   } else {
-    const std::uint16_t v = round_bf16(value);
+    const std::uint16_t v = float_to_bf16(value);
     std::memcpy(base + i * 2, &v, 2);
   }
 }
@@ -186,11 +149,5 @@ std::int64_t copy_hidden_rows(const RowCopy& job) {
   }
   return 0;
 }
-
-float bf16_to_float(std::uint16_t bits) {
-  return bits_float(static_cast<std::uint32_t>(bits) << 16);
-}
-std::uint16_t float_to_bf16(float value) { return round_bf16(value); }
-float f16_to_float(std::uint16_t bits) { return half_to_float(bits); }
 
 }  // namespace draftfeed

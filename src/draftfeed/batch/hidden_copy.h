@@ -29,9 +29,4 @@ struct RowCopy {
 // round-to-nearest-even, as PyTorch's float -> bfloat16 cast.
 std::int64_t copy_hidden_rows(const RowCopy& job);
 
-// float <-> bfloat16 / float16 conversions, exposed for tests.
-float bf16_to_float(std::uint16_t bits);
-std::uint16_t float_to_bf16(float value);
-float f16_to_float(std::uint16_t bits);
-
 }  // namespace draftfeed

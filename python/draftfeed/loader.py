@@ -1,0 +1,299 @@
+"""PyTorch-facing loaders over the C++ engine.
+
+`Loader` plans an epoch with the multipack planner (identical to the reference sampler), hands the
+batches to the engine (threads fetch and assemble them into a fixed pool of buffers) and yields
+`dict[str, torch.Tensor]` whose tensors view the batch buffers without copying. A buffer goes back
+to the pool only when every tensor viewing it is gone.
+
+Resume is exact: `state_dict()` records which batches of the epoch were delivered (whatever the
+delivery order) and `load_state_dict()` makes the next iteration yield exactly the others.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _core
+
+_LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_engines() -> None:
+    # Interpreter exit mid-epoch: stop the worker threads before Python tears down.
+    for engine in list(_LIVE_ENGINES):
+        engine.stop()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Data-parallel placement of this process (the reference's DP rank = rank // sp_size)."""
+
+    rank: int
+    world_size: int
+    sp_size: int = 1
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.sp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.sp_size
+
+    @property
+    def is_data_rank(self) -> bool:
+        """Only the first rank of a sequence-parallel group fetches data."""
+        return self.rank % self.sp_size == 0
+
+    @classmethod
+    def resolve(cls, rank: int | None, world_size: int | None, sp_size: int = 1) -> Topology:
+        """Arguments first, then the torchrun environment (RANK, WORLD_SIZE), then a single process."""
+        if rank is None:
+            rank = int(os.environ.get("RANK", "0"))
+        if world_size is None:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if sp_size < 1 or world_size % sp_size != 0:
+            raise ValueError(f"world_size ({world_size}) must be divisible by sp_size ({sp_size})")
+        return cls(rank, world_size, sp_size)
+
+
+class BatchPlanner:
+    """This rank's batches per epoch; the same attributes as the reference's batch sampler.
+
+    `_generate_batches(epoch)` returns the epoch's batches (arrays of split-local sample indices) and
+    caches them in `_cached_generated_batches = (epoch, batches)`; a trainer may replace that cache with
+    a slice to fast-skip batches on resume, exactly as with the reference.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        max_len: int,
+        topology: Topology,
+        *,
+        seed: int = 0,
+        truncate: bool = True,
+        max_batches: int | None = None,
+    ) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.batch_max_length = int(max_len)
+        self.num_replicas = topology.dp_size
+        self.rank = topology.dp_rank
+        self.seed = int(seed)
+        self.truncate = bool(truncate)
+        self.max_batches = max_batches
+        self.epoch = 0
+        self._cached_generated_batches: tuple[int, list[np.ndarray]] = (-1, [])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _generate_batches(self, epoch: int) -> list[np.ndarray]:
+        if self._cached_generated_batches[0] == epoch:
+            return self._cached_generated_batches[1]
+        batches = _core.plan_batches(
+            self.lengths,
+            self.batch_max_length,
+            self.num_replicas,
+            self.rank,
+            epoch=epoch,
+            seed=self.seed,
+            truncate=self.truncate,
+            max_batches=self.max_batches,
+        )
+        self._cached_generated_batches = (epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self._generate_batches(self.epoch))
+
+    def __len__(self) -> int:
+        return len(self._generate_batches(self.epoch))
+
+
+def _dtype_name(dtype: Any) -> str:
+    """Accepts torch dtypes and strings."""
+    text = str(dtype).replace("torch.", "")
+    return {"bf16": "bfloat16", "half": "float16", "float": "float32", "fp32": "float32"}.get(text, text)
+
+
+class Loader:
+    """Batches of one split of a dataset, packed, assembled and delivered by the C++ engine.
+
+    Iterating yields `dict[str, torch.Tensor]` with the reference's keys, shapes and dtypes (SPEC §5).
+    """
+
+    def __init__(
+        self,
+        data_path: str,
+        *,
+        hidden_size: int,
+        total_seq_len: int = 8192,
+        split: str = "train",
+        train_ratio: float | None = 0.9,
+        hidden_states_path: str | None = None,
+        num_target_layers: int = 3,
+        hidden_states_dtype: Any = "bfloat16",
+        preprocess: str = "none",
+        noise_std: float = 0.0,
+        noise: str = "uniform",
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        sp_size: int = 1,
+        num_threads: int = 2,
+        prefetch: int = 4,
+        in_order: bool = True,
+        max_batches: int | None = None,
+        truncate: bool = True,
+        on_missing: str = "skip",
+        pin_memory: bool = True,
+        lock_timeout: float = 10.0,
+    ) -> None:
+        if split not in ("train", "val", "all"):
+            raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
+        dataset = _core.open_dataset(data_path)
+        if split == "all":
+            self.split_begin, self.split_end = 0, len(dataset)
+            lengths = dataset.seq_lens()
+        else:
+            if train_ratio is None or not 0.0 < train_ratio < 1.0:
+                raise ValueError(f"train_data_ratio must be in (0, 1), got {train_ratio}")
+            train, val = dataset.split(train_ratio)
+            view = train if split == "train" else val
+            self.split_begin, self.split_end = view.begin, view.end
+            lengths = view.seq_lens()
+        self.split = split
+        self.topology = Topology.resolve(rank, world_size, sp_size)
+        self.batch_sampler = BatchPlanner(
+            lengths,
+            total_seq_len,
+            self.topology,
+            seed=seed,
+            truncate=truncate,
+            max_batches=max_batches,
+        )
+        self.hidden_states_dtype = _dtype_name(hidden_states_dtype)
+        self._engine = _core.Engine(
+            data_path,
+            hidden_states_path or os.path.join(data_path, "hidden_states"),
+            total_seq_len,
+            hidden_size,
+            num_target_layers=num_target_layers,
+            hidden_states_dtype=self.hidden_states_dtype,
+            preprocess=preprocess,
+            noise=noise,
+            noise_std=noise_std,
+            seed=seed,
+            apply_noise=split == "train" and noise_std > 0,
+            on_missing=on_missing,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            in_order=in_order,
+            pin_memory=pin_memory,
+            lock_timeout=lock_timeout,
+        )
+        _LIVE_ENGINES.add(self._engine)
+        self._delivered: set[int] = set()
+        self._state_epoch: int | None = None  # the epoch `_delivered` refers to
+        self._resume: tuple[int, set[int]] | None = None
+        self.last_batch: _core.Batch | None = None
+
+    # -- the DataLoader surface the reference trainer uses --
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch = self.batch_sampler.epoch
+        batches = self.batch_sampler._generate_batches(epoch)
+        done: set[int] = set()
+        if self._resume is not None and self._resume[0] == epoch:
+            done = set(self._resume[1])
+        self._resume = None
+        self._delivered = set(done)
+        self._state_epoch = epoch
+        if not self.topology.is_data_rank:
+            # Sequence-parallel ranks other than their group's data rank fetch nothing: the trainer
+            # scatters the data rank's batch to them. They still take one step per batch.
+            for index in range(len(batches)):
+                if index not in done:
+                    self._delivered.add(index)
+                    yield None
+            return
+        todo = [i for i in range(len(batches)) if i not in done]
+        rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
+        self._engine.start(epoch, todo, rows)
+        try:
+            while True:
+                batch = self._engine.next()
+                if batch is None:
+                    break
+                self._delivered.add(batch.index)
+                self.last_batch = batch
+                yield self._make_batch(batch)
+        finally:
+            self._engine.stop()
+
+    def _make_batch(self, batch: _core.Batch) -> dict[str, Any]:
+        return batch.torch()
+
+    # -- exact resume --
+    def state_dict(self) -> dict[str, Any]:
+        """Which batches of the current epoch were delivered; plain keys, JSON-serialisable."""
+        if self._resume is not None:
+            epoch, delivered = self._resume
+        elif self._state_epoch is not None:
+            epoch, delivered = self._state_epoch, self._delivered
+        else:
+            epoch, delivered = self.batch_sampler.epoch, set()
+        return {
+            "epoch": epoch,
+            "delivered": sorted(int(i) for i in delivered),
+            "num_batches": len(self.batch_sampler),
+            "seed": self.batch_sampler.seed,
+            "world_size": self.batch_sampler.num_replicas,
+            "rank": self.batch_sampler.rank,
+            "total_seq_len": self.batch_sampler.batch_max_length,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration of `state['epoch']` yields exactly the batches not yet delivered."""
+        for key, mine in (
+            ("seed", self.batch_sampler.seed),
+            ("world_size", self.batch_sampler.num_replicas),
+            ("rank", self.batch_sampler.rank),
+            ("total_seq_len", self.batch_sampler.batch_max_length),
+        ):
+            if key in state and state[key] != mine:
+                raise ValueError(f"state_dict was saved with {key}={state[key]}, this loader has {mine}")
+        epoch = int(state["epoch"])
+        self.batch_sampler.set_epoch(epoch)
+        self._resume = (epoch, set(int(i) for i in state["delivered"]))
+
+    # -- what happened --
+    def metrics(self) -> dict[str, Any]:
+        m = self._engine.metrics()
+        m["pool_bytes"] = self._engine.pool_bytes
+        m["batch_bytes_each"] = self._engine.batch_bytes
+        return m
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        """Batch memory this loader can hold: prefetch depth x batch size (plus any extra buffers)."""
+        return self._engine.pool_bytes
+
+    def close(self) -> None:
+        self._engine.stop()

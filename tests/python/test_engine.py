@@ -1,0 +1,240 @@
+"""The engine's batches against the real speculators dataset + sampler + collate (noise off), and the
+engine's own guarantees: deterministic noise, exact resume, kept tensors, zero copy, prompt stop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import draftfeed
+from reference_fixtures import assert_same_batch, reference_batches, write_fixture
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_LEN = 96
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("engine") / "data")
+    return write_fixture(
+        path, rows=48, max_len=MAX_LEN, missing=(3, 11, 30), mismatched=(5, 40), long_rows=(8, 20)
+    )
+
+
+@pytest.fixture(scope="module")
+def fixture_f32(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("engine_f32") / "data")
+    return write_fixture(path, rows=30, max_len=MAX_LEN, file_dtype=torch.float32, missing=(2,))
+
+
+def make_loader(fx, **kwargs):
+    args = dict(
+        hidden_size=fx.hidden_size,
+        total_seq_len=MAX_LEN,
+        train_ratio=0.75,
+        num_target_layers=fx.layers - 1,
+        world_size=1,
+        rank=0,
+        num_threads=2,
+        prefetch=3,
+    )
+    args.update(kwargs)
+    return draftfeed.Loader(fx.path, **args)
+
+
+def reference_preprocess(name):
+    if name == "eagle3":
+        from speculators.models.eagle3.data import shift_batch
+
+        return shift_batch
+    if name == "mtp":
+        from speculators.models.mtp.data import shift_batch_mtp
+
+        return shift_batch_mtp
+    return None
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("preprocess", ["none", "eagle3", "mtp"])
+def test_batches_equal_reference(fixture, split, dtype, preprocess):
+    for world_size in (1, 2):
+        for rank in range(world_size):
+            for epoch in (0, 1):
+                ref = reference_batches(
+                    fixture, max_len=MAX_LEN, split=split, world_size=world_size, rank=rank,
+                    epoch=epoch, dtype=dtype, preprocess=reference_preprocess(preprocess),
+                )
+                loader = make_loader(
+                    fixture, split=split, world_size=world_size, rank=rank,
+                    hidden_states_dtype=dtype, preprocess=preprocess,
+                )
+                loader.set_epoch(epoch)
+                assert len(loader) == len(ref)
+                ours = list(loader)
+                assert len(ours) == len(ref)
+                for k, (a, b) in enumerate(zip(ours, ref)):
+                    assert_same_batch(a, b, f"{split} R={world_size} r={rank} e={epoch} batch {k}")
+
+
+def test_file_dtype_is_cast_like_torch(fixture_f32):
+    for dtype in (torch.bfloat16, torch.float32):
+        ref = reference_batches(fixture_f32, max_len=MAX_LEN, dtype=dtype)
+        ours = list(make_loader(fixture_f32, hidden_states_dtype=dtype))
+        assert len(ours) == len(ref)
+        for k, (a, b) in enumerate(zip(ours, ref)):
+            assert_same_batch(a, b, f"f32 file -> {dtype} batch {k}")
+
+
+def test_all_failed_batch_is_the_reference_padding_batch(tmp_path):
+    fx = write_fixture(str(tmp_path / "data"), rows=12, max_len=MAX_LEN, missing=tuple(range(12)))
+    ref = reference_batches(fx, max_len=MAX_LEN)
+    loader = make_loader(fx)
+    ours = list(loader)
+    assert len(ours) == len(ref) > 0
+    for k, (a, b) in enumerate(zip(ours, ref)):
+        assert_same_batch(a, b, f"all-failed batch {k}")
+        assert a["loss_mask"].dtype == torch.bool
+        assert bool((a["document_ids"] == -1).all())
+    assert loader.metrics()["dropped"]["missing"] == sum(len(b) for b in loader.batch_sampler)
+
+
+def test_drops_are_counted_by_reason(fixture):
+    loader = make_loader(fixture, split="train")
+    list(loader)
+    dropped = loader.metrics()["dropped"]
+    train_rows = int(fixture.rows * 0.75)
+    planned = {int(i) for batch in loader.batch_sampler for i in batch}
+    assert dropped["missing"] == len({r for r in fixture.missing if r < train_rows} & planned)
+    assert dropped["mismatched"] == len({r for r in fixture.mismatched if r < train_rows} & planned)
+
+
+def _noisy_and_clean(fixture, **kwargs):
+    clean = [{k: v.clone() for k, v in b.items()} for b in make_loader(fixture, **kwargs)]
+    noisy_loader = make_loader(fixture, noise_std=0.05, seed=3, **kwargs)
+    noisy = [{k: v.clone() for k, v in b.items()} for b in noisy_loader]
+    return clean, noisy
+
+
+def test_noise_only_on_training_hidden_states(fixture):
+    clean, noisy = _noisy_and_clean(fixture, hidden_states_dtype=torch.float32)
+    diffs = []
+    for c, n in zip(clean, noisy):
+        for key in c:
+            if key == "hidden_states":
+                continue
+            assert torch.equal(c[key], n[key]), key
+        d = n["hidden_states"] - c["hidden_states"]
+        assert float(d.abs().max()) <= 0.05 + 1e-6
+        rows = c["document_ids"][0] >= 0
+        diffs.append(d[0][rows].flatten())
+    d = torch.cat(diffs)
+    assert d.numel() > 1000
+    assert abs(float(d.mean())) < 0.002
+    assert float(d.abs().mean()) > 0.02  # uniform on [-0.05, 0.05): mean |d| = 0.025
+
+    # Validation never gets noise.
+    clean_val, noisy_val = _noisy_and_clean(fixture, split="val")
+    for c, n in zip(clean_val, noisy_val):
+        assert torch.equal(c["hidden_states"], n["hidden_states"])
+
+
+def test_noise_is_deterministic_across_threads_and_orders(fixture):
+    runs = []
+    for threads, in_order in ((1, True), (2, False)):
+        loader = make_loader(fixture, noise_std=0.05, seed=3, num_threads=threads, in_order=in_order)
+        batches = {}
+        for b in loader:
+            batches[loader.last_batch.index] = b["hidden_states"].clone()
+        runs.append(batches)
+    assert runs[0].keys() == runs[1].keys()
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k])
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_resume_yields_exactly_the_batches_not_yet_seen(fixture, in_order):
+    full = {}
+    loader = make_loader(fixture, noise_std=0.05, in_order=in_order)
+    loader.set_epoch(1)
+    for b in loader:
+        full[loader.last_batch.index] = {k: v.clone() for k, v in b.items()}
+    assert len(full) == len(loader) >= 4
+
+    first = make_loader(fixture, noise_std=0.05, in_order=in_order)
+    first.set_epoch(1)
+    seen = {}
+    for k, b in enumerate(first):
+        seen[first.last_batch.index] = {key: v.clone() for key, v in b.items()}
+        if k == 2:
+            break
+    state = first.state_dict()
+    assert sorted(seen) == state["delivered"]
+    del first
+
+    resumed = make_loader(fixture, noise_std=0.05, in_order=in_order)
+    resumed.load_state_dict(state)
+    rest = {}
+    for b in resumed:
+        index = resumed.last_batch.index
+        assert index not in seen and index not in rest, f"batch {index} delivered twice"
+        rest[index] = {k: v.clone() for k, v in b.items()}
+    assert sorted(seen.keys() | rest.keys()) == sorted(full)
+    for index, batch in {**seen, **rest}.items():
+        for key in batch:
+            assert torch.equal(batch[key], full[index][key]), (index, key)
+    assert resumed.state_dict()["delivered"] == sorted(full)
+
+
+def test_kept_batch_is_never_overwritten(fixture):
+    loader = make_loader(fixture, prefetch=2)
+    kept = []
+    copies = []
+    for b in loader:
+        kept.append(b)
+        copies.append({k: v.clone() for k, v in b.items()})
+    assert len(kept) > 2  # more batches kept than the pool holds: the pool grew instead of reusing
+    for b, c in zip(kept, copies):
+        for key in b:
+            assert torch.equal(b[key], c[key])
+    assert loader.metrics()["extra_buffers"] >= len(kept) - 2
+
+
+def test_tensors_view_the_batch_buffer(fixture):
+    loader = make_loader(fixture)
+    batch = next(iter(loader))
+    start = loader.last_batch.address
+    end = start + loader.metrics()["buffer_bytes"]
+    for key, tensor in batch.items():
+        assert start <= tensor.data_ptr() < end, key
+    loader.close()
+
+
+def test_break_stops_the_threads_and_the_loader_can_start_again(fixture):
+    loader = make_loader(fixture)
+    for _ in loader:
+        break
+    m = loader.metrics()
+    assert m["in_flight"] == 0 and m["ready"] == 0
+    assert len(list(loader)) == len(loader)
+
+
+def test_peak_memory_is_the_pool(fixture):
+    loader = make_loader(fixture, prefetch=3)
+    assert loader.peak_memory_bytes == 3 * loader.metrics()["batch_bytes_each"]
+
+
+def test_bad_arguments_are_clear(fixture):
+    with pytest.raises(ValueError, match="float16"):
+        make_loader(fixture, hidden_states_dtype=torch.float16)
+    with pytest.raises(ValueError, match="on_missing"):
+        make_loader(fixture, on_missing="sometimes")
+    with pytest.raises(ValueError, match=r"\(0, 1\)"):
+        make_loader(fixture, train_ratio=1.0)
+
+
+def test_on_missing_raise_fails_the_iteration(fixture):
+    loader = make_loader(fixture, on_missing="raise")
+    with pytest.raises(RuntimeError, match="no cached hidden states"):
+        list(loader)
