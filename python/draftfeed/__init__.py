@@ -22,3 +22,6 @@ def _export(*names: str) -> None:
         globals()[name] = getattr(_core, name)
         __all__.append(name)
 _export("permutation", "plan_batches", "plan_all_ranks")
+from .loader import Loader, Topology  # noqa: E402
+
+__all__ += ["Loader", "Topology"]
