@@ -25,3 +25,4 @@ _export("permutation", "plan_batches", "plan_all_ranks")
 from .loader import Loader, Topology  # noqa: E402
 
 __all__ += ["Loader", "Topology"]
+_export("load_safetensors", "safetensors_metadata", "write_safetensors", "HiddenStateStore", "validate_hidden_states", "write_synthetic_hidden_states", "synthetic_hidden_value")
