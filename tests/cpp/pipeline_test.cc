@@ -1,0 +1,259 @@
+// The pipeline with an in-memory sample source: delivery orders, packing after drops (including
+// non-finite samples found during the copy), fatal errors, and prompt stops. Suites are named
+// Pipeline* so CI also runs them under ThreadSanitizer.
+#include "draftfeed/pipeline/pipeline.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "draftfeed/batch/assemble.h"
+#include "draftfeed/common/dtype.h"
+#include "draftfeed/dataset/dataset_writer.h"
+
+namespace draftfeed {
+namespace {
+
+constexpr std::int64_t kHidden = 8;
+constexpr std::int64_t kLayers = 4;
+
+// A value every (row, token, layer, h) has, exactly representable in bf16.
+float expected_value(std::int64_t row, std::int64_t token, std::int64_t layer, std::int64_t h) {
+  return static_cast<float>((row * 7 + token * 3 + layer * 5 + h) % 64) - 32.0f;
+}
+
+class MemorySource : public SampleSource {
+ public:
+  std::set<std::int64_t> missing, nonfinite, throws;
+  bool jitter = true;
+
+  FetchOutcome fetch(std::int64_t row, const IntArrayView& ids) override {
+    if (jitter) {
+      std::this_thread::sleep_for(std::chrono::microseconds((row * 7919) % 500));
+    }
+    if (throws.count(row))
+      throw Error(ErrorKind::kRuntime, "source failed on row " + std::to_string(row));
+    if (missing.count(row)) return FetchOutcome::dropped(DropReason::kMissing, "missing");
+    auto values = std::make_shared<std::vector<std::uint16_t>>(
+        static_cast<std::size_t>(ids.size() * kLayers * kHidden));
+    std::size_t k = 0;
+    for (std::int64_t t = 0; t < ids.size(); ++t)
+      for (std::int64_t l = 0; l < kLayers; ++l)
+        for (std::int64_t h = 0; h < kHidden; ++h)
+          (*values)[k++] = float_to_bf16(expected_value(row, t, l, h));
+    if (nonfinite.count(row) && !values->empty()) values->front() = 0x7FC0;  // NaN in the first token
+    FetchedSample sample;
+    sample.owner = values;
+    sample.hidden = {reinterpret_cast<const std::uint8_t*>(values->data()), HiddenDType::kBF16,
+                     ids.size(), kLayers, kHidden};
+    return FetchOutcome::ok(std::move(sample));
+  }
+};
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    folder_ = std::filesystem::temp_directory_path() /
+              ("draftfeed_pipeline_test_" + std::to_string(::getpid()) + "_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(folder_);
+    DatasetWriter writer(folder_.string());
+    for (std::int64_t row = 0; row < 40; ++row) {
+      const std::int64_t n = 3 + (row * 13) % 29;
+      std::vector<std::int64_t> ids(n), mask(n);
+      for (std::int64_t t = 0; t < n; ++t) {
+        ids[t] = row * 1000 + t;
+        mask[t] = (t + row) % 3 == 0 ? 0 : 1;
+      }
+      writer.add_row(ids, mask);
+    }
+    writer.finish();
+    dataset_ = TokenDataset::open(folder_.string());
+    source_ = std::make_shared<MemorySource>();
+  }
+  void TearDown() override { std::filesystem::remove_all(folder_); }
+
+  std::vector<PlannedBatch> plan() const {
+    // Batches of 4 consecutive rows; 48 rows of capacity make the last sample cross max_len often.
+    std::vector<PlannedBatch> batches;
+    for (std::int64_t b = 0; b < 10; ++b) {
+      PlannedBatch batch{b, {}};
+      for (std::int64_t i = 0; i < 4; ++i) batch.rows.push_back((b * 4 + i * 9) % 40);
+      batches.push_back(batch);
+    }
+    return batches;
+  }
+
+  std::unique_ptr<Pipeline> make(bool in_order, int threads = 3, int prefetch = 3) {
+    BatchSpec spec;
+    spec.max_len = 48;
+    spec.hidden_size = kHidden;
+    spec.num_target_layers = kLayers - 1;
+    PipelineOptions options;
+    options.num_threads = threads;
+    options.prefetch = prefetch;
+    options.in_order = in_order;
+    options.chunk_bytes = 64 * 4;  // tiny chunks: many copy tasks per sample
+    return std::make_unique<Pipeline>(make_batch_layout(spec), dataset_, source_, options);
+  }
+
+  // Checks every row of a delivered batch against the source's values and the reference packing.
+  void check_batch(const BatchLease& lease, const PlannedBatch& planned) {
+    const BatchLayout& layout = *lease.layout;
+    std::vector<std::int64_t> rows;
+    std::vector<bool> usable;
+    for (const std::int64_t row : planned.rows) {
+      usable.push_back(!source_->missing.count(row) && !source_->nonfinite.count(row));
+      rows.push_back(dataset_->input_ids(row).size());
+    }
+    const BatchPlacement expected = place_samples(layout.spec.max_len, rows, usable);
+    ASSERT_EQ(lease.tokens, expected.used_rows);
+    const auto* hs =
+        reinterpret_cast<const std::uint16_t*>(lease.data + layout.find("hidden_states")->offset);
+    const auto* last = reinterpret_cast<const std::uint16_t*>(
+        lease.data + layout.find("verifier_last_hidden_states")->offset);
+    const auto* ids =
+        reinterpret_cast<const std::int64_t*>(lease.data + layout.find("input_ids")->offset);
+    const auto* docs =
+        reinterpret_cast<const std::int64_t*>(lease.data + layout.find("document_ids")->offset);
+    const std::int64_t width = (kLayers - 1) * kHidden;
+    for (std::size_t d = 0; d < expected.samples.size(); ++d) {
+      const SamplePlacement& p = expected.samples[d];
+      const std::int64_t row = planned.rows[p.sample];
+      for (std::int64_t r = 0; r < p.rows; ++r) {
+        const std::int64_t at = p.dst_row + r;
+        ASSERT_EQ(docs[at], static_cast<std::int64_t>(d));
+        ASSERT_EQ(ids[at], row * 1000 + r);
+        for (std::int64_t j = 0; j < width; ++j) {
+          ASSERT_EQ(bf16_to_float(hs[at * width + j]),
+                    expected_value(row, r, j / kHidden, j % kHidden));
+        }
+        for (std::int64_t h = 0; h < kHidden; ++h) {
+          ASSERT_EQ(bf16_to_float(last[at * kHidden + h]), expected_value(row, r, kLayers - 1, h));
+        }
+      }
+    }
+    for (std::int64_t at = expected.used_rows; at < layout.spec.max_len; ++at) {
+      ASSERT_EQ(docs[at], -1);
+      ASSERT_EQ(ids[at], 0);
+      for (std::int64_t j = 0; j < width; ++j) ASSERT_EQ(hs[at * width + j], 0);
+    }
+  }
+
+  std::filesystem::path folder_;
+  std::shared_ptr<const TokenDataset> dataset_;
+  std::shared_ptr<MemorySource> source_;
+};
+
+TEST(PlaceSamplesTest, PacksUsableSamplesAndTruncatesTheOneCrossingMaxLen) {
+  const BatchPlacement p = place_samples(10, {4, 3, 5, 2}, {true, false, true, true});
+  ASSERT_EQ(p.samples.size(), 3u);
+  EXPECT_EQ(p.samples[0].dst_row, 0);
+  EXPECT_EQ(p.samples[0].rows, 4);
+  EXPECT_EQ(p.samples[1].sample, 2u);
+  EXPECT_EQ(p.samples[1].dst_row, 4);
+  EXPECT_EQ(p.samples[1].rows, 5);
+  EXPECT_EQ(p.samples[2].sample, 3u);
+  EXPECT_EQ(p.samples[2].rows, 1);  // crosses max_len: truncated
+  EXPECT_EQ(p.documents, (std::vector<std::int64_t>{4, 5, 1}));
+  EXPECT_EQ(p.used_rows, 10);
+
+  const BatchPlacement crossing = place_samples(10, {4, 8, 5}, {true, true, true});
+  ASSERT_EQ(crossing.samples.size(), 2u);
+  EXPECT_EQ(crossing.samples[1].rows, 6);
+  EXPECT_EQ(crossing.documents, (std::vector<std::int64_t>{4, 6}));
+  EXPECT_EQ(crossing.used_rows, 10);
+
+  const BatchPlacement none = place_samples(10, {4}, {false});
+  EXPECT_TRUE(none.locally_empty);
+  EXPECT_TRUE(none.documents.empty());
+}
+
+TEST_F(PipelineTest, InOrderDeliversThePlanInOrderWithExactContents) {
+  source_->missing = {5, 22};
+  auto pipeline = make(/*in_order=*/true);
+  const auto batches = plan();
+  pipeline->start(0, batches);
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    auto lease = pipeline->next();
+    ASSERT_NE(lease, nullptr);
+    ASSERT_EQ(lease->index, static_cast<std::int64_t>(b));
+    check_batch(*lease, batches[b]);
+  }
+  EXPECT_EQ(pipeline->next(), nullptr);
+  EXPECT_EQ(pipeline->metrics().dropped[static_cast<std::size_t>(DropReason::kMissing)], 2);
+}
+
+TEST_F(PipelineTest, AsReadyDeliversEveryBatchOnce) {
+  auto pipeline = make(/*in_order=*/false, 4, 4);
+  const auto batches = plan();
+  pipeline->start(3, batches);
+  std::set<std::int64_t> seen;
+  while (auto lease = pipeline->next()) {
+    EXPECT_TRUE(seen.insert(lease->index).second);
+    check_batch(*lease, batches[static_cast<std::size_t>(lease->index)]);
+  }
+  EXPECT_EQ(seen.size(), batches.size());
+}
+
+TEST_F(PipelineTest, NonFiniteSampleIsDroppedAndLaterSamplesPackUp) {
+  source_->nonfinite = {9, 18};
+  auto pipeline = make(true);
+  const auto batches = plan();
+  pipeline->start(0, batches);
+  std::int64_t dropped = 0;
+  while (auto lease = pipeline->next()) {
+    check_batch(*lease, batches[static_cast<std::size_t>(lease->index)]);
+    dropped += lease->dropped[static_cast<std::size_t>(DropReason::kNonFinite)];
+  }
+  // check_batch has verified that rows 9 and 18 are absent and later samples packed up behind them.
+  EXPECT_GE(dropped, 1);
+}
+
+TEST_F(PipelineTest, SourceExceptionIsRethrownByNext) {
+  source_->throws = {13};
+  auto pipeline = make(true);
+  pipeline->start(0, plan());
+  EXPECT_THROW(
+      {
+        while (pipeline->next()) {
+        }
+      },
+      Error);
+}
+
+TEST_F(PipelineTest, StopMidEpochIsPromptAndRestartable) {
+  auto pipeline = make(true, 2, 2);
+  pipeline->start(0, plan());
+  ASSERT_NE(pipeline->next(), nullptr);
+  const auto before = std::chrono::steady_clock::now();
+  pipeline->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(5));
+  pipeline->start(1, plan());
+  std::int64_t count = 0;
+  while (pipeline->next()) ++count;
+  EXPECT_EQ(count, 10);
+}
+
+TEST_F(PipelineTest, KeptBatchesGrowThePoolInsteadOfDeadlocking) {
+  auto pipeline = make(true, 2, 2);
+  pipeline->start(0, plan());
+  std::vector<std::shared_ptr<BatchLease>> kept;
+  while (auto lease = pipeline->next()) kept.push_back(lease);
+  EXPECT_EQ(kept.size(), 10u);
+  EXPECT_GE(pipeline->metrics().extra_buffers, 8);
+  const auto batches = plan();
+  for (const auto& lease : kept)
+    check_batch(*lease, batches[static_cast<std::size_t>(lease->index)]);
+}
+
+}  // namespace
+}  // namespace draftfeed
