@@ -41,9 +41,9 @@ struct ColumnInfo {
 
 class TokenDataset {
  public:
-  // Opens a `save_to_disk` folder. Throws Error naming the folder or shard and the problem: a missing
-  // folder (kNotFound), a DatasetDict folder (kInvalidArgument, listing its splits), a missing
-  // `input_ids` column, a corrupt or unsupported shard (kFormat / kUnsupported).
+  // Opens a `save_to_disk` folder. Throws Error naming the folder or shard and the problem: a
+  // missing folder (kNotFound), a DatasetDict folder (kInvalidArgument, listing its splits), a
+  // missing `input_ids` column, a corrupt or unsupported shard (kFormat / kUnsupported).
   static std::shared_ptr<const TokenDataset> open(const std::string& folder);
 
   const std::string& folder() const;
@@ -61,7 +61,8 @@ class TokenDataset {
 
   // The row's token ids; throws Error(kInvalidArgument) for a row out of range.
   IntArrayView input_ids(std::int64_t row) const;
-  // The row's loss mask (column `loss_mask`); throws Error(kInvalidArgument) if there is no such column.
+  // The row's loss mask (column `loss_mask`); throws Error(kInvalidArgument) if there is no such
+  // column.
   IntArrayView loss_mask(std::int64_t row) const;
   bool has_loss_mask() const;
 
@@ -90,8 +91,9 @@ struct DatasetSplit {
   }
 };
 
-// split = int(n * train_ratio); train = [0, split), val = [split, n). `train_ratio` must be in (0, 1)
-// and both parts non-empty, else Error(kInvalidArgument) naming n, the ratio and the split index.
+// split = int(n * train_ratio); train = [0, split), val = [split, n). `train_ratio` must be in (0,
+// 1) and both parts non-empty, else Error(kInvalidArgument) naming n, the ratio and the split
+// index.
 std::pair<DatasetSplit, DatasetSplit> split_train_val(std::shared_ptr<const TokenDataset> dataset,
                                                       double train_ratio);
 

@@ -1,0 +1,103 @@
+// `draftfeed synth OUT --rows N ...`: writes a deterministic synthetic token dataset
+// (see draftfeed/dataset/synthetic.h for the functions of seed, row and position).
+//
+// Structure: `synth_dataset` parses the dataset flags and writes the dataset, returning the options
+// it used; further parts (a hidden-state cache keyed by the same seed and rows) plug in after it
+// in `run_synth`, with their flags added to the sets there.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "command.h"
+#include "draftfeed/common/error.h"
+#include "draftfeed/dataset/synthetic.h"
+
+namespace draftfeed::cli {
+
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: draftfeed synth OUT --rows N [--seed S] [--min-len A] [--max-len B] [--vocab V]
+                      [--shards K] [--int32] [--json]
+
+Writes a synthetic token dataset to the folder OUT in the layout of datasets' save_to_disk
+(Arrow stream shards, state.json with torch format, dataset_info.json). Row r's length, token ids
+and loss mask are deterministic functions of (S, r, position), documented in
+src/draftfeed/dataset/synthetic.h.
+
+  --rows N      rows to write (required)
+  --seed S      seed (default 0)
+  --min-len A   shortest row (default 32)
+  --max-len B   longest row (default 512)
+  --vocab V     token ids are in [0, V) (default 32000)
+  --shards K    exactly K shards (default: by size, 500 MB each)
+  --int32       store input_ids as list<int32> (default list<int64>)
+  --json        print a JSON summary: folder, rows, tokens, shards, bytes, seed, min_len, max_len,
+                vocab)";
+
+const std::set<std::string> kDatasetValueFlags = {"rows",    "seed",  "min-len",
+                                                  "max-len", "vocab", "shards"};
+const std::set<std::string> kDatasetSwitchFlags = {"int32"};
+
+// The dataset part of `synth`: what it was asked for and what it wrote.
+struct SynthDataset {
+  SyntheticOptions options;
+  DatasetWriteSummary written;
+};
+
+SynthDataset synth_dataset(const Args& args, const std::string& out) {
+  const auto rows = args.opt_integer("rows");
+  require(rows.has_value(), ErrorKind::kInvalidArgument, "--rows N is required");
+  SynthDataset synth;
+  synth.options.rows = *rows;
+  synth.options.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
+  synth.options.min_len = args.integer("min-len", synth.options.min_len);
+  synth.options.max_len = args.integer("max-len", synth.options.max_len);
+  synth.options.vocab = args.integer("vocab", synth.options.vocab);
+  validate(synth.options);
+  DatasetWriterOptions writer;
+  writer.input_ids_int32 = args.has("int32");
+  writer.num_shards = args.integer("shards", 0);
+  require(writer.num_shards >= 0, ErrorKind::kInvalidArgument,
+          "--shards must be >= 0, got " + std::to_string(writer.num_shards));
+  synth.written = write_synthetic_dataset(out, synth.options, writer);
+  return synth;
+}
+
+int run_synth(const std::vector<std::string>& argv) {
+  std::set<std::string> value_flags = kDatasetValueFlags;
+  std::set<std::string> switch_flags = kDatasetSwitchFlags;
+  switch_flags.insert("json");
+  const Args args(argv, value_flags, switch_flags);
+  args.expect_positionals(1, 1, "one output folder");
+  const std::string out = args.positionals()[0];
+  const SynthDataset synth = synth_dataset(args, out);
+  const auto& w = synth.written;
+  if (args.has("json")) {
+    const nlohmann::ordered_json report{{"folder", out},
+                                        {"rows", w.rows},
+                                        {"tokens", w.tokens},
+                                        {"shards", w.shard_paths.size()},
+                                        {"bytes", w.bytes},
+                                        {"seed", synth.options.seed},
+                                        {"min_len", synth.options.min_len},
+                                        {"max_len", synth.options.max_len},
+                                        {"vocab", synth.options.vocab}};
+    std::printf("%s\n", report.dump(2).c_str());
+  } else {
+    std::printf("wrote %lld rows (%lld tokens, %.1f MB) in %zu shard(s) to %s\n",
+                static_cast<long long>(w.rows), static_cast<long long>(w.tokens),
+                static_cast<double>(w.bytes) / 1e6, w.shard_paths.size(), out.c_str());
+  }
+  return 0;
+}
+
+const CommandRegistration kRegistration({"synth", "write a deterministic synthetic dataset", kUsage,
+                                         run_synth});
+
+}  // namespace
+
+}  // namespace draftfeed::cli

@@ -1,0 +1,201 @@
+#include "draftfeed/dataset/token_dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "draftfeed/dataset/arrow_ipc.h"
+#include "draftfeed/dataset/token_columns.h"
+
+namespace draftfeed {
+
+namespace fs = std::filesystem;
+
+struct TokenDataset::Impl {
+  std::string folder;
+  std::vector<std::string> shard_paths;
+  std::vector<ColumnInfo> columns;
+  std::vector<std::shared_ptr<const MappedFile>> files;  // keep every view's bytes mapped
+  // Global index of each record batch's first row, then num_rows as a sentinel.
+  std::vector<std::int64_t> batch_starts;
+  std::vector<IntListChunk> input_ids;
+  std::vector<IntListChunk> loss_mask;
+  bool has_loss_mask = true;
+  std::vector<std::int64_t> seq_lens;
+  std::int64_t num_rows = 0;
+  std::int64_t total_tokens = 0;
+
+  std::size_t batch_of(std::int64_t row, const char* what) const {
+    if (row < 0 || row >= num_rows) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  folder + ": " + what + " of row " + std::to_string(row) + " requested, but the " +
+                      "dataset has " + std::to_string(num_rows) + " rows");
+    }
+    const auto it = std::upper_bound(batch_starts.begin(), batch_starts.end(), row);
+    return static_cast<std::size_t>(it - batch_starts.begin() - 1);
+  }
+};
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorKind::kIo, path.string() + ": cannot read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    throw Error(ErrorKind::kFormat, path.string() + ": not valid JSON: " + error.what());
+  }
+}
+
+// `state.json["_data_files"][i]["filename"]`, in row order. Names must be plain file names: the
+// folder is the only place shards may come from.
+std::vector<std::string> shard_names_from_state(const fs::path& state_path) {
+  const nlohmann::json state = read_json(state_path);
+  const std::string where = state_path.string();
+  if (!state.is_object() || !state.contains("_data_files") || !state["_data_files"].is_array()) {
+    throw Error(ErrorKind::kFormat, where + ": no '_data_files' list");
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : state["_data_files"]) {
+    if (!entry.is_object() || !entry.contains("filename") || !entry["filename"].is_string()) {
+      throw Error(ErrorKind::kFormat,
+                  where + ": a '_data_files' entry has no 'filename' string: " + entry.dump());
+    }
+    const std::string name = entry["filename"].get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      throw Error(ErrorKind::kFormat,
+                  where + ": shard name '" + name + "' is not a plain file name in the folder");
+    }
+    names.push_back(name);
+  }
+  if (names.empty()) throw Error(ErrorKind::kFormat, where + ": '_data_files' lists no shards");
+  return names;
+}
+
+[[noreturn]] void refuse_dataset_dict(const fs::path& folder, const fs::path& dict_path) {
+  std::string splits;
+  try {
+    const nlohmann::json dict = read_json(dict_path);
+    if (dict.contains("splits") && dict["splits"].is_array()) {
+      for (const auto& split : dict["splits"]) {
+        if (!split.is_string()) continue;
+        splits += (splits.empty() ? "" : ", ") + split.get<std::string>();
+      }
+    }
+  } catch (const Error&) {
+    // The message below is still the useful one.
+  }
+  const std::string example =
+      (folder / (splits.empty() ? std::string("<split>") : splits.substr(0, splits.find(','))))
+          .string();
+  throw Error(ErrorKind::kInvalidArgument,
+              folder.string() + " is a DatasetDict with splits [" + splits +
+                  "], not a single dataset; pass one split's folder, e.g. " + example);
+}
+
+bool same_columns(const std::vector<ColumnInfo>& a, const std::vector<ColumnInfo>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const ColumnInfo& x, const ColumnInfo& y) {
+                      return x.name == y.name && x.type == y.type;
+                    });
+}
+
+std::string describe(const std::vector<ColumnInfo>& columns) {
+  std::string text;
+  for (const auto& column : columns) {
+    text += (text.empty() ? "" : ", ") + column.name + ": " + column.type;
+  }
+  return "{" + text + "}";
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder_arg) {
+  const fs::path folder(folder_arg);
+  std::error_code ec;
+  const auto status = fs::status(folder, ec);
+  if (!fs::exists(status)) {
+    throw Error(ErrorKind::kNotFound, "dataset folder " + folder_arg + " does not exist");
+  }
+  if (!fs::is_directory(status)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                folder_arg + " is a file; pass the folder that Dataset.save_to_disk wrote");
+  }
+  if (fs::exists(folder / "dataset_dict.json")) {
+    refuse_dataset_dict(folder, folder / "dataset_dict.json");
+  }
+  std::vector<std::string> names;
+  if (fs::exists(folder / "state.json")) {
+    names = shard_names_from_state(folder / "state.json");
+  } else if (fs::exists(folder / "dataset.arrow")) {
+    names = {"dataset.arrow"};  // the single-file layout of datasets before 2.8
+  } else {
+    throw Error(ErrorKind::kNotFound,
+                folder_arg +
+                    " holds neither state.json nor dataset.arrow: not a folder written "
+                    "by Dataset.save_to_disk");
+  }
+
+  auto impl = std::make_unique<Impl>();
+  impl->folder = folder_arg;
+  for (const auto& name : names) {
+    const std::string path = (folder / name).string();
+    auto file = MappedFile::open_or_throw(path);
+    auto stream = arrow::read_ipc_stream(file->bytes(), path).value();
+    auto columns = column_infos(stream);
+    if (impl->shard_paths.empty()) {
+      impl->columns = columns;
+    } else if (!same_columns(columns, impl->columns)) {
+      throw Error(ErrorKind::kFormat, path + " has columns " + describe(columns) + " but " +
+                                          impl->shard_paths.front() + " has " +
+                                          describe(impl->columns));
+    }
+    ShardColumns shard = read_token_columns(stream, path, impl->num_rows, &impl->seq_lens).value();
+    for (const auto rows : shard.batch_rows) {
+      impl->batch_starts.push_back(impl->num_rows);
+      impl->num_rows += rows;
+    }
+    impl->input_ids.insert(impl->input_ids.end(), shard.input_ids.begin(), shard.input_ids.end());
+    impl->loss_mask.insert(impl->loss_mask.end(), shard.loss_mask.begin(), shard.loss_mask.end());
+    impl->has_loss_mask = shard.has_loss_mask;
+    impl->total_tokens += shard.total_tokens;
+    impl->shard_paths.push_back(path);
+    impl->files.push_back(std::move(file));
+  }
+  impl->batch_starts.push_back(impl->num_rows);
+  return std::shared_ptr<const TokenDataset>(new TokenDataset(std::move(impl)));
+}
+
+TokenDataset::TokenDataset(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TokenDataset::~TokenDataset() = default;
+
+const std::string& TokenDataset::folder() const { return impl_->folder; }
+std::int64_t TokenDataset::num_rows() const { return impl_->num_rows; }
+const std::vector<std::string>& TokenDataset::shard_paths() const { return impl_->shard_paths; }
+const std::vector<ColumnInfo>& TokenDataset::columns() const { return impl_->columns; }
+bool TokenDataset::has_column(const std::string& name) const {
+  return std::any_of(impl_->columns.begin(), impl_->columns.end(),
+                     [&](const ColumnInfo& column) { return column.name == name; });
+}
+std::span<const std::int64_t> TokenDataset::seq_lens() const { return impl_->seq_lens; }
+std::int64_t TokenDataset::total_tokens() const { return impl_->total_tokens; }
+bool TokenDataset::has_loss_mask() const { return impl_->has_loss_mask; }
+
+IntArrayView TokenDataset::input_ids(std::int64_t row) const {
+  const std::size_t batch = impl_->batch_of(row, "input_ids");
+  return impl_->input_ids[batch].row(row - impl_->batch_starts[batch]);
+}
+
+IntArrayView TokenDataset::loss_mask(std::int64_t row) const {
+  if (!impl_->has_loss_mask) {
+    throw Error(ErrorKind::kInvalidArgument,
+                impl_->folder + ": the dataset has no 'loss_mask' column (columns: " +
+                    describe(impl_->columns) + ")");
+  }
+  const std::size_t batch = impl_->batch_of(row, "loss_mask");
+  return impl_->loss_mask[batch].row(row - impl_->batch_starts[batch]);
+}
+
+}  // namespace draftfeed
