@@ -1,0 +1,127 @@
+#include "loader_run.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/error.h"
+#include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/pipeline/epoch_plan.h"
+#include "draftfeed/pipeline/host_memory.h"
+#include "stream_report.h"
+
+namespace draftfeed::cli {
+
+namespace {
+
+HiddenDType batch_dtype(const std::string& text) {
+  if (text == "bfloat16" || text == "bf16") return HiddenDType::kBF16;
+  if (text == "float32" || text == "fp32" || text == "f32") return HiddenDType::kF32;
+  throw Error(ErrorKind::kInvalidArgument, "--dtype must be bf16 or fp32, got '" + text + "'");
+}
+
+Preprocess preprocess_of(const std::string& text) {
+  if (text == "none") return Preprocess::kNone;
+  if (text == "eagle3" || text == "peagle") return Preprocess::kEagle3Shift;
+  if (text == "mtp") return Preprocess::kMtp;
+  throw Error(ErrorKind::kInvalidArgument,
+              "--preprocess must be none, eagle3 or mtp, got '" + text + "'");
+}
+
+}  // namespace
+
+int run_loader(const LoaderRunConfig& config) {
+  const auto dataset = TokenDataset::open(config.data);
+  const auto [train, val] = split_train_val(dataset, config.train_ratio);
+  const std::string hs_path =
+      config.hidden_states.empty() ? config.data + "/hidden_states" : config.hidden_states;
+
+  std::int64_t hidden = config.hidden_size.value_or(0);
+  std::int64_t layers = config.layers.value_or(0);
+  if (hidden == 0 || layers == 0) {
+    const auto geometry = probe_cache_geometry(hs_path, train);
+    require(geometry.has_value(), ErrorKind::kNotFound,
+            hs_path +
+                ": no readable hidden-state file among the first training rows; pass "
+                "--hidden-size and --layers, or fill the cache first");
+    if (hidden == 0) hidden = geometry->hidden;
+    if (layers == 0) layers = geometry->layers;
+  }
+
+  BatchSpec spec;
+  spec.max_len = config.max_len;
+  spec.hidden_size = hidden;
+  spec.num_target_layers = layers - 1;
+  spec.dtype = batch_dtype(config.dtype);
+  spec.preprocess = preprocess_of(config.preprocess);
+  spec.noise = NoiseSpec{NoiseKind::kUniform, config.noise_std, config.seed};
+
+  CacheStoreOptions store_options;
+  store_options.root = hs_path;
+  auto store = std::make_shared<const CacheStore>(store_options);
+  auto source = std::make_shared<CacheSampleSource>(store, parse_on_missing(config.on_missing));
+
+  PipelineOptions options;
+  options.num_threads = config.threads;
+  options.prefetch = config.prefetch;
+  options.in_order = config.in_order;
+  options.noise = config.noise_std > 0;
+  Pipeline train_pipeline(make_batch_layout(spec), dataset, source, options);
+  options.noise = false;
+  Pipeline val_pipeline(make_batch_layout(spec), dataset, source, options);
+
+  PlanOptions plan_options;
+  plan_options.max_len = config.max_len;
+  plan_options.world_size = config.world_size;
+  plan_options.seed = config.seed;
+  plan_options.max_batches = config.max_batches;
+
+  if (!config.json) {
+    std::printf("data      %s: %lld rows (train %lld, val %lld)\n", config.data.c_str(),
+                static_cast<long long>(dataset->num_rows()),
+                static_cast<long long>(train.num_rows()), static_cast<long long>(val.num_rows()));
+    std::printf("hidden    %s: L=%lld layers, H=%lld, batches in %s\n", hs_path.c_str(),
+                static_cast<long long>(layers), static_cast<long long>(hidden),
+                hidden_dtype_name(spec.dtype));
+    std::printf("engine    %d threads, %d buffers of %s (peak batch memory %s), %s, %s\n",
+                config.threads, config.prefetch,
+                human_bytes(static_cast<double>(train_pipeline.layout().total_bytes)).c_str(),
+                human_bytes(static_cast<double>(train_pipeline.pool_bytes())).c_str(),
+                config.in_order ? "in order" : "as ready", pinning_support().detail.c_str());
+    std::fflush(stdout);
+  }
+
+  nlohmann::json report;
+  report["passes"] = nlohmann::json::array();
+  for (int epoch = 0; epoch < config.epochs; ++epoch) {
+    const RankPlan plan = plan_rank(train.seq_lens(), plan_options, config.rank, epoch);
+    StreamSummary s = stream_pass(train_pipeline, "train " + std::to_string(epoch), epoch,
+                                  planned_batches(plan, train), config.progress);
+    if (!config.json) print_summary(s);
+    report["passes"].push_back(nlohmann::json::parse(summary_json(s)));
+  }
+  if (config.validation) {
+    PlanOptions val_options = plan_options;
+    val_options.max_batches.reset();
+    const RankPlan plan = plan_rank(val.seq_lens(), val_options, config.rank, 0);
+    StreamSummary s =
+        stream_pass(val_pipeline, "val", 0, planned_batches(plan, val), config.progress);
+    if (!config.json) print_summary(s);
+    report["passes"].push_back(nlohmann::json::parse(summary_json(s)));
+  }
+  report["peak_rss_bytes"] = peak_rss_bytes();
+  report["pool_bytes"] = train_pipeline.pool_bytes() + val_pipeline.pool_bytes();
+  if (config.json) {
+    std::printf("%s\n", report.dump(2).c_str());
+  } else {
+    std::printf(
+        "peak memory %s resident (batch pools %s)\n",
+        human_bytes(static_cast<double>(peak_rss_bytes())).c_str(),
+        human_bytes(static_cast<double>(train_pipeline.pool_bytes() + val_pipeline.pool_bytes()))
+            .c_str());
+  }
+  return 0;
+}
+
+}  // namespace draftfeed::cli

@@ -1,0 +1,40 @@
+// Streaming an epoch through the pipeline with a progress bar and a throughput summary; shared by
+// `draftfeed demo` and `draftfeed bench`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "draftfeed/pipeline/pipeline.h"
+
+namespace draftfeed::cli {
+
+struct StreamSummary {
+  std::string label;
+  std::int64_t batches = 0;
+  std::int64_t tokens = 0;
+  std::int64_t hidden_bytes = 0;
+  double seconds = 0;
+  double first_batch_seconds = 0;
+  double consumer_wait_seconds = 0;
+  std::size_t pool_bytes = 0;
+  int extra_buffers = 0;
+  bool pinned = false;
+  DropCounts dropped{};
+};
+
+// Runs one pass over `batches` and returns what happened. `progress` draws a bar on stderr.
+StreamSummary stream_pass(Pipeline& pipeline, const std::string& label, std::uint64_t epoch,
+                          std::vector<PlannedBatch> batches, bool progress);
+
+// Prints a summary block (and returns it as JSON text when `json`).
+void print_summary(const StreamSummary& summary);
+std::string summary_json(const StreamSummary& summary);
+
+// Peak resident memory of this process (getrusage), bytes.
+std::int64_t peak_rss_bytes();
+
+std::string human_bytes(double bytes);
+
+}  // namespace draftfeed::cli
