@@ -110,19 +110,25 @@ bool cpu_has_avx2() {
 
 #endif  // DRAFTFEED_FINITE_X86
 
-bool vector_all_finite(const std::uint8_t* p, std::size_t count, unsigned width,
-                       std::uint32_t mask) {
+bool vector_all_finite(const std::uint8_t* p, std::size_t count, unsigned width, std::uint32_t mask,
+                       FiniteKernel kernel) {
 #ifdef DRAFTFEED_FINITE_X86
-  if (width == 2) {
-    return cpu_has_avx2() ? avx2_all_finite<2>(p, count * 2, mask)
-                          : sse2_all_finite<2>(p, count * 2, mask);
+  if (kernel == FiniteKernel::kAuto)
+    kernel = cpu_has_avx2() ? FiniteKernel::kAvx2 : FiniteKernel::kSse2;
+  if (kernel == FiniteKernel::kAvx2 && !cpu_has_avx2()) kernel = FiniteKernel::kSse2;
+  if (kernel == FiniteKernel::kAvx2) {
+    return width == 2 ? avx2_all_finite<2>(p, count * 2, mask)
+                      : avx2_all_finite<4>(p, count * 4, mask);
   }
-  return cpu_has_avx2() ? avx2_all_finite<4>(p, count * 4, mask)
-                        : sse2_all_finite<4>(p, count * 4, mask);
+  if (kernel == FiniteKernel::kSse2) {
+    return width == 2 ? sse2_all_finite<2>(p, count * 2, mask)
+                      : sse2_all_finite<4>(p, count * 4, mask);
+  }
 #else
+  (void)kernel;
+#endif
   return width == 2 ? scalar_all_finite<std::uint16_t>(p, count, static_cast<std::uint16_t>(mask))
                     : scalar_all_finite<std::uint32_t>(p, count, mask);
-#endif
 }
 
 // Adds one element's class to `counts`: exponent all ones and mantissa zero is Inf, else NaN.
@@ -161,15 +167,15 @@ bool finite_scan_supports(DType dtype) {
          dtype == DType::kF64;
 }
 
-bool all_finite(const void* data, std::size_t count, DType dtype) {
+bool all_finite(const void* data, std::size_t count, DType dtype, FiniteKernel kernel) {
   const auto* p = static_cast<const std::uint8_t*>(data);
   switch (dtype) {
     case DType::kBF16:
-      return vector_all_finite(p, count, 2, kBF16Exponent);
+      return vector_all_finite(p, count, 2, kBF16Exponent, kernel);
     case DType::kF16:
-      return vector_all_finite(p, count, 2, kF16Exponent);
+      return vector_all_finite(p, count, 2, kF16Exponent, kernel);
     case DType::kF32:
-      return vector_all_finite(p, count, 4, kF32Exponent);
+      return vector_all_finite(p, count, 4, kF32Exponent, kernel);
     case DType::kF64:
       return scalar_all_finite<std::uint64_t>(p, count, kF64Exponent);
     default:

@@ -20,9 +20,14 @@ namespace draftfeed {
 // (BF16, F16, F32, F64).
 bool finite_scan_supports(DType dtype);
 
+// Which implementation of the scan to use; kAuto is the fastest this CPU has. Tests and
+// benchmarks name one to check them all; one this CPU lacks falls back to the next slower.
+enum class FiniteKernel { kAuto, kScalar, kSse2, kAvx2 };
+
 // True when none of the `count` elements at `data` is NaN or Inf. Types the scan does not support
 // (integers, BOOL, F8, ...) return true.
-bool all_finite(const void* data, std::size_t count, DType dtype);
+bool all_finite(const void* data, std::size_t count, DType dtype,
+                FiniteKernel kernel = FiniteKernel::kAuto);
 
 struct NonFiniteCounts {
   std::int64_t nan = 0;

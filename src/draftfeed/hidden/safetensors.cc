@@ -333,8 +333,14 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
                                   " bytes after the size field)");
   }
 
-  HeaderHandler handler;
   const auto* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
+  // JSON never contains a raw NUL (not even inside strings), but nlohmann's lexer reads one as the
+  // end of the input, which would accept "{}\0garbage": refuse it here.
+  if (const void* nul = std::memchr(header_begin, 0, header_size)) {
+    return format_error(name, "header is not valid JSON: a NUL byte at offset " +
+                                  std::to_string(static_cast<const char*>(nul) - header_begin));
+  }
+  HeaderHandler handler;
   const bool parsed = json::sax_parse(header_begin, header_begin + header_size, &handler,
                                       nlohmann::detail::input_format_t::json, /*strict=*/true);
   if (!parsed || !handler.error.empty()) {
