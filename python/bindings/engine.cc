@@ -219,7 +219,8 @@ void init_engine(nb::module_& m) {
           "dict of numpy arrays viewing the buffer (bf16 as uint16 bits)");
 
   nb::class_<PyEngine>(m, "Engine",
-                       "The fetch/assemble/deliver pipeline over one dataset and cache.")
+                       "The fetch/assemble/deliver pipeline over one dataset and cache.",
+                       nb::is_weak_referenceable())
       .def(
           "__init__",
           [](PyEngine* self, const std::string& data_path, const std::string& hidden_states_path,

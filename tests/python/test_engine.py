@@ -111,7 +111,7 @@ def test_drops_are_counted_by_reason(fixture):
 
 
 def _noisy_and_clean(fixture, **kwargs):
-    clean = [{k: v.clone() for k, v in b.items()} for b in make_loader(fixture, **kwargs)]
+    clean = [{k: v.clone() for k, v in b.items()} for b in make_loader(fixture, seed=3, **kwargs)]
     noisy_loader = make_loader(fixture, noise_std=0.05, seed=3, **kwargs)
     noisy = [{k: v.clone() for k, v in b.items()} for b in noisy_loader]
     return clean, noisy
