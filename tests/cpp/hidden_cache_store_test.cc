@@ -1,0 +1,339 @@
+// The cache store: the lock protocol (against a writer process holding flock), atomic adoption
+// (rename and the cross-file-system copy), and confinement of every delete/move to the allowed
+// folders, through `..` and symbolic links.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/hidden/safetensors_writer.h"
+
+namespace draftfeed {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+class HiddenCacheStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("draftfeed_hidden_store_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "cache");
+    fs::create_directories(dir_ / "server");
+    fs::create_directories(dir_ / "elsewhere");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  CacheStoreOptions options() const {
+    CacheStoreOptions o;
+    o.root = (dir_ / "cache").string();
+    o.allowed_folders = {(dir_ / "server").string()};
+    o.lock_timeout = 2s;
+    o.lock_poll = 10ms;
+    return o;
+  }
+
+  // A valid sample file of `tokens` tokens with token ids 100, 101, ...
+  static void write_sample(const std::string& path, std::int64_t tokens) {
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(tokens));
+    for (std::int64_t i = 0; i < tokens; ++i) ids[static_cast<std::size_t>(i)] = 100 + i;
+    std::vector<std::uint16_t> hidden(static_cast<std::size_t>(tokens * 2 * 3), 0x3F80);
+    const std::vector<TensorToWrite> tensors = {
+        {"token_ids",
+         DType::kI64,
+         {tokens},
+         {reinterpret_cast<const std::uint8_t*>(ids.data()), ids.size() * 8}},
+        {"hidden_states",
+         DType::kBF16,
+         {tokens, 2, 3},
+         {reinterpret_cast<const std::uint8_t*>(hidden.data()), hidden.size() * 2}},
+    };
+    write_safetensors(path, tensors);
+  }
+
+  fs::path dir_;
+};
+
+// A child process that creates `lock`, holds flock(LOCK_EX) on it for `hold`, writes the data file
+// slowly in between (first a truncated part, then the rest), and exits. Returns its pid once the
+// lock is held.
+pid_t spawn_writer(const std::string& data, const std::string& lock,
+                   std::chrono::milliseconds hold) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(3);
+    // A partial file under the final name while the lock is held: readers must not see it.
+    { std::ofstream(data, std::ios::binary) << "partial"; }
+    if (::write(ready[1], "x", 1) != 1) ::_exit(4);
+    std::this_thread::sleep_for(hold);
+    try {
+      const std::vector<std::int64_t> ids = {100, 101};
+      const std::vector<std::uint16_t> hidden(2 * 2 * 3, 0x3F80);
+      const std::vector<TensorToWrite> tensors = {
+          {"token_ids", DType::kI64, {2}, {reinterpret_cast<const std::uint8_t*>(ids.data()), 16}},
+          {"hidden_states",
+           DType::kBF16,
+           {2, 2, 3},
+           {reinterpret_cast<const std::uint8_t*>(hidden.data()), hidden.size() * 2}},
+      };
+      write_safetensors(data, tensors, nullptr, {.atomic = false});
+    } catch (...) {
+      ::_exit(5);
+    }
+    ::_exit(0);  // the lock is released when the process ends
+  }
+  ::close(ready[1]);
+  char byte;
+  const bool ok = ::read(ready[0], &byte, 1) == 1;
+  ::close(ready[0]);
+  return ok ? pid : -1;
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(HiddenCacheStoreTest, MissingFileIsNothing) {
+  const CacheStore store(options());
+  auto found = store.lookup(7);
+  ASSERT_TRUE(found.ok()) << found.error().what();
+  EXPECT_FALSE(found.value().has_value());
+  EXPECT_EQ(store.path_for(7), (dir_ / "cache" / "hs_7.safetensors").string());
+}
+
+TEST_F(HiddenCacheStoreTest, LookupReturnsBothViews) {
+  const CacheStore store(options());
+  write_sample(store.path_for(3), 4);
+  auto found = store.lookup(3);
+  ASSERT_TRUE(found.ok()) << found.error().what();
+  ASSERT_TRUE(found.value().has_value());
+  const HiddenStateSample& sample = *found.value();
+  EXPECT_EQ(sample.token_ids.shape, (std::vector<std::int64_t>{4}));
+  EXPECT_EQ(sample.hidden_states.shape, (std::vector<std::int64_t>{4, 2, 3}));
+  EXPECT_EQ(sample.path(), store.path_for(3));
+}
+
+TEST_F(HiddenCacheStoreTest, FileWithoutAKeyIsAFormatError) {
+  const CacheStore store(options());
+  const std::vector<std::uint8_t> one(1);
+  const std::vector<TensorToWrite> tensors = {{"other", DType::kU8, {1}, one}};
+  write_safetensors(store.path_for(1), tensors);
+  auto found = store.lookup(1);
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.error().kind(), ErrorKind::kFormat);
+  EXPECT_CONTAINS(found.error().what(),
+                  "hs_1.safetensors: no tensor `token_ids` and `hidden_states` (it holds `other`)");
+}
+
+TEST_F(HiddenCacheStoreTest, WaitsForTheWriterProcessThenReadsTheCompleteFile) {
+  const CacheStore store(options());
+  const std::string data = store.path_for(5);
+  const pid_t writer = spawn_writer(data, data + ".lock", 300ms);
+  ASSERT_GT(writer, 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto found = store.lookup(5);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(wait_child(writer), 0);
+  ASSERT_TRUE(found.ok()) << found.error().what();
+  ASSERT_TRUE(found.value().has_value());
+  EXPECT_EQ(found.value()->token_ids.shape[0], 2);
+  EXPECT_GE(waited, 200ms);
+  EXPECT_FALSE(fs::exists(data + ".lock")) << "the reader removes the lock file";
+}
+
+TEST_F(HiddenCacheStoreTest, LockHeldPastTheTimeoutIsATimeoutNamingTheLock) {
+  auto o = options();
+  o.lock_timeout = 200ms;
+  const CacheStore store(o);
+  const std::string data = store.path_for(6);
+  const pid_t writer = spawn_writer(data, data + ".lock", 1500ms);
+  ASSERT_GT(writer, 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto found = store.lookup(6);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.error().kind(), ErrorKind::kTimeout);
+  EXPECT_CONTAINS(found.error().what(),
+                  data + ".lock: timed out after 0.2 s waiting for the writer's lock");
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 1400ms);
+  EXPECT_TRUE(fs::exists(data + ".lock")) << "a lock we never got is not removed";
+  EXPECT_EQ(wait_child(writer), 0);
+}
+
+TEST_F(HiddenCacheStoreTest, StaleLockWithoutAHolderIsRemoved) {
+  const CacheStore store(options());
+  write_sample(store.path_for(2), 3);
+  { std::ofstream(store.path_for(2) + ".lock"); }
+  auto found = store.lookup(2);
+  ASSERT_TRUE(found.ok()) << found.error().what();
+  EXPECT_TRUE(found.value().has_value());
+  EXPECT_FALSE(fs::exists(store.path_for(2) + ".lock"));
+}
+
+TEST_F(HiddenCacheStoreTest, StaleLockWithoutADataFileIsMissing) {
+  const CacheStore store(options());
+  { std::ofstream(store.path_for(4) + ".lock"); }
+  auto found = store.lookup(4);
+  ASSERT_TRUE(found.ok()) << found.error().what();
+  EXPECT_FALSE(found.value().has_value());
+  EXPECT_FALSE(fs::exists(store.path_for(4) + ".lock"));
+}
+
+TEST_F(HiddenCacheStoreTest, ProbeModeNeitherWaitsNorRemoves) {
+  auto o = options();
+  o.lock_mode = LockMode::kProbe;
+  o.lock_timeout = 5s;
+  const CacheStore store(o);
+  const std::string data = store.path_for(8);
+  const pid_t writer = spawn_writer(data, data + ".lock", 800ms);
+  ASSERT_GT(writer, 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto found = store.lookup(8);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.error().kind(), ErrorKind::kTimeout);
+  EXPECT_CONTAINS(found.error().what(), "locked by a writer");
+  EXPECT_TRUE(fs::exists(data + ".lock"));
+  EXPECT_EQ(wait_child(writer), 0);
+  // The writer is gone: the lock is stale; a probe reads the file and leaves the lock file.
+  auto after = store.lookup(8);
+  ASSERT_TRUE(after.ok()) << after.error().what();
+  EXPECT_TRUE(after.value().has_value());
+  EXPECT_TRUE(fs::exists(data + ".lock"));
+}
+
+TEST_F(HiddenCacheStoreTest, ConcurrentLookupsOfOneLockedFileAllSucceed) {
+  const CacheStore store(options());
+  const std::string data = store.path_for(9);
+  const pid_t writer = spawn_writer(data, data + ".lock", 200ms);
+  ASSERT_GT(writer, 0);
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 4; ++i) {
+    readers.emplace_back([&] {
+      auto found = store.lookup(9);
+      if (found.ok() && found.value().has_value() && found.value()->token_ids.shape[0] == 2) ++good;
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(wait_child(writer), 0);
+  EXPECT_EQ(good.load(), 4);
+}
+
+TEST_F(HiddenCacheStoreTest, AdoptRenamesIntoTheRootCreatingIt) {
+  auto o = options();
+  o.root = (dir_ / "cache" / "new" / "root").string();
+  const CacheStore store(o);
+  const std::string source = (dir_ / "server" / "gen_1.safetensors").string();
+  write_sample(source, 3);
+  store.adopt(11, source);
+  EXPECT_FALSE(fs::exists(source));
+  auto found = store.lookup(11);
+  ASSERT_TRUE(found.ok() && found.value().has_value());
+  EXPECT_EQ(found.value()->token_ids.shape[0], 3);
+}
+
+TEST_F(HiddenCacheStoreTest, AdoptAcrossFileSystemsCopiesSyncsAndRenames) {
+  auto o = options();
+  o.force_copy_on_adopt = true;
+  const CacheStore store(o);
+  const std::string source = (dir_ / "server" / "gen_2.safetensors").string();
+  write_sample(source, 5);
+  write_sample(store.path_for(12), 1);  // an older file is replaced
+  store.adopt(12, source);
+  EXPECT_FALSE(fs::exists(source));
+  auto found = store.lookup(12);
+  ASSERT_TRUE(found.ok() && found.value().has_value());
+  EXPECT_EQ(found.value()->token_ids.shape[0], 5);
+  for (const auto& entry : fs::directory_iterator(dir_ / "cache")) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".hs_", 0), std::string::npos)
+        << "temporary left behind: " << entry.path();
+  }
+}
+
+TEST_F(HiddenCacheStoreTest, AdoptOfAMissingSourceIsNotFound) {
+  const CacheStore store(options());
+  try {
+    store.adopt(1, (dir_ / "server" / "nope.safetensors").string());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+  }
+}
+
+TEST_F(HiddenCacheStoreTest, PathsOutsideTheAllowedFoldersAreRefused) {
+  const CacheStore store(options());
+  const std::string outside = (dir_ / "elsewhere" / "victim.safetensors").string();
+  write_sample(outside, 2);
+  const std::string dotdot = (dir_ / "server" / ".." / "elsewhere" / "victim.safetensors").string();
+  fs::create_symlink(dir_ / "elsewhere", dir_ / "server" / "link_dir");
+  fs::create_symlink(outside, dir_ / "server" / "link_file.safetensors");
+  const std::string through_dir = (dir_ / "server" / "link_dir" / "victim.safetensors").string();
+  const std::string through_file = (dir_ / "server" / "link_file.safetensors").string();
+  // A prefix of an allowed folder's name is not inside it.
+  fs::create_directories(dir_ / "server2");
+  const std::string sibling = (dir_ / "server2" / "x.safetensors").string();
+  write_sample(sibling, 1);
+
+  for (const auto& path : {outside, dotdot, through_dir, through_file, sibling}) {
+    for (int op = 0; op < 3; ++op) {
+      try {
+        if (op == 0) store.adopt(1, path);
+        if (op == 1) store.remove(path);
+        if (op == 2) (void)store.load(path).value();
+        FAIL() << "op " << op << " accepted " << path;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+        EXPECT_CONTAINS(e.what(), path + " resolves to ");
+        EXPECT_CONTAINS(e.what(), "outside the folders this store may change");
+      }
+    }
+  }
+  EXPECT_TRUE(fs::exists(outside));
+  EXPECT_TRUE(fs::exists(sibling));
+  // The folders themselves are not "inside" them.
+  EXPECT_FALSE(store.confine((dir_ / "server").string()).ok());
+  EXPECT_FALSE(store.confine((dir_ / "cache/").string()).ok());
+  // Inside, through `..` that stays inside, is fine.
+  const std::string inside = (dir_ / "server" / "sub" / ".." / "ok.safetensors").string();
+  auto confined = store.confine(inside);
+  ASSERT_TRUE(confined.ok()) << confined.error().what();
+  EXPECT_EQ(confined.value(), (dir_ / "server" / "ok.safetensors").string());
+}
+
+TEST_F(HiddenCacheStoreTest, RemoveAndLoadWorkInsideTheAllowedFolders) {
+  const CacheStore store(options());
+  const std::string generated = (dir_ / "server" / "gen.safetensors").string();
+  write_sample(generated, 2);
+  auto loaded = store.load(generated);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().what();
+  ASSERT_TRUE(loaded.value().has_value());
+  store.remove(generated);
+  EXPECT_FALSE(fs::exists(generated));
+  store.remove(generated);  // already gone: fine
+}
+
+}  // namespace
+}  // namespace draftfeed
