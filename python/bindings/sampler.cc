@@ -94,16 +94,18 @@ Int64Array to_numpy(std::vector<std::int64_t>&& values) {
   return Int64Array(data, {owner->size()}, capsule);
 }
 
-// One rank's batches as a list of views into that rank's buffer.
+// One rank's batches as a list of views into one numpy array that owns the rank's buffer. Views are
+// cut by numpy's own slicing, several times faster than exporting one array per batch.
 nb::list batches_to_python(RankPlan&& plan) {
-  auto* owner = new RankPlan(std::move(plan));
-  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<RankPlan*>(p); });
+  const std::vector<std::int64_t> offsets = plan.batch_offsets;
+  nb::object whole = nb::cast(to_numpy(std::move(plan.samples)));
   nb::list batches;
-  for (std::int64_t b = 0; b < owner->num_batches(); ++b) {
-    const auto begin = owner->batch_offsets[static_cast<std::size_t>(b)];
-    const auto size = owner->batch_offsets[static_cast<std::size_t>(b) + 1] - begin;
-    std::int64_t* data = size == 0 ? kEmptyData : owner->samples.data() + begin;
-    batches.append(Int64Array(data, {static_cast<std::size_t>(size)}, capsule));
+  for (std::size_t b = 0; b + 1 < offsets.size(); ++b) {
+    nb::object slice =
+        nb::steal(PySlice_New(nb::int_(offsets[b]).ptr(), nb::int_(offsets[b + 1]).ptr(), nullptr));
+    nb::object view = nb::steal(PyObject_GetItem(whole.ptr(), slice.ptr()));
+    if (!view.is_valid()) throw nb::python_error();
+    batches.append(view);
   }
   return batches;
 }

@@ -96,7 +96,8 @@ class Planner {
         world_size_(options.world_size),
         only_rank_(only_rank),
         slot_bits_(bit_width_of(static_cast<std::uint64_t>(options.world_size - 1))),
-        heap_(static_cast<std::size_t>(options.world_size)) {}
+        heap_(static_cast<std::size_t>(options.world_size) + 1,
+              std::numeric_limits<std::uint64_t>::max()) {}
 
   void run(const EpochOrder& order, std::vector<RankPlan>& ranks, PlanCounts& counts) {
     const auto n = static_cast<std::int64_t>(order.indices.size());
@@ -181,36 +182,78 @@ class Planner {
   // LPT over the window's first `count` positions, longest first, each into the bin with the
   // smallest (fill, slot). Records each visited item's slot; false when an item does not fit.
   bool pack(std::int64_t count, std::vector<int>& slots) {
+    // The probe's lengths in visiting order, compacted without branches: positions >= count are
+    // scattered at random, so a branch per item would be mispredicted half the time.
+    probe_len_.resize(sorted_pos_.size());
+    std::size_t num_items = 0;
+    for (std::size_t t = 0; t < sorted_pos_.size(); ++t) {
+      probe_len_[num_items] = sorted_len_[t];
+      num_items += sorted_pos_[t] < count ? 1 : 0;
+    }
     // A bin is the key fill << slot_bits | slot, so the smallest key is the smallest (fill, slot).
-    const auto world = static_cast<std::size_t>(world_size_);
-    for (std::size_t s = 0; s < world; ++s) heap_[s] = s;  // all empty: already a heap
     const std::uint64_t slot_mask = (std::uint64_t{1} << slot_bits_) - 1;
     const auto max_len = static_cast<std::uint64_t>(options_.max_len);
-    slots.clear();
-    for (std::size_t t = 0; t < sorted_pos_.size(); ++t) {
-      if (sorted_pos_[t] >= count) continue;
+    slots.resize(num_items);
+    const std::size_t first = place_largest(num_items, slots);
+    for (std::size_t i = first; i < num_items; ++i) {
       const std::uint64_t top = heap_[0];
-      const std::uint64_t fill = (top >> slot_bits_) + static_cast<std::uint64_t>(sorted_len_[t]);
+      const std::uint64_t fill = (top >> slot_bits_) + static_cast<std::uint64_t>(probe_len_[i]);
       if (fill > max_len) return false;
-      slots.push_back(static_cast<int>(top & slot_mask));
-      sift_down_root((fill << slot_bits_) | (top & slot_mask));
+      slots[i] = static_cast<int>(top & slot_mask);
+      replace_top((fill << slot_bits_) | (top & slot_mask));
     }
     return true;
   }
 
-  // Replaces the heap's root with `key` (never smaller) and restores the heap order.
-  void sift_down_root(std::uint64_t key) {
-    const std::size_t size = heap_.size();
+  // LPT's first steps without the heap: while some bin is empty, the next item (longest first, so
+  // every earlier one was longer than zero) goes to the lowest empty slot, i.e. item i to slot i.
+  // Builds the heap those steps leave and returns how many items were placed. Lengths are at most
+  // max_len, so these never fail.
+  std::size_t place_largest(std::size_t num_items, std::vector<int>& slots) {
+    const auto world = static_cast<std::size_t>(world_size_);
+    std::size_t placed = 0;
+    while (placed < num_items && placed < world && probe_len_[placed] > 0) {
+      slots[placed] = static_cast<int>(placed);
+      ++placed;
+    }
+    // Ascending keys form a heap: first the empty slots, then the filled ones by ascending fill.
+    // Fills do not increase with the slot, so walk slots downwards, keeping equal fills in
+    // ascending slot order.
+    std::size_t out = 0;
+    for (std::size_t s = placed; s < world; ++s) heap_[out++] = s;
+    std::size_t group_end = placed;  // slots [group_begin, group_end) share one fill
+    while (group_end > 0) {
+      std::size_t group_begin = group_end - 1;
+      while (group_begin > 0 && probe_len_[group_begin - 1] == probe_len_[group_end - 1]) {
+        --group_begin;
+      }
+      const auto fill = static_cast<std::uint64_t>(probe_len_[group_begin]);
+      for (std::size_t s = group_begin; s < group_end; ++s) heap_[out++] = (fill << slot_bits_) | s;
+      group_end = group_begin;
+    }
+    return placed;
+  }
+
+  // Replaces the heap's root with `key` (never smaller than it). Floyd's order: walk the hole down
+  // to a leaf along the smaller children, then lift the key to its place. The new fill is usually
+  // among the largest, so this saves a comparison per level; heap_[world_size] is a sentinel.
+  // (A 4-ary heap measured slower here.)
+  void replace_top(std::uint64_t key) {
+    const auto world = static_cast<std::size_t>(world_size_);
+    std::uint64_t* heap = heap_.data();
     std::size_t hole = 0;
-    while (true) {
-      std::size_t child = 2 * hole + 1;
-      if (child >= size) break;
-      if (child + 1 < size && heap_[child + 1] < heap_[child]) ++child;
-      if (heap_[child] >= key) break;
-      heap_[hole] = heap_[child];
+    for (std::size_t child = 1; child < world; child = 2 * hole + 1) {
+      child += heap[child + 1] < heap[child] ? 1 : 0;
+      heap[hole] = heap[child];
       hole = child;
     }
-    heap_[hole] = key;
+    while (hole > 0) {
+      const std::size_t parent = (hole - 1) / 2;
+      if (heap[parent] < key) break;
+      heap[hole] = heap[parent];
+      hole = parent;
+    }
+    heap[hole] = key;
   }
 
   // Appends the accepted packing of `count` samples starting at shuffled position `ind` as batch
@@ -243,6 +286,7 @@ class Planner {
   std::vector<std::uint64_t> keys_;
   std::vector<std::int64_t> sorted_pos_;
   std::vector<std::int64_t> sorted_len_;
+  std::vector<std::int64_t> probe_len_;
   std::vector<int> trial_slots_;
   std::vector<int> accepted_slots_;
 };
