@@ -21,6 +21,7 @@
 #include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/pipeline/pipeline.h"
+#include "sample_source.h"
 
 namespace draftfeed::python {
 namespace {
@@ -160,13 +161,14 @@ struct PyEngine {
   }
 };
 
-PyEngine make_engine(const std::string& data_path, const std::string& hidden_states_path,
-                     std::int64_t total_seq_len, std::int64_t hidden_size,
-                     std::int64_t num_target_layers, const std::string& dtype,
-                     const std::string& preprocess, const std::string& noise, double noise_std,
-                     std::uint64_t seed, bool apply_noise, const std::string& on_missing,
-                     int num_threads, int prefetch, bool in_order, bool pin_memory,
-                     double lock_timeout, std::int64_t chunk_bytes) {
+PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::string& data_path,
+                     const std::string& hidden_states_path, std::int64_t total_seq_len,
+                     std::int64_t hidden_size, std::int64_t num_target_layers,
+                     const std::string& dtype, const std::string& preprocess,
+                     const std::string& noise, double noise_std, std::uint64_t seed,
+                     bool apply_noise, const std::string& on_missing, int num_threads, int prefetch,
+                     bool in_order, bool pin_memory, double lock_timeout,
+                     std::int64_t chunk_bytes) {
   BatchSpec spec;
   spec.max_len = total_seq_len;
   spec.hidden_size = hidden_size;
@@ -180,7 +182,8 @@ PyEngine make_engine(const std::string& data_path, const std::string& hidden_sta
   store_options.root = hidden_states_path;
   store_options.lock_timeout = std::chrono::duration<double>(lock_timeout);
   auto store = std::make_shared<const CacheStore>(store_options);
-  auto source = std::make_shared<CacheSampleSource>(store, parse_on_missing(on_missing));
+  std::shared_ptr<SampleSource> source = custom_source;
+  if (!source) source = std::make_shared<CacheSampleSource>(store, parse_on_missing(on_missing));
 
   PipelineOptions options;
   options.num_threads = num_threads;
@@ -197,6 +200,12 @@ PyEngine make_engine(const std::string& data_path, const std::string& hidden_sta
 }
 
 void init_engine(nb::module_& m) {
+  nb::class_<PySampleSource>(
+      m, "SampleSource",
+      "Where the engine gets hidden states (the cache by default; an online source from "
+      "draftfeed.online). Pass one as Engine(source=...).")
+      .def_ro("description", &PySampleSource::description);
+
   nb::class_<PyBatch>(m, "Batch", "A delivered batch; its tensors view the batch buffer.")
       .def_prop_ro(
           "index", [](const PyBatch& b) { return b.lease->index; },
@@ -228,11 +237,12 @@ void init_engine(nb::module_& m) {
              const std::string& dtype, const std::string& preprocess, const std::string& noise,
              double noise_std, std::uint64_t seed, bool apply_noise, const std::string& on_missing,
              int num_threads, int prefetch, bool in_order, bool pin_memory, double lock_timeout,
-             std::int64_t chunk_bytes) {
-            new (self) PyEngine(make_engine(
-                data_path, hidden_states_path, total_seq_len, hidden_size, num_target_layers, dtype,
-                preprocess, noise, noise_std, seed, apply_noise, on_missing, num_threads, prefetch,
-                in_order, pin_memory, lock_timeout, chunk_bytes));
+             std::int64_t chunk_bytes, const PySampleSource* source) {
+            new (self) PyEngine(make_engine(source != nullptr ? source->source : nullptr, data_path,
+                                            hidden_states_path, total_seq_len, hidden_size,
+                                            num_target_layers, dtype, preprocess, noise, noise_std,
+                                            seed, apply_noise, on_missing, num_threads, prefetch,
+                                            in_order, pin_memory, lock_timeout, chunk_bytes));
           },
           nb::arg("data_path"), nb::arg("hidden_states_path"), nb::arg("total_seq_len"),
           nb::arg("hidden_size"), nb::arg("num_target_layers") = 3,
@@ -240,7 +250,8 @@ void init_engine(nb::module_& m) {
           nb::arg("noise") = "uniform", nb::arg("noise_std") = 0.0, nb::arg("seed") = 0,
           nb::arg("apply_noise") = false, nb::arg("on_missing") = "skip",
           nb::arg("num_threads") = 2, nb::arg("prefetch") = 4, nb::arg("in_order") = true,
-          nb::arg("pin_memory") = true, nb::arg("lock_timeout") = 10.0, nb::arg("chunk_bytes") = 0)
+          nb::arg("pin_memory") = true, nb::arg("lock_timeout") = 10.0, nb::arg("chunk_bytes") = 0,
+          nb::arg("source").none() = nb::none())
       .def("start", &PyEngine::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
            "start delivering `batches` (arrays of global rows) with their plan `indices`")
       .def("next", &PyEngine::next, "the next batch, or None at the end of the epoch")
