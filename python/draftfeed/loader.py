@@ -159,6 +159,7 @@ class Loader:
         on_missing: str = "skip",
         pin_memory: bool = True,
         lock_timeout: float = 10.0,
+        source: _core.SampleSource | None = None,
     ) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
@@ -202,6 +203,7 @@ class Loader:
             in_order=in_order,
             pin_memory=pin_memory,
             lock_timeout=lock_timeout,
+            source=source,
         )
         _LIVE_ENGINES.add(self._engine)
         self._delivered: set[int] = set()
