@@ -10,6 +10,7 @@
 //   draftfeed.write_synthetic_dataset(path, rows, seed=0, min_len=32, max_len=512, vocab=32000,
 //                                     num_shards=0, int32=False) -> dict
 //   draftfeed.synthetic_row(row, seed=0, min_len=32, max_len=512, vocab=32000) -> (ids, mask)
+// and, under draftfeed._core only, `_write_arrow_stream` (raw IPC batches, for reader tests).
 // Arrays from a dataset are read-only zero-copy views into the mapped shards (or the dataset's own
 // seq_lens array) in the stored integer dtype; each one's owner holds the dataset, so the mapping
 // outlives every array. Row indices behave like Python's: negatives count from the end, anything
@@ -18,14 +19,17 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bindings.h"
+#include "draftfeed/dataset/arrow_ipc_writer.h"
 #include "draftfeed/dataset/dataset_writer.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/dataset/token_dataset.h"
@@ -297,7 +301,48 @@ void bind_writer(nb::module_& m) {
       "(input_ids, loss_mask) of one synthetic row, computed without a file.");
 }
 
+// (name, is_list, large_list, bit_width, is_signed)
+using ColumnTuple = std::tuple<std::string, bool, bool, int, bool>;
+// (length, [(node length, null count)], [buffer bytes])
+using BatchTuple = std::tuple<std::int64_t, std::vector<std::pair<std::int64_t, std::int64_t>>,
+                              std::vector<nb::bytes>>;
+
+// Writes an Arrow IPC stream from raw nodes and buffers, so tests can build layouts pyarrow never
+// writes (list offsets that do not start at 0, validity buffers with no nulls) and read them back
+// with pyarrow as the oracle.
+void write_arrow_stream(const std::string& path, const std::vector<ColumnTuple>& column_tuples,
+                        const std::vector<BatchTuple>& batches) {
+  std::vector<arrow::WriteColumn> columns;
+  for (const auto& [name, is_list, large_list, bit_width, is_signed] : column_tuples) {
+    columns.push_back({name, is_list, large_list, bit_width, is_signed});
+  }
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) throw Error(ErrorKind::kIo, path + ": cannot create");
+  try {
+    arrow::IpcStreamWriter writer(
+        [&](std::span<const std::uint8_t> bytes) {
+          std::fwrite(bytes.data(), 1, bytes.size(), file);
+        },
+        columns);
+    for (const auto& [length, node_pairs, buffer_bytes] : batches) {
+      std::vector<arrow::WriteNode> nodes;
+      for (const auto& [node_length, nulls] : node_pairs) nodes.push_back({node_length, nulls});
+      std::vector<std::span<const std::uint8_t>> buffers;
+      for (const auto& bytes : buffer_bytes) {
+        buffers.emplace_back(static_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+      }
+      writer.write_batch(length, nodes, buffers);
+    }
+    writer.close();
+  } catch (...) {
+    std::fclose(file);
+    throw;
+  }
+  if (std::fclose(file) != 0) throw Error(ErrorKind::kIo, path + ": cannot write");
+}
+
 void init_dataset(nb::module_& m) {
+  m.def("_write_arrow_stream", &write_arrow_stream, "path"_a, "columns"_a, "batches"_a);
   bind_dataset(m);
   bind_writer(m);
 }

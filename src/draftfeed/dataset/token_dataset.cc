@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "draftfeed/dataset/arrow_ipc.h"
+#include "draftfeed/dataset/feature_types.h"
 #include "draftfeed/dataset/token_columns.h"
 
 namespace draftfeed {
@@ -39,11 +40,13 @@ struct TokenDataset::Impl {
 
 namespace {
 
-nlohmann::json read_json(const fs::path& path) {
+using Json = nlohmann::ordered_json;  // keeps the files' key order (column order)
+
+Json read_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw Error(ErrorKind::kIo, path.string() + ": cannot read");
   try {
-    return nlohmann::json::parse(in);
+    return Json::parse(in);
   } catch (const nlohmann::json::exception& error) {
     throw Error(ErrorKind::kFormat, path.string() + ": not valid JSON: " + error.what());
   }
@@ -52,7 +55,7 @@ nlohmann::json read_json(const fs::path& path) {
 // `state.json["_data_files"][i]["filename"]`, in row order. Names must be plain file names: the
 // folder is the only place shards may come from.
 std::vector<std::string> shard_names_from_state(const fs::path& state_path) {
-  const nlohmann::json state = read_json(state_path);
+  const Json state = read_json(state_path);
   const std::string where = state_path.string();
   if (!state.is_object() || !state.contains("_data_files") || !state["_data_files"].is_array()) {
     throw Error(ErrorKind::kFormat, where + ": no '_data_files' list");
@@ -70,14 +73,34 @@ std::vector<std::string> shard_names_from_state(const fs::path& state_path) {
     }
     names.push_back(name);
   }
-  if (names.empty()) throw Error(ErrorKind::kFormat, where + ": '_data_files' lists no shards");
-  return names;
+  return names;  // empty for a 0-row dataset saved by datasets 5
+}
+
+// A dataset with no shards (datasets 5 saves 0 rows that way): its columns come from
+// dataset_info.json, and it must still be a token dataset.
+std::vector<ColumnInfo> columns_without_shards(const fs::path& folder) {
+  const fs::path info_path = folder / "dataset_info.json";
+  if (!fs::exists(info_path)) {
+    throw Error(ErrorKind::kFormat, (folder / "state.json").string() +
+                                        " lists no shards and there is no dataset_info.json to "
+                                        "say which columns the (empty) dataset has");
+  }
+  const Json info = read_json(info_path);
+  const auto columns = columns_from_features(info.contains("features") ? info["features"] : Json());
+  const auto ids = std::find_if(columns.begin(), columns.end(),
+                                [](const ColumnInfo& c) { return c.name == "input_ids"; });
+  if (ids == columns.end()) {
+    throw Error(ErrorKind::kFormat, info_path.string() +
+                                        ": no 'input_ids' feature in this empty dataset; a "
+                                        "training dataset needs token ids");
+  }
+  return columns;
 }
 
 [[noreturn]] void refuse_dataset_dict(const fs::path& folder, const fs::path& dict_path) {
   std::string splits;
   try {
-    const nlohmann::json dict = read_json(dict_path);
+    const Json dict = read_json(dict_path);
     if (dict.contains("splits") && dict["splits"].is_array()) {
       for (const auto& split : dict["splits"]) {
         if (!split.is_string()) continue;
@@ -163,6 +186,11 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
     impl->total_tokens += shard.total_tokens;
     impl->shard_paths.push_back(path);
     impl->files.push_back(std::move(file));
+  }
+  if (names.empty()) {
+    impl->columns = columns_without_shards(folder);
+    impl->has_loss_mask = std::any_of(impl->columns.begin(), impl->columns.end(),
+                                      [](const ColumnInfo& c) { return c.name == "loss_mask"; });
   }
   impl->batch_starts.push_back(impl->num_rows);
   return std::shared_ptr<const TokenDataset>(new TokenDataset(std::move(impl)));
