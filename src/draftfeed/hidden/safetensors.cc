@@ -25,6 +25,24 @@ struct TensorEntry {
 
 std::string backticked(const std::string& name) { return "`" + name + "`"; }
 
+// `text` with control and non-ASCII bytes written as \xNN: the JSON library's messages quote the
+// raw bytes it stopped at, which may not be UTF-8, and messages must be printable text.
+std::string printable(const std::string& text) {
+  static const char* const kHex = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7F) {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 0xF];
+    }
+  }
+  return out;
+}
+
 // Builds the header's tensors and metadata from SAX events, refusing anything the format forbids
 // as soon as it is seen. The first error is kept in `error` and stops the parse.
 class HeaderHandler : public nlohmann::json_sax<json> {
@@ -186,7 +204,7 @@ class HeaderHandler : public nlohmann::json_sax<json> {
 
   bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
                    const nlohmann::detail::exception& ex) override {
-    if (error.empty()) error = std::string("header is not valid JSON: ") + ex.what();
+    if (error.empty()) error = "header is not valid JSON: " + printable(ex.what());
     return false;
   }
 
