@@ -105,6 +105,16 @@ struct PyEngine {
   std::shared_ptr<const TokenDataset> dataset;
   std::shared_ptr<Pipeline> pipeline;
 
+  PyEngine() = default;
+  PyEngine(PyEngine&&) = default;
+  // Workers may need the GIL (a Python transfer): stop them with it released.
+  ~PyEngine() {
+    if (pipeline) {
+      nb::gil_scoped_release release;
+      pipeline.reset();
+    }
+  }
+
   void start(std::uint64_t epoch, const std::vector<std::int64_t>& indices,
              const std::vector<nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig>>& rows) {
     require(indices.size() == rows.size(), ErrorKind::kInvalidArgument,

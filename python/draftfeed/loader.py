@@ -185,9 +185,19 @@ class Loader:
             max_batches=max_batches,
         )
         self.hidden_states_dtype = _dtype_name(hidden_states_dtype)
+        self.data_path = data_path
+        self.hidden_states_path = hidden_states_path or os.path.join(data_path, "hidden_states")
+        self.hidden_size = hidden_size
+        self.num_target_layers = num_target_layers
+        self.total_seq_len = total_seq_len
+        self.noise_std = noise_std if split == "train" else 0.0
+        self.noise = noise
+        self.seed = seed
+        self.on_missing = on_missing
+        self.num_threads = num_threads
         self._engine = _core.Engine(
             data_path,
-            hidden_states_path or os.path.join(data_path, "hidden_states"),
+            self.hidden_states_path,
             total_seq_len,
             hidden_size,
             num_target_layers=num_target_layers,
@@ -236,6 +246,10 @@ class Loader:
                     yield None
             return
         todo = [i for i in range(len(batches)) if i not in done]
+        yield from self._deliver(epoch, batches, todo)
+
+    def _deliver(self, epoch: int, batches: list[np.ndarray], todo: list[int]) -> Iterator[dict[str, Any]]:
+        """Runs the engine over the batches `todo` (positions in `batches`) and yields them."""
         rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
         self._engine.start(epoch, todo, rows)
         try:

@@ -1,0 +1,248 @@
+"""A drop-in for `speculators.train.dataloader.create_train_val_loaders`.
+
+Replace
+
+    from speculators.train.dataloader import create_train_val_loaders
+
+with
+
+    from draftfeed.speculators import create_train_val_loaders
+
+and the trainer gets loaders that yield the same batches (keys, shapes, dtypes, values; SPEC §5), with
+the same sampler surface (`batch_sampler.set_epoch`, `_generate_batches`, `_cached_generated_batches`
+for the mid-epoch fast-skip), from one process with threads instead of worker processes.
+
+How the reference's arguments map:
+- `num_workers` -> engine threads (at least 1); `prefetch_factor` -> batch buffers in the pool
+  (at least 2). The reference keeps num_workers x prefetch_factor batches in flight; the engine
+  parallelises inside a batch, so it needs far fewer buffers.
+- `dataloader_in_order` -> delivery order (`False` needs `num_workers > 0`, as in the reference).
+- `preprocess`: speculators' own `shift_batch` (EAGLE-3, P-EAGLE) and `shift_batch_mtp` run natively in
+  the copy; any other callable runs per sample in Python (a slower path, see `_PythonPreprocessLoader`).
+- `transfer`: None or an hs-connectors `FileTransfer` use the native cache store (its folder); any other
+  object with the transfer interface is called back per sample (slower: it holds the GIL per call).
+- the online arguments are validated here; `on_missing="generate"` needs the online source.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from . import _core
+from .loader import Loader, Topology
+
+logger = logging.getLogger(__name__)
+
+BatchType = dict[str, Any]
+
+_ON_MISSING = ("generate", "skip", "warn", "raise")
+_ON_GENERATE = ("cache", "delete")
+
+
+def _recovery_metadata(failure_count: int, locally_empty: bool, messages: list[str]):
+    """The reference's `RecoveryMetadata` when speculators is importable (the trainer checks its type),
+    else an equivalent frozen dataclass of ours."""
+    try:
+        from speculators.train.recovery import RecoveryMetadata
+    except ImportError:  # pragma: no cover - exercised only without speculators installed
+        from dataclasses import dataclass
+
+        @dataclass(frozen=True)
+        class RecoveryMetadata:  # type: ignore[no-redef]
+            failure_count: int = 0
+            locally_empty: bool = False
+            fatal: bool = False
+            error: str = ""
+
+    return RecoveryMetadata(failure_count=failure_count, locally_empty=locally_empty, fatal=False, error="")
+
+
+def _recovery_key() -> str:
+    try:
+        from speculators.train.recovery import RECOVERY_METADATA_KEY
+
+        return RECOVERY_METADATA_KEY
+    except ImportError:  # pragma: no cover
+        return "__recovery__"
+
+
+def _native_preprocess(preprocess: Callable | None) -> str | None:
+    """The engine's name for one of speculators' own preprocess functions, or None for any other."""
+    if preprocess is None:
+        return "none"
+    for module, name, native in (
+        ("speculators.models.eagle3.data", "shift_batch", "eagle3"),
+        ("speculators.models.mtp.data", "shift_batch_mtp", "mtp"),
+    ):
+        if getattr(preprocess, "__module__", None) == module and getattr(preprocess, "__name__", None) == name:
+            return native
+    return None
+
+
+def _topology() -> Topology:
+    """The reference's DP/SP placement: speculators' distributed state when it was set up, else the
+    torchrun environment (RANK, WORLD_SIZE, and SP_SIZE if set)."""
+    try:
+        from speculators.train import distributed as dist_state
+
+        sp, dp_size = dist_state.get_sp_size(), dist_state.get_dp_size()
+        if sp * dp_size > 1:
+            rank = dist_state.get_dp_rank() * sp + dist_state.get_sp_rank()
+            return Topology(rank, dp_size * sp, sp)
+    except ImportError:
+        pass
+    return Topology.resolve(None, None, int(os.environ.get("SP_SIZE", "1")))
+
+
+def _hidden_states_path(data_path: str, transfer: Any) -> tuple[str, Any]:
+    """(cache folder, transfer to call back or None)."""
+    if transfer is None:
+        return os.path.join(data_path, "hidden_states"), None
+    if type(transfer).__name__ == "FileTransfer" and hasattr(transfer, "hidden_states_path"):
+        return str(transfer.hidden_states_path), None
+    for method in ("get_cached",):
+        if not callable(getattr(transfer, method, None)):
+            raise TypeError(f"transfer {type(transfer).__name__} has no {method}() method")
+    return os.path.join(data_path, "hidden_states"), transfer
+
+
+class SpeculatorsLoader(Loader):
+    """A `Loader` whose batches carry the reference's extra keys: `error_records` (samples dropped from
+    the batch) and, when a sample failed generation or every sample failed, the recovery metadata."""
+
+    def _make_batch(self, batch: _core.Batch) -> BatchType:
+        out = batch.torch()
+        out["error_records"] = int(batch.planned_samples - batch.used_samples)
+        if batch.failure_count or batch.locally_empty:
+            out[_recovery_key()] = _recovery_metadata(
+                batch.failure_count, batch.locally_empty, batch.drop_messages
+            )
+        return out
+
+
+def _check_dtype(hidden_states_dtype: Any) -> str:
+    name = str(hidden_states_dtype).replace("torch.", "")
+    if name not in ("bfloat16", "float32"):
+        raise ValueError(
+            f"hidden_states_dtype must be torch.bfloat16 or torch.float32 for training, got {hidden_states_dtype}"
+        )
+    return name
+
+
+def create_train_val_loaders(
+    *,
+    data_path: str,
+    total_seq_len: int,
+    hidden_states_dtype: Any,
+    noise_std: float,
+    transfer: Any = None,
+    vllm_endpoint: str,
+    on_missing: Literal["generate", "skip", "warn", "raise"],
+    on_generate: Literal["cache", "delete"],
+    verifier_name_or_path: str,
+    request_timeout: float | None,
+    max_retries: int,
+    generation_validation_retries: int,
+    max_consecutive_generation_failures: int,
+    hidden_size: int,
+    num_target_layers: int,
+    num_workers: int,
+    prefetch_factor: int,
+    preprocess: Callable[[BatchType], BatchType] | None,
+    train_data_ratio: float = 0.9,
+    fail_on_hidden_state_error: bool = False,
+    fetch_threads: int = 1,
+    dataloader_in_order: bool = True,
+    vllm_http_keepalive: bool = True,
+    max_train_batches: int | None = None,
+) -> tuple[SpeculatorsLoader, SpeculatorsLoader]:
+    """Create the training and validation loaders (see the module docstring)."""
+    if not (0.0 < train_data_ratio < 1.0):
+        raise ValueError(f"train_data_ratio must be in (0, 1), got {train_data_ratio}")
+    if on_missing not in _ON_MISSING:
+        raise ValueError(f"on_missing must be one of {_ON_MISSING}, got {on_missing!r}")
+    if on_generate not in _ON_GENERATE:
+        raise ValueError(f"on_generate must be one of {_ON_GENERATE}, got {on_generate!r}")
+    if not dataloader_in_order and num_workers <= 0:
+        raise ValueError("in_order=False requires num_workers > 0")
+    if noise_std < 0:
+        raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+    if max_retries < 0 or generation_validation_retries < 0:
+        raise ValueError("max_retries and generation_validation_retries must be >= 0")
+    if max_consecutive_generation_failures <= 0:
+        raise ValueError("max_consecutive_failures must be > 0")
+    if request_timeout is not None and request_timeout <= 0:
+        raise ValueError(f"request_timeout must be positive or None, got {request_timeout}")
+    if fetch_threads < 1:
+        raise ValueError(f"fetch_threads must be >= 1, got {fetch_threads}")
+    if prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+    dtype = _check_dtype(hidden_states_dtype)
+    if max_train_batches is not None and max_train_batches < 0:
+        raise ValueError(f"max_train_batches must be >= 0, got {max_train_batches}")
+
+    hidden_states_path, python_transfer = _hidden_states_path(data_path, transfer)
+    native = _native_preprocess(preprocess)
+    topology = _topology()
+
+    def source_for(split: str):
+        if on_missing == "generate":
+            try:
+                from . import online
+            except ImportError as error:
+                raise RuntimeError(
+                    "on_missing='generate' needs draftfeed's online source, which this build lacks"
+                ) from error
+            return online.make_source(
+                data_path=data_path,
+                hidden_states_path=hidden_states_path,
+                vllm_endpoint=vllm_endpoint,
+                on_generate=on_generate,
+                verifier_name_or_path=verifier_name_or_path,
+                request_timeout=request_timeout,
+                max_retries=max_retries,
+                generation_validation_retries=generation_validation_retries,
+                max_consecutive_generation_failures=max_consecutive_generation_failures,
+                fail_on_hidden_state_error=fail_on_hidden_state_error,
+                fetch_threads=fetch_threads,
+                vllm_http_keepalive=vllm_http_keepalive,
+                transfer=python_transfer,
+            )
+        if python_transfer is not None:
+            return _core.python_transfer_source(python_transfer, on_missing)
+        return None
+
+    def make(split: str, max_batches: int | None) -> SpeculatorsLoader:
+        common = dict(
+            hidden_size=hidden_size,
+            total_seq_len=total_seq_len,
+            split=split,
+            train_ratio=train_data_ratio,
+            hidden_states_path=hidden_states_path,
+            num_target_layers=num_target_layers,
+            hidden_states_dtype=dtype,
+            noise_std=noise_std if split == "train" else 0.0,
+            rank=topology.rank,
+            world_size=topology.world_size,
+            sp_size=topology.sp_size,
+            num_threads=max(1, num_workers),
+            prefetch=max(2, prefetch_factor or 2),
+            in_order=dataloader_in_order,
+            max_batches=max_batches,
+            on_missing="skip" if on_missing == "generate" else on_missing,
+            source=source_for(split),
+        )
+        if native is not None:
+            return SpeculatorsLoader(data_path, preprocess=native, **common)
+        from .python_preprocess import PythonPreprocessLoader
+
+        return PythonPreprocessLoader(data_path, preprocess=preprocess, **common)
+
+    return make("train", max_train_batches), make("val", None)
+
+
+__all__ = ["SpeculatorsLoader", "create_train_val_loaders"]

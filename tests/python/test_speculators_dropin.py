@@ -1,0 +1,243 @@
+"""`draftfeed.speculators.create_train_val_loaders` against the real speculators entry point (PyPI,
+num_workers=0 on its side): same batches on every rank, the same sampler surface and fast-skip."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from reference_fixtures import write_fixture
+
+pytestmark = pytest.mark.timeout(600)
+
+MAX_LEN = 96
+SEED_SIGNATURE_KWARGS = [
+    "data_path", "total_seq_len", "hidden_states_dtype", "noise_std", "transfer", "vllm_endpoint",
+    "on_missing", "on_generate", "verifier_name_or_path", "request_timeout", "max_retries",
+    "generation_validation_retries", "max_consecutive_generation_failures", "hidden_size",
+    "num_target_layers", "num_workers", "prefetch_factor", "preprocess", "train_data_ratio",
+    "fail_on_hidden_state_error", "fetch_threads", "dataloader_in_order", "vllm_http_keepalive",
+    "max_train_batches",
+]
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("dropin") / "data")
+    return write_fixture(
+        path, rows=60, max_len=MAX_LEN, missing=(4, 17, 50), mismatched=(9, 33), long_rows=(12, 40)
+    )
+
+
+def base_args(fx, **overrides):
+    args = dict(
+        data_path=fx.path,
+        total_seq_len=MAX_LEN,
+        hidden_states_dtype=torch.bfloat16,
+        noise_std=0.0,
+        transfer=None,
+        vllm_endpoint="http://127.0.0.1:9/v1",
+        on_missing="skip",
+        on_generate="cache",
+        verifier_name_or_path="unused",
+        request_timeout=5.0,
+        max_retries=0,
+        generation_validation_retries=0,
+        max_consecutive_generation_failures=3,
+        hidden_size=fx.hidden_size,
+        num_target_layers=fx.layers - 1,
+        num_workers=0,
+        prefetch_factor=4,
+        preprocess=None,
+        train_data_ratio=0.8,
+    )
+    args.update(overrides)
+    return args
+
+
+@pytest.fixture
+def topology():
+    """Sets the data-parallel placement for both sides: speculators' distributed state (read by the
+    reference) and the torchrun environment (read by draftfeed when speculators' state is unset)."""
+    from speculators.train import distributed as dist_state
+
+    saved = (dist_state._dp_rank, dist_state._dp_size, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
+
+    def set_placement(rank: int, world_size: int, *, via_env: bool):
+        dist_state._dp_rank, dist_state._dp_size = rank, world_size
+        if via_env:
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+
+    yield set_placement
+    dist_state._dp_rank, dist_state._dp_size = saved[0], saved[1]
+    for key, value in (("RANK", saved[2]), ("WORLD_SIZE", saved[3])):
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def reference_loaders(args):
+    from speculators.train.dataloader import create_train_val_loaders
+
+    accepted = inspect.signature(create_train_val_loaders).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return create_train_val_loaders(**{k: v for k, v in args.items() if k in accepted})
+
+
+def our_loaders(args):
+    from draftfeed.speculators import create_train_val_loaders
+
+    return create_train_val_loaders(**args)
+
+
+def assert_same(ours: dict, ref: dict, context: str):
+    assert list(ours) == list(ref), f"{context}: keys {list(ours)} != {list(ref)}"
+    for key, expected in ref.items():
+        got = ours[key]
+        if isinstance(expected, torch.Tensor):
+            assert got.shape == expected.shape and got.dtype == expected.dtype, (context, key)
+            assert torch.equal(got, expected), f"{context}: {key} differs"
+        else:
+            assert got == expected, f"{context}: {key}: {got!r} != {expected!r}"
+
+
+def iterate(loader):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(loader)
+
+
+def test_signature_is_the_reference_entry_points():
+    from draftfeed.speculators import create_train_val_loaders
+
+    params = inspect.signature(create_train_val_loaders).parameters
+    assert list(params) == SEED_SIGNATURE_KWARGS
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert defaults == {
+        "transfer": None, "train_data_ratio": 0.9, "fail_on_hidden_state_error": False,
+        "fetch_threads": 1, "dataloader_in_order": True, "vllm_http_keepalive": True,
+        "max_train_batches": None,
+    }
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("via_env", [False, True])
+def test_every_batch_of_every_rank_equals_the_reference(fixture, topology, world_size, via_env):
+    for rank in range(world_size):
+        topology(rank, world_size, via_env=via_env)
+        args = base_args(fixture)
+        ref_train, ref_val = reference_loaders(args)
+        if via_env:
+            from speculators.train import distributed as dist_state
+
+            dist_state._dp_rank, dist_state._dp_size = 0, 1  # draftfeed must read the environment
+        train, val = our_loaders(dict(args, num_workers=2))
+        for epoch in (0, 1):
+            ref_train.batch_sampler.set_epoch(epoch)
+            train.batch_sampler.set_epoch(epoch)
+            assert len(train) == len(ref_train)
+            for k, (a, b) in enumerate(zip(iterate(train), iterate(ref_train), strict=True)):
+                assert_same(a, b, f"R={world_size} r={rank} train epoch {epoch} batch {k}")
+        ref_val.batch_sampler.set_epoch(0)
+        val.batch_sampler.set_epoch(0)
+        for k, (a, b) in enumerate(zip(iterate(val), iterate(ref_val), strict=True)):
+            assert_same(a, b, f"R={world_size} r={rank} val batch {k}")
+
+
+def test_native_and_python_preprocess_equal_the_reference(fixture, topology):
+    from speculators.models.eagle3.data import shift_batch
+
+    topology(0, 1, via_env=False)
+    ref_train, _ = reference_loaders(base_args(fixture, preprocess=shift_batch))
+    native, _ = our_loaders(base_args(fixture, preprocess=shift_batch))
+    python_path, _ = our_loaders(base_args(fixture, preprocess=lambda sample: shift_batch(sample)))
+    ref = iterate(ref_train)
+    for name, loader in (("native", native), ("python", python_path)):
+        got = iterate(loader)
+        assert len(got) == len(ref)
+        for k, (a, b) in enumerate(zip(got, ref)):
+            assert_same(a, b, f"{name} eagle3 batch {k}")
+
+
+def test_python_preprocess_path_has_the_native_noise(fixture, topology):
+    topology(0, 1, via_env=False)
+    native, _ = our_loaders(base_args(fixture, noise_std=0.05))
+    python_path, _ = our_loaders(base_args(fixture, noise_std=0.05, preprocess=lambda sample: sample))
+    for a, b in zip(iterate(native), iterate(python_path), strict=True):
+        assert torch.equal(a["hidden_states"], b["hidden_states"])
+
+
+def test_fast_skip_matches_the_reference(fixture, topology):
+    topology(0, 1, via_env=False)
+    ref_train, _ = reference_loaders(base_args(fixture))
+    train, _ = our_loaders(base_args(fixture, num_workers=2))
+    epoch, skip = 1, 3
+    for loader in (ref_train, train):
+        loader.batch_sampler.set_epoch(epoch)
+    ours_all = train.batch_sampler._generate_batches(epoch)
+    ref_all = ref_train.batch_sampler._generate_batches(epoch)
+    assert len(ours_all) == len(ref_all)
+    for a, b in zip(ours_all, ref_all):
+        np.testing.assert_array_equal(a, b)
+    for loader, batches in ((ref_train, ref_all), (train, ours_all)):
+        loader.batch_sampler._cached_generated_batches = (epoch, batches[skip:])
+    assert len(train) == len(ref_train) == len(ref_all) - skip
+    for k, (a, b) in enumerate(zip(iterate(train), iterate(ref_train), strict=True)):
+        assert_same(a, b, f"fast-skip batch {k}")
+
+
+def test_trainer_epoch_loop_with_resume_by_fast_skip(fixture, topology):
+    """Drives the loaders as the reference trainer's epoch loop does: set_epoch, len, iterate; then a
+    mid-epoch resume through the sampler slice; validation each epoch."""
+    topology(0, 1, via_env=False)
+    train, val = our_loaders(base_args(fixture, num_workers=2, max_train_batches=6))
+    seen = {}
+    for epoch in range(2):
+        train.batch_sampler.set_epoch(epoch)
+        num_steps = len(train)
+        assert num_steps == min(6, len(train.batch_sampler._generate_batches(epoch)))
+        seen[epoch] = [b["input_ids"].clone() for b in train]
+        assert len(seen[epoch]) == num_steps
+        val.batch_sampler.set_epoch(epoch)
+        assert sum(1 for _ in val) == len(val)
+    # A fresh process resumes epoch 1 after 4 steps.
+    train2, _ = our_loaders(base_args(fixture, num_workers=2, max_train_batches=6))
+    train2.batch_sampler.set_epoch(1)
+    all_batches = train2.batch_sampler._generate_batches(1)
+    train2.batch_sampler._cached_generated_batches = (1, all_batches[4:])
+    resumed = [b["input_ids"].clone() for b in train2]
+    assert len(resumed) == 2
+    for a, b in zip(resumed, seen[1][4:]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "override, error, match",
+    [
+        (dict(train_data_ratio=1.0), ValueError, r"\(0, 1\)"),
+        (dict(train_data_ratio=0.0), ValueError, r"\(0, 1\)"),
+        (dict(on_missing="often"), ValueError, "on_missing"),
+        (dict(on_generate="keep"), ValueError, "on_generate"),
+        (dict(dataloader_in_order=False, num_workers=0), ValueError, "num_workers > 0"),
+        (dict(hidden_states_dtype=torch.float16), ValueError, "float16"),
+        (dict(max_consecutive_generation_failures=0), ValueError, "max_consecutive"),
+    ],
+)
+def test_wrong_values_fail_like_the_reference(fixture, override, error, match):
+    with pytest.raises(error, match=match):
+        our_loaders(base_args(fixture, **override))
+
+
+def test_generate_without_a_server_is_a_clear_error(fixture):
+    with pytest.raises((RuntimeError, ConnectionError, OSError, ValueError)) as info:
+        train, _ = our_loaders(base_args(fixture, on_missing="generate"))
+        iterate(train)
+    assert "127.0.0.1:9" in str(info.value) or "online" in str(info.value)
