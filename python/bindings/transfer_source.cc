@@ -5,6 +5,7 @@
 // copy).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <memory>
@@ -65,7 +66,7 @@ class PythonTransferSource : public SampleSource {
       return FetchOutcome::dropped(DropReason::kMismatch,
                                    where + ": token ids from the transfer do not match the row");
     }
-    const auto dtype = hidden_dtype_of(nb::cast<std::string>(nb::str(hs.attr("dtype"))));
+    const auto dtype = hidden_dtype_of(nb::cast<std::string>(hs.attr("dtype").attr("__repr__")()));
     const auto shape = nb::cast<std::vector<std::int64_t>>(nb::list(hs.attr("shape")));
     if (!dtype || shape.size() != 3 || shape[0] != tokens) {
       return FetchOutcome::dropped(DropReason::kInvalid,

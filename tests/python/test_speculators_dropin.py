@@ -241,3 +241,45 @@ def test_generate_without_a_server_is_a_clear_error(fixture):
         train, _ = our_loaders(base_args(fixture, on_missing="generate"))
         iterate(train)
     assert "127.0.0.1:9" in str(info.value) or "online" in str(info.value)
+
+
+class CountingTransfer:
+    """A custom transfer with the hs-connectors interface (not a FileTransfer): draftfeed must call it."""
+
+    def __init__(self, root):
+        from pathlib import Path
+
+        from hs_connectors import FileTransfer
+
+        self.inner = FileTransfer(Path(root))
+        self.calls = 0
+
+    def setup(self):
+        pass
+
+    def get_cached(self, file_idx):
+        self.calls += 1
+        return self.inner.get_cached(file_idx)
+
+    def get_generated(self, params):
+        return self.inner.get_generated(params)
+
+    def cache(self, *args):
+        raise AssertionError("offline runs never cache")
+
+    def delete(self, handle):
+        raise AssertionError("offline runs never delete")
+
+
+def test_custom_transfer_is_called_back_and_gives_the_reference_batches(fixture, topology):
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    ref_train, _ = reference_loaders(base_args(fixture, transfer=CountingTransfer(root)))
+    transfer = CountingTransfer(root)
+    train, _ = our_loaders(base_args(fixture, transfer=transfer, num_workers=2))
+    ref = iterate(ref_train)
+    got = iterate(train)
+    assert transfer.calls == sum(len(b) for b in train.batch_sampler._generate_batches(0))
+    assert len(got) == len(ref)
+    for k, (a, b) in enumerate(zip(got, ref)):
+        assert_same(a, b, f"custom transfer batch {k}")
