@@ -6,6 +6,7 @@
 // in `run_synth`, with their flags added to the sets there.
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "command.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/synthetic.h"
+#include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/synthetic_cache.h"
 
 namespace draftfeed::cli {
 
@@ -22,6 +25,7 @@ namespace {
 constexpr const char* kUsage =
     R"(usage: draftfeed synth OUT --rows N [--seed S] [--min-len A] [--max-len B] [--vocab V]
                       [--shards K] [--int32] [--json]
+                      [--hidden-size H [--layers L] [--dtype bf16|f16|f32] [--hidden-states DIR]]
 
 Writes a synthetic token dataset to the folder OUT in the layout of datasets' save_to_disk
 (Arrow stream shards, state.json with torch format, dataset_info.json). Row r's length, token ids
@@ -36,11 +40,58 @@ src/draftfeed/dataset/synthetic.h.
   --shards K    exactly K shards (default: by size, 500 MB each)
   --int32       store input_ids as list<int32> (default list<int64>)
   --json        print a JSON summary: folder, rows, tokens, shards, bytes, seed, min_len, max_len,
-                vocab)";
+                vocab (and hidden_states when written)
+
+With --hidden-size, also writes a hidden-state cache for every row: DIR/hs_<row>.safetensors
+(default DIR: OUT/hidden_states) holding the row's token_ids and hidden_states [T, L, H] whose
+values are functions of (S, row, position, layer, h), documented in
+src/draftfeed/hidden/synthetic_cache.h.
+
+  --hidden-size H  hidden size of the cache
+  --layers L       captured layers (default 4)
+  --dtype D        bf16 (default), f16 or f32
+  --hidden-states DIR  where to write the cache)";
 
 const std::set<std::string> kDatasetValueFlags = {"rows",    "seed",  "min-len",
                                                   "max-len", "vocab", "shards"};
 const std::set<std::string> kDatasetSwitchFlags = {"int32"};
+const std::set<std::string> kHiddenValueFlags = {"hidden-size", "layers", "dtype", "hidden-states"};
+
+// The hidden-state part of `synth` (with --hidden-size): a cache for the dataset just written.
+struct SynthHidden {
+  std::string folder;
+  SyntheticHiddenStateSpec spec;
+  SyntheticCacheStats written;
+};
+
+std::optional<SynthHidden> synth_hidden_states(const Args& args, const std::string& out,
+                                               std::uint64_t seed) {
+  if (!args.has("hidden-size")) {
+    require(!args.has("layers") && !args.has("dtype") && !args.has("hidden-states"),
+            ErrorKind::kInvalidArgument,
+            "--layers, --dtype and --hidden-states need --hidden-size H");
+    return std::nullopt;
+  }
+  SynthHidden hidden;
+  hidden.folder = args.str("hidden-states", out + "/hidden_states");
+  hidden.spec.seed = seed;
+  hidden.spec.hidden_size = args.integer("hidden-size", 0);
+  hidden.spec.layers = args.integer("layers", 4);
+  const std::string dtype = args.str("dtype", "bf16");
+  require(dtype == "bf16" || dtype == "f16" || dtype == "f32", ErrorKind::kInvalidArgument,
+          "--dtype must be bf16, f16 or f32, got '" + dtype + "'");
+  hidden.spec.dtype = dtype == "bf16" ? DType::kBF16 : dtype == "f16" ? DType::kF16 : DType::kF32;
+  const auto dataset = TokenDataset::open(out);
+  hidden.written = write_synthetic_hidden_states(
+      hidden.folder, dataset->num_rows(),
+      [&dataset](std::int64_t row, std::vector<std::int64_t>& ids) {
+        const IntArrayView view = dataset->input_ids(row);
+        ids.resize(static_cast<std::size_t>(view.size()));
+        view.copy_to(ids.data());
+      },
+      hidden.spec);
+  return hidden;
+}
 
 // The dataset part of `synth`: what it was asked for and what it wrote.
 struct SynthDataset {
@@ -69,28 +120,41 @@ SynthDataset synth_dataset(const Args& args, const std::string& out) {
 
 int run_synth(const std::vector<std::string>& argv) {
   std::set<std::string> value_flags = kDatasetValueFlags;
+  value_flags.insert(kHiddenValueFlags.begin(), kHiddenValueFlags.end());
   std::set<std::string> switch_flags = kDatasetSwitchFlags;
   switch_flags.insert("json");
   const Args args(argv, value_flags, switch_flags);
   args.expect_positionals(1, 1, "one output folder");
   const std::string out = args.positionals()[0];
   const SynthDataset synth = synth_dataset(args, out);
+  const auto hidden = synth_hidden_states(args, out, synth.options.seed);
   const auto& w = synth.written;
   if (args.has("json")) {
-    const nlohmann::ordered_json report{{"folder", out},
-                                        {"rows", w.rows},
-                                        {"tokens", w.tokens},
-                                        {"shards", w.shard_paths.size()},
-                                        {"bytes", w.bytes},
-                                        {"seed", synth.options.seed},
-                                        {"min_len", synth.options.min_len},
-                                        {"max_len", synth.options.max_len},
-                                        {"vocab", synth.options.vocab}};
+    nlohmann::ordered_json report{{"folder", out},
+                                  {"rows", w.rows},
+                                  {"tokens", w.tokens},
+                                  {"shards", w.shard_paths.size()},
+                                  {"bytes", w.bytes},
+                                  {"seed", synth.options.seed},
+                                  {"min_len", synth.options.min_len},
+                                  {"max_len", synth.options.max_len},
+                                  {"vocab", synth.options.vocab}};
+    if (hidden) {
+      report["hidden_states"] = {
+          {"folder", hidden->folder},       {"files", hidden->written.files},
+          {"bytes", hidden->written.bytes}, {"hidden_size", hidden->spec.hidden_size},
+          {"layers", hidden->spec.layers},  {"dtype", std::string(dtype_name(hidden->spec.dtype))}};
+    }
     std::printf("%s\n", report.dump(2).c_str());
   } else {
     std::printf("wrote %lld rows (%lld tokens, %.1f MB) in %zu shard(s) to %s\n",
                 static_cast<long long>(w.rows), static_cast<long long>(w.tokens),
                 static_cast<double>(w.bytes) / 1e6, w.shard_paths.size(), out.c_str());
+    if (hidden) {
+      std::printf("wrote %lld hidden-state files (%.1f MB) to %s\n",
+                  static_cast<long long>(hidden->written.files),
+                  static_cast<double>(hidden->written.bytes) / 1e6, hidden->folder.c_str());
+    }
   }
   return 0;
 }
