@@ -151,6 +151,19 @@ Int64Array permutation(nb::handle seed, nb::handle items) {
   return to_numpy(std::move(result));
 }
 
+// Test support: numpy's random_interval(max) for each of `maxima` in turn, from one fresh
+// default_rng(seed) stream, so tests can compare the bounded draws (32- and 64-bit branches and
+// the switch between them, as in a shuffle of more than 2^32 items) with numpy's legacy masked
+// generator on the same PCG64.
+Int64Array interval_draws(nb::handle seed, const std::vector<std::uint64_t>& maxima) {
+  Pcg64 rng(seed_sequence_state(seed_words_of(seed, "seed")));
+  std::vector<std::int64_t> draws(maxima.size());
+  for (std::size_t i = 0; i < maxima.size(); ++i) {
+    draws[i] = static_cast<std::int64_t>(rng.interval(maxima[i]));
+  }
+  return to_numpy(std::move(draws));
+}
+
 nb::list plan_batches(nb::handle lengths, std::int64_t max_len, int world_size, int rank,
                       std::int64_t epoch, nb::handle seed, bool truncate,
                       std::optional<std::int64_t> max_batches) {
@@ -185,6 +198,9 @@ void init_sampler(nb::module_& m) {
         "numpy.random.default_rng(seed).permutation(x), bit for bit, as an int64 array.\n\n"
         "`x` is a size n (a permutation of arange(n)) or a 1-d integer array (a shuffled copy).\n"
         "`seed` is any non-negative integer, as numpy accepts it.");
+  m.def("_numpy_interval_draws", &interval_draws, "seed"_a, "maxima"_a,
+        "Test support: numpy's random_interval(max) for each max in turn, from "
+        "default_rng(seed)'s PCG64 (int64 array; draws above 2^63 wrap).");
   m.def("plan_batches", &plan_batches, "lengths"_a, "max_len"_a, "world_size"_a, "rank"_a,
         nb::kw_only(), "epoch"_a = 0, "seed"_a = nb::int_(0), "truncate"_a = true,
         "max_batches"_a = nb::none(),

@@ -82,3 +82,31 @@ def test_permutation_of_a_list_and_of_a_strided_view():
 def test_bad_arguments_are_refused_clearly(call, error, text):
     with pytest.raises(error, match=text):
         call()
+
+
+def legacy_masked_draws(seed, maxima):
+    """numpy's own masked-rejection bounded integers on default_rng(seed)'s PCG64 stream: legacy
+    RandomState.randint draws `next & mask` until <= max, with 32-bit draws (sharing the bit
+    generator's 32-bit buffer) while max < 2^32 and 64-bit draws beyond, like random_interval."""
+    state = np.random.RandomState(np.random.PCG64(seed))
+    return np.array(
+        [state.randint(0, int(m) + 1, dtype=np.uint64) for m in maxima], dtype=np.uint64
+    ).astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**63 + 5])
+def test_bounded_draws_equal_numpy_on_both_sides_of_2_to_the_32(seed):
+    # A shuffle of more than 2^32 items starts with 64-bit draws then switches to 32-bit ones; a
+    # real one would need a 4 GiB array, so the draws are compared directly.
+    maxima = [2**32 + 7, 2**40 + 3, 2**32, 2**32 - 1, 2**32 - 2, 1000, 9, 2**63 - 1, 2**62, 1, 0,
+              2**31, 3, 2**33 + 1, 17] * 20
+    np.testing.assert_array_equal(
+        draftfeed._core._numpy_interval_draws(seed, maxima), legacy_masked_draws(seed, maxima)
+    )
+
+
+def test_bounded_draws_on_a_shuffle_like_descending_run():
+    maxima = list(range(2**32 + 40, 2**32 - 40, -1))
+    np.testing.assert_array_equal(
+        draftfeed._core._numpy_interval_draws(9, maxima), legacy_masked_draws(9, maxima)
+    )
