@@ -1,0 +1,205 @@
+#include "draftfeed/online/generated_file.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+namespace draftfeed {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+GeneratedFile problem(FileProblem kind, std::string message, std::string path = {},
+                      bool owned = false) {
+  GeneratedFile out;
+  out.problem = kind;
+  out.message = std::move(message);
+  out.path = std::move(path);
+  out.owned = owned;
+  return out;
+}
+
+FileProblem from_sample_problem(SampleProblem problem) {
+  switch (problem) {
+    case SampleProblem::kNone:
+      return FileProblem::kNone;
+    case SampleProblem::kMissingKey:
+      return FileProblem::kCorrupt;
+    case SampleProblem::kTokenMismatch:
+      return FileProblem::kTokenMismatch;
+    case SampleProblem::kNonFinite:
+      return FileProblem::kNonFinite;
+    case SampleProblem::kBadTokenIds:
+    case SampleProblem::kBadDtype:
+    case SampleProblem::kBadShape:
+    case SampleProblem::kLengthMismatch:
+      return FileProblem::kBadShape;
+  }
+  return FileProblem::kCorrupt;
+}
+
+// True for the cache's own names: `hs_*` (cached samples) and `.hs_*` (adopt temporaries).
+bool is_cache_name(const std::string& name) {
+  return name.rfind("hs_", 0) == 0 || name.rfind(".hs_", 0) == 0;
+}
+
+}  // namespace
+
+const char* file_problem_name(FileProblem problem) {
+  switch (problem) {
+    case FileProblem::kNone:
+      return "ok";
+    case FileProblem::kOutsideServerDir:
+      return "outside server dir";
+    case FileProblem::kCacheFile:
+      return "cache file";
+    case FileProblem::kMissing:
+      return "missing file";
+    case FileProblem::kNotRegular:
+      return "not a regular file";
+    case FileProblem::kTooLarge:
+      return "file too large";
+    case FileProblem::kLockTimeout:
+      return "lock timeout";
+    case FileProblem::kUnreadable:
+      return "unreadable";
+    case FileProblem::kCorrupt:
+      return "corrupt";
+    case FileProblem::kTokenMismatch:
+      return "token mismatch";
+    case FileProblem::kBadShape:
+      return "bad shape";
+    case FileProblem::kNonFinite:
+      return "non-finite";
+    case FileProblem::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+std::optional<Error> wait_for_foreign_lock(const std::string& lock_path,
+                                           std::chrono::duration<double> timeout,
+                                           std::chrono::duration<double> poll) {
+  // O_NONBLOCK: a FIFO planted as the lock file must not block the open.
+  const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    return Error(ErrorKind::kIo,
+                 lock_path + ": cannot open the lock file: " + std::strerror(errno));
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK) {
+      ::close(fd);
+      return Error(ErrorKind::kIo, lock_path + ": cannot lock: " + std::strerror(err));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd);
+      return Error(ErrorKind::kTimeout, lock_path + ": timed out after " +
+                                            std::to_string(timeout.count()) +
+                                            " s waiting for the writer's lock");
+    }
+    std::this_thread::sleep_for(poll);
+  }
+  ::close(fd);
+  return std::nullopt;
+}
+
+GeneratedFileReader::GeneratedFileReader(std::shared_ptr<const CacheStore> cache,
+                                         GeneratedFileOptions options)
+    : cache_(std::move(cache)), options_(std::move(options)) {
+  if (!options_.server_dir.empty()) {
+    CacheStoreOptions server;
+    server.root = options_.server_dir;
+    server.lock_timeout = options_.lock_timeout;
+    server.lock_poll = options_.lock_poll;
+    server_.emplace(server);
+  }
+}
+
+GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds& ids,
+                                        std::int64_t row) const {
+  const std::string where = "row " + std::to_string(row) + ": handle " + handle;
+  std::error_code ec;
+  fs::path resolved = fs::absolute(handle, ec);
+  if (!ec) resolved = fs::weakly_canonical(resolved, ec);
+  if (ec) return problem(FileProblem::kUnreadable, where + ": cannot resolve: " + ec.message());
+  const std::string path = resolved.string();
+
+  if (server_) {
+    auto inside = server_->confine(handle);
+    if (!inside.ok()) {
+      return problem(
+          FileProblem::kOutsideServerDir,
+          where + " resolves to " + path + ", outside the server folder " + options_.server_dir,
+          path);
+    }
+  }
+  fs::path cache_root = fs::absolute(cache_->root(), ec);
+  if (!ec) cache_root = fs::weakly_canonical(cache_root, ec);
+  if (!ec && resolved.parent_path() == cache_root && is_cache_name(resolved.filename())) {
+    return problem(FileProblem::kCacheFile,
+                   where + " names " + path + ", a file of the hidden-state cache itself", path);
+  }
+  const bool owned = cache_->confine(path).ok();
+
+  // The lock protocol first: the file may still be being written (or not exist yet).
+  const std::string lock_path = path + ".lock";
+  std::optional<Error> lock_error =
+      owned ? wait_for_lock(lock_path, options_.lock_timeout, options_.lock_poll)
+            : wait_for_foreign_lock(lock_path, options_.lock_timeout, options_.lock_poll);
+  if (lock_error) {
+    const FileProblem kind = lock_error->kind() == ErrorKind::kTimeout ? FileProblem::kLockTimeout
+                                                                       : FileProblem::kUnreadable;
+    return problem(kind, where + ": " + lock_error->what(), path, owned);
+  }
+
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return problem(FileProblem::kMissing, where + ": no file at " + path, path, owned);
+    }
+    return problem(FileProblem::kUnreadable,
+                   where + ": cannot stat " + path + ": " + std::strerror(errno), path, owned);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return problem(FileProblem::kNotRegular, where + ": " + path + " is not a regular file", path,
+                   owned);
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > options_.max_file_bytes) {
+    return problem(FileProblem::kTooLarge,
+                   where + ": " + path + " has " + std::to_string(st.st_size) +
+                       " bytes, more than the limit of " + std::to_string(options_.max_file_bytes),
+                   path, owned);
+  }
+  auto file = SafetensorsFile::open(path);
+  if (!file.ok()) {
+    const ErrorKind kind = file.error().kind();
+    const FileProblem p = kind == ErrorKind::kNotFound ? FileProblem::kMissing
+                          : kind == ErrorKind::kIo     ? FileProblem::kUnreadable
+                                                       : FileProblem::kCorrupt;
+    return problem(p, where + ": " + file.error().what(), path, owned);
+  }
+  HiddenStateSample sample;
+  const SampleCheck check = validate_file(std::move(file).value(), ids, row, &sample);
+  if (!check.ok()) {
+    return problem(from_sample_problem(check.problem), where + ": " + check.message, path, owned);
+  }
+  GeneratedFile out;
+  out.path = path;
+  out.owned = owned;
+  out.sample = std::move(sample);
+  return out;
+}
+
+}  // namespace draftfeed

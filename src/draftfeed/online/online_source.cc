@@ -1,0 +1,287 @@
+#include "draftfeed/online/online_source.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "draftfeed/pipeline/cache_source.h"
+
+namespace draftfeed {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<std::uint64_t> copy_counter{0};
+
+void warn(const std::string& message) {
+  std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
+}
+
+// Writes `bytes` (a validated file's mapping) to `target` atomically: a temporary file in the same
+// folder, fsync, rename. Throws Error(kIo) naming the file.
+void write_atomically(std::span<const std::uint8_t> bytes, const std::string& folder,
+                      const std::string& target, std::int64_t row) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw Error(ErrorKind::kIo, folder + ": cannot create the folder: " + ec.message());
+  const std::string temp = (fs::path(folder) / (".hs_" + std::to_string(row) +
+                                                ".safetensors.copy-" + std::to_string(::getpid()) +
+                                                "-" + std::to_string(copy_counter.fetch_add(1))))
+                               .string();
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(ErrorKind::kIo, temp + ": cannot create: " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw Error(ErrorKind::kIo, temp + ": cannot write: " + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(put);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw Error(ErrorKind::kIo, temp + ": cannot fsync: " + std::strerror(err));
+  }
+  if (::rename(temp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw Error(ErrorKind::kIo,
+                "cannot move " + temp + " to " + target + ": " + std::strerror(err));
+  }
+}
+
+std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
+  CacheStoreOptions store;
+  store.root = options.hidden_states_path;
+  if (!options.server_dir.empty()) store.allowed_folders.push_back(options.server_dir);
+  store.lock_timeout = options.lock_timeout;
+  store.lock_poll = options.lock_poll;
+  return std::make_shared<const CacheStore>(store);
+}
+
+GeneratedFileOptions reader_options(const OnlineSourceOptions& options) {
+  GeneratedFileOptions out;
+  out.server_dir = options.server_dir;
+  out.max_file_bytes = options.max_file_bytes;
+  out.lock_timeout = options.lock_timeout;
+  out.lock_poll = options.lock_poll;
+  return out;
+}
+
+const OnlineSourceOptions& checked(const OnlineSourceOptions& options) {
+  require(!options.hidden_states_path.empty(), ErrorKind::kInvalidArgument,
+          "the online source needs hidden_states_path (the cache folder)");
+  require(options.generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
+          "generation_validation_retries must be >= 0, got " +
+              std::to_string(options.generation_validation_retries));
+  require(options.max_consecutive_generation_failures >= 1, ErrorKind::kInvalidArgument,
+          "max_consecutive_generation_failures must be >= 1, got " +
+              std::to_string(options.max_consecutive_generation_failures));
+  if (options.on_missing != "generate") parse_on_missing(options.on_missing);  // throws if bad
+  return options;
+}
+
+}  // namespace
+
+OnGenerate parse_on_generate(const std::string& text) {
+  if (text == "cache") return OnGenerate::kCache;
+  if (text == "delete") return OnGenerate::kDelete;
+  throw Error(ErrorKind::kInvalidArgument,
+              "on_generate must be 'cache' or 'delete', got '" + text + "'");
+}
+
+OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
+    : options_(checked(options)),
+      store_(make_store(options_)),
+      reader_(store_, reader_options(options_)),
+      client_(options_.client) {
+  if (options_.on_missing != "generate") {
+    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing));
+  }
+}
+
+void OnlineSampleSource::cancel() { client_.cancel(); }
+
+FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
+  if (offline_) {
+    FetchOutcome outcome = offline_->fetch(row, input_ids);
+    std::lock_guard lock(mutex_);
+    if (outcome.sample) {
+      ++stats_.cache_hits;
+    } else if (outcome.reason == DropReason::kMissing) {
+      ++stats_.skipped;
+    } else {
+      ++stats_.cache_rejected;
+    }
+    return outcome;
+  }
+  auto found = store_->lookup(row);
+  if (!found.ok()) {
+    std::lock_guard lock(mutex_);
+    ++stats_.cache_rejected;
+    return FetchOutcome::dropped(DropReason::kInvalid,
+                                 "row " + std::to_string(row) + ": " + found.error().what());
+  }
+  if (found.value()) {
+    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value());
+    std::lock_guard lock(mutex_);
+    ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
+    return outcome;
+  }
+  return generate_row(row, input_ids);
+}
+
+FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayView& input_ids) {
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(input_ids.size()));
+  input_ids.copy_to(ids.data());
+  const int total = options_.generation_validation_retries + 1;
+  std::string last_error;
+  for (int attempt = 1; attempt <= total; ++attempt) {
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.round_trips;
+    }
+    GenerationResult generation = client_.generate(ids);
+    if (generation.failure == GenerationResult::Failure::kCancelled) {
+      return FetchOutcome::dropped(DropReason::kGenerationFailed,
+                                   "row " + std::to_string(row) + ": " + generation.message);
+    }
+    if (generation.fatal()) {
+      std::lock_guard lock(mutex_);
+      ++stats_.failures.request[static_cast<std::size_t>(generation.failure)];
+      stats_.fatal = true;
+      stats_.fatal_message = "row " + std::to_string(row) + ": " + generation.message;
+      return FetchOutcome::dropped(DropReason::kGenerationFailed, stats_.fatal_message, true);
+    }
+    if (!generation.ok()) {
+      std::lock_guard lock(mutex_);
+      ++stats_.failures.request[static_cast<std::size_t>(generation.failure)];
+      last_error = generation.message;
+      continue;
+    }
+    GeneratedFile file = reader_.read(generation.handle, RowIds(ids), row);
+    if (!file.ok()) {
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.failures.file[static_cast<std::size_t>(file.problem)];
+      }
+      last_error = generation.endpoint + ": " + file.message;
+      discard_failed(file);
+      continue;
+    }
+    finish_generated(row, file);
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.generated;
+      stats_.consecutive_failures = 0;
+    }
+    return CacheSampleSource::check(row, input_ids, *file.sample);
+  }
+
+  std::lock_guard lock(mutex_);
+  ++stats_.exhausted;
+  const std::int64_t consecutive = ++stats_.consecutive_failures;
+  stats_.max_consecutive_failures = std::max(stats_.max_consecutive_failures, consecutive);
+  const bool too_many = consecutive >= options_.max_consecutive_generation_failures;
+  std::string message = "row " + std::to_string(row) + ": hidden-state generation failed after " +
+                        std::to_string(total) + " round trip(s) (consecutive failures " +
+                        std::to_string(consecutive) + "/" +
+                        std::to_string(options_.max_consecutive_generation_failures) +
+                        "): " + last_error;
+  if (too_many) {
+    message = "the servers look gone: " + std::to_string(consecutive) +
+              " rows in a row failed generation (max_consecutive_generation_failures = " +
+              std::to_string(options_.max_consecutive_generation_failures) + "); last: " + message;
+  } else if (options_.fail_on_hidden_state_error) {
+    message += " (fail_on_hidden_state_error is set)";
+  }
+  const bool fatal = too_many || options_.fail_on_hidden_state_error;
+  if (fatal && !stats_.fatal) {
+    stats_.fatal = true;
+    stats_.fatal_message = message;
+  }
+  if (options_.log_failures) warn(message);
+  return FetchOutcome::dropped(DropReason::kGenerationFailed, message, fatal);
+}
+
+void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile& file) {
+  try {
+    if (options_.on_generate == OnGenerate::kCache) {
+      if (file.owned) {
+        store_->adopt(row, file.path);
+        std::lock_guard lock(mutex_);
+        ++stats_.adopted;
+      } else {
+        write_atomically(file.sample->file->mapping()->bytes(), store_->root(),
+                         store_->path_for(row), row);
+        std::lock_guard lock(mutex_);
+        ++stats_.copied;
+        ++stats_.left_in_place;
+      }
+    } else if (file.owned) {
+      store_->remove(file.path);
+      std::lock_guard lock(mutex_);
+      ++stats_.deleted;
+    } else {
+      std::lock_guard lock(mutex_);
+      ++stats_.left_in_place;
+    }
+  } catch (const Error& error) {
+    // The sample itself is good and stays mapped: use it, report the cache problem.
+    if (options_.log_failures) {
+      warn("row " + std::to_string(row) + ": generated hidden states used but not " +
+           (options_.on_generate == OnGenerate::kCache ? "cached" : "removed") + ": " +
+           error.what());
+    }
+    std::lock_guard lock(mutex_);
+    ++stats_.cleanup_errors;
+  }
+}
+
+void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
+  // Files the loader does not own, the cache's own files and missing ones are left alone.
+  if (file.path.empty() || !file.owned || file.problem == FileProblem::kCacheFile ||
+      file.problem == FileProblem::kMissing || file.problem == FileProblem::kOutsideServerDir ||
+      file.problem == FileProblem::kNotRegular) {
+    if (!file.path.empty() && !file.owned && file.problem != FileProblem::kMissing) {
+      std::lock_guard lock(mutex_);
+      ++stats_.left_in_place;
+    }
+    return;
+  }
+  if (file.problem == FileProblem::kLockTimeout) return;  // its writer still holds it
+  try {
+    store_->remove(file.path);
+    std::lock_guard lock(mutex_);
+    ++stats_.deleted;
+  } catch (const Error& error) {
+    if (options_.log_failures)
+      warn("cannot remove a failed generated file: " + std::string(error.what()));
+    std::lock_guard lock(mutex_);
+    ++stats_.cleanup_errors;
+  }
+}
+
+OnlineSourceStats OnlineSampleSource::stats() const {
+  OnlineSourceStats out;
+  {
+    std::lock_guard lock(mutex_);
+    out = stats_;
+  }
+  out.client = client_.stats();
+  return out;
+}
+
+}  // namespace draftfeed

@@ -1,0 +1,131 @@
+// A vLLM client for hidden-state generation (SPEC §2 steps 1-4): the `/models` check, the
+// completions (or chat) request, response checks, per-attempt timeouts, retries with exponential
+// backoff, several endpoints (endpoints.h) and a bound on requests in flight.
+//
+// Retried (up to `max_retries` extra attempts, sleeping retry_backoff * 2^(attempt-1) before each
+// retry: 2, 4, 8 s by default, as the reference): transport errors, timeouts, HTTP 5xx, 408, 429.
+// Not retried: an invalid response (response_problem_name), a body past the size bound, another
+// HTTP status (a 4xx says the request itself is wrong). A retry may go to another endpoint.
+//
+// The model check runs once per endpoint, on its first request: `data[0].id` must equal the
+// configured model, or when none was given, the model of the first endpoint checked; a difference
+// is fatal (a wrong server would silently feed another model's hidden states).
+//
+// Concurrency: at most `concurrency` requests are on the wire at once, over all callers; callers
+// beyond that wait for a slot. Backoff sleeps do not hold a slot. `cancel()` ends transfers and
+// sleeps at once (for shutdown).
+//
+// Thread safety: every method may be called from any number of threads.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "draftfeed/online/endpoints.h"
+#include "draftfeed/online/vllm_protocol.h"
+
+namespace draftfeed {
+
+struct VllmClientOptions {
+  std::vector<std::string> endpoints{"http://localhost:8000/v1"};
+  std::string model;  // expected data[0].id; empty: accept what the first endpoint serves
+  std::chrono::duration<double> request_timeout{120.0};  // per attempt; 0 = none
+  int max_retries = 3;
+  std::chrono::duration<double> retry_backoff{2.0};  // before the first retry; doubles after
+  int concurrency = 8;
+  bool keep_alive = true;
+  std::size_t max_response_bytes = kDefaultMaxResponseBytes;
+  int rest_after_failures = 3;
+  std::chrono::duration<double> rest_time{30.0};
+};
+
+struct GenerationResult {
+  enum class Failure : std::uint8_t {
+    kNone,
+    kExhausted,        // transport errors / timeouts / 5xx on every attempt
+    kHttpStatus,       // a status that is not retried (4xx)
+    kInvalidResponse,  // see `problem`
+    kWrongModel,       // fatal: the server serves another model
+    kCancelled,
+  };
+  Failure failure = Failure::kNone;
+  ResponseProblem problem = ResponseProblem::kNone;  // for kInvalidResponse (kNone: too large)
+  std::string message;   // names the endpoint, the attempts and the last error
+  std::string handle;    // on success
+  std::string endpoint;  // the endpoint of the last attempt
+  int attempts = 0;
+  bool ok() const { return failure == Failure::kNone; }
+  bool fatal() const { return failure == Failure::kWrongModel; }
+};
+
+const char* generation_failure_name(GenerationResult::Failure failure);
+
+struct VllmClientStats {
+  std::int64_t requests = 0;      // generation requests sent (attempts)
+  std::int64_t model_checks = 0;  // GET /models sent
+  std::int64_t succeeded = 0;     // requests answered with a valid response
+  std::int64_t retries = 0;       // attempts after a retryable failure
+  std::int64_t transport_errors = 0;
+  std::int64_t timeouts = 0;
+  std::int64_t http_retryable = 0;  // 5xx, 408, 429
+  std::int64_t http_other = 0;      // other non-2xx statuses
+  std::int64_t too_large = 0;
+  std::int64_t invalid_responses = 0;  // all problems together (too large excluded)
+  std::array<std::int64_t, static_cast<std::size_t>(ResponseProblem::kCount)> problems{};
+  std::int64_t exhausted = 0;  // generate() calls that ran out of attempts
+  std::int64_t in_flight = 0;
+  std::int64_t max_in_flight = 0;
+  std::int64_t connections_opened = 0;
+  std::string model;
+  std::vector<EndpointStats> endpoints;
+};
+
+class VllmClient {
+ public:
+  // Throws kInvalidArgument for bad options (no endpoint, concurrency < 1, negative retries).
+  explicit VllmClient(VllmClientOptions options);
+
+  // One generation request for `ids`: completions with the ids as the prompt.
+  GenerationResult generate(std::span<const std::int64_t> ids);
+  // The chat request for a multimodal row (`messages_json`: the row's turns); the response's
+  // prompt ids must equal `ids`.
+  GenerationResult generate_chat(std::string_view messages_json, std::span<const std::int64_t> ids);
+
+  void cancel();
+  bool cancelled() const { return cancelled_.load(); }
+  VllmClientStats stats() const;
+  const VllmClientOptions& options() const { return options_; }
+
+ private:
+  GenerationResult run(RequestKind kind, std::string_view payload,
+                       std::span<const std::int64_t> ids);
+  // One attempt on one endpoint; fills `result` and returns whether a retry may help.
+  bool attempt_once(EndpointSet::Lease& lease, RequestKind kind, std::string_view payload,
+                    std::span<const std::int64_t> ids, GenerationResult& result);
+  // The endpoint's model, checking it first if needed; false with `result` filled on failure.
+  bool ensure_model(EndpointSet::Lease& lease, GenerationResult& result, bool& retryable);
+  void take_slot();
+  void give_slot();
+  bool sleep_unless_cancelled(std::chrono::duration<double> time);
+
+  const VllmClientOptions options_;
+  EndpointSet endpoints_;
+  std::atomic<bool> cancelled_{false};
+
+  mutable std::mutex mutex_;  // guards the slots, the model and the counters below
+  std::condition_variable slot_freed_;
+  std::condition_variable cancel_signal_;
+  int slots_used_ = 0;
+  std::string model_;  // the agreed model once known
+  VllmClientStats counts_;
+};
+
+}  // namespace draftfeed
