@@ -24,6 +24,8 @@ def arrow_type_text(t: pa.DataType) -> str:
         return f"large_list<{arrow_type_text(t.value_type)}>"
     if pa.types.is_list(t):
         return f"list<{arrow_type_text(t.value_type)}>"
+    if pa.types.is_fixed_size_list(t):
+        return f"fixed_size_list<{arrow_type_text(t.value_type)}>[{t.list_size}]"
     if pa.types.is_struct(t):
         inner = ", ".join(f"{t.field(i).name}: {arrow_type_text(t.field(i).type)}" for i in range(t.num_fields))
         return f"struct<{inner}>"
@@ -376,6 +378,37 @@ def test_dictionary_encoded_column_that_is_not_read_is_skipped(tmp_path):
     assert ours.columns["source"] == arrow_type_text(table.schema.field("source").type)
     assert ours.columns["source"] == "dictionary<values=string, indices=int32>"
     assert_rows_equal(ours, expected_rows(table))
+
+
+def test_columns_of_every_layout_are_skipped(tmp_path):
+    """Columns draftfeed does not read are stepped over whatever their buffer layout: structs, maps,
+    unions, run-end encoding, list views, string views (variadic buffers), fixed-size lists."""
+    n = 2100
+    columns = random_columns(n, seed=9)
+    table = table_of(columns, {"input_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.int64()), "seq_len": pa.int64()})
+    extra = {
+        "messages": pa.array([[{"role": "user", "content": f"q{i}"}] for i in range(n)]),
+        "map": pa.array([[("k", i)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+        "union": pa.UnionArray.from_sparse(
+            pa.array([i % 2 for i in range(n)], pa.int8()), [pa.array(range(n)), pa.array(["a"] * n)]
+        ),
+        "ree": pa.RunEndEncodedArray.from_arrays(pa.array([1000, n], pa.int32()), pa.array([7, 8])),
+        "list_view": pa.array([[i] for i in range(n)], pa.list_view(pa.int32())),
+        "string_view": pa.array([f"text number {i} that is longer than twelve bytes" for i in range(n)], pa.string_view()),
+        "fixed": pa.array([[1, 2]] * n, pa.list_(pa.int8(), 2)),
+        "time": pa.array(range(n), pa.timestamp("us", tz="UTC")),
+        "nothing": pa.nulls(n),
+        "text": pa.array([None if i % 3 else "x" for i in range(n)], pa.large_string()),
+    }
+    for name, array in extra.items():
+        table = table.append_column(name, array)
+    write_stream_folder(str(tmp_path), [table])
+    ours = draftfeed.open_dataset(str(tmp_path))
+    assert list(ours.columns) == table.column_names
+    for name in ("messages", "map", "fixed", "time", "text"):
+        assert ours.columns[name] == arrow_type_text(table.schema.field(name).type), name
+    assert ours.columns["ree"] == "run_end_encoded<run_ends: int32, values: int64>"
+    assert_rows_equal(ours, expected_rows(table.select(["input_ids", "loss_mask", "seq_len"])))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,8 +233,8 @@ class SchemaParser {
       case TypeId::kLargeUtf8:
         return "large_string";
       case TypeId::kRunEndEncoded:
-        return "run_end_encoded<run_ends=" + field.children[0].type +
-               ", values=" + field.children[1].type + ">";
+        return "run_end_encoded<run_ends: " + field.children[0].type +
+               ", values: " + field.children[1].type + ">";
       case TypeId::kBinaryView:
         return "binary_view";
       case TypeId::kUtf8View:
