@@ -231,12 +231,13 @@ void write_safetensors(const std::string& path, std::span<const TensorToWrite> t
   }
 
   const std::filesystem::path target(path);
+  // Built step by step: GCC 12 reports a bogus -Wrestrict for `"." + std::string&&` at -O3.
+  std::string temp_name = ".";
+  temp_name += target.filename().string();
+  temp_name +=
+      ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(temp_counter.fetch_add(1));
   const std::string write_path =
-      options.atomic ? (target.parent_path() /
-                        ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()) +
-                         "-" + std::to_string(temp_counter.fetch_add(1))))
-                           .string()
-                     : path;
+      options.atomic ? (target.parent_path() / temp_name).string() : path;
   const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (options.atomic ? O_EXCL : O_TRUNC);
   const int fd = ::open(write_path.c_str(), flags, 0644);
   if (fd < 0) throw os_error("cannot create", write_path, errno);
