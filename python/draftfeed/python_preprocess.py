@@ -34,24 +34,19 @@ def _splitmix64_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _mix32(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(0x7FEB352D)
-    x = x ^ (x >> np.uint32(15))
-    x = x * np.uint32(0x846CA68B)
-    return x ^ (x >> np.uint32(16))
-
-
 def uniform_noise(seed: int, epoch: int, row: int, tokens: int, width: int) -> np.ndarray:
-    """u in [0, 1) for every (token, element), float32 [tokens, width]: the engine's formula
-    (src/draftfeed/batch/noise.h)."""
+    """The signed uniform draw s in (-1, 1) of every (token, element), float32 [tokens, width]: the
+    engine's formula (src/draftfeed/batch/noise.h), so x + s * std equals the native path bit for bit."""
     key = _splitmix64(_splitmix64(_splitmix64(seed) ^ epoch) ^ row)
     with np.errstate(over="ignore"):
         t = np.arange(tokens, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         token_keys = _splitmix64_array(np.uint64(key) ^ t).astype(np.uint32)
-        j = np.arange(width, dtype=np.uint32) * np.uint32(0x9E3779B9)
-        bits = _mix32(token_keys[:, None] + j[None, :])
-    return (bits >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)
+        j = np.arange(width, dtype=np.uint32)
+        y = token_keys[:, None] ^ ((j[None, :] // np.uint32(2)) * np.uint32(0x9E3779B9))
+        x = (y ^ (y >> np.uint32(16))) * np.uint32(0x7FEB352D)
+        bits = x ^ (x >> np.uint32(15))
+    half = np.where((j % 2 == 0)[None, :], bits & np.uint32(0xFFFF), bits >> np.uint32(16))
+    return (half.astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 32768.0) - np.float32(1.0)
 
 
 def collate(samples: list[dict], max_len: int, dtype, planned: int, empty_sample: Callable[[], dict]):
@@ -134,7 +129,7 @@ class PythonPreprocessLoader(Loader):
         target = hs[:, :-1].flatten(1)
         if self.noise_std > 0:
             u = uniform_noise(self.seed, epoch, row, target.shape[0], target.shape[1])
-            noisy = target.to(torch.float32).numpy() + (np.float32(2) * u - np.float32(1)) * np.float32(self.noise_std)
+            noisy = target.to(torch.float32).numpy() + u * np.float32(self.noise_std)
             target = torch.from_numpy(noisy)
         mask = torch.from_numpy(np.asarray(self._dataset.row(row)["loss_mask"]).astype(np.int64))
         sample = {

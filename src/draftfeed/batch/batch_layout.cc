@@ -5,8 +5,6 @@
 
 namespace draftfeed {
 
-std::size_t hidden_dtype_size(HiddenDType dtype) { return dtype == HiddenDType::kF32 ? 4 : 2; }
-
 const char* hidden_dtype_name(HiddenDType dtype) {
   switch (dtype) {
     case HiddenDType::kBF16:

@@ -12,7 +12,9 @@ namespace draftfeed {
 
 // Element types of hidden states, in files and in batches.
 enum class HiddenDType : std::uint8_t { kBF16, kF16, kF32 };
-std::size_t hidden_dtype_size(HiddenDType dtype);
+constexpr std::size_t hidden_dtype_size(HiddenDType dtype) {
+  return dtype == HiddenDType::kF32 ? 4 : 2;
+}
 const char* hidden_dtype_name(HiddenDType dtype);  // "bfloat16", "float16", "float32"
 
 // Per-sample transforms the reference applies before packing (speculators' preprocess functions).

@@ -79,11 +79,21 @@ inline std::int64_t row_plain(const std::uint8_t* src, std::uint8_t* dst, std::i
 template <HiddenDType kSrc, HiddenDType kDst>
 inline std::int64_t row_uniform(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
                                 std::uint32_t key, float std_dev) {
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    bad += is_nonfinite<kSrc>(src, i);
-    const float u = noise_uniform(key, static_cast<std::uint32_t>(i));
-    store<kDst>(dst, i, load<kSrc>(src, i) + (2.0f * u - 1.0f) * std_dev);
+  // One 32-bit draw serves an element pair: half the hashing. A row has far fewer than 2^32
+  // elements.
+  std::uint32_t bad = 0;
+  const std::int64_t pairs = n / 2;
+  for (std::int64_t k = 0; k < pairs; ++k) {
+    const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(k));
+    const std::int64_t i = 2 * k;
+    bad += is_nonfinite<kSrc>(src, i) + is_nonfinite<kSrc>(src, i + 1);
+    store<kDst>(dst, i, load<kSrc>(src, i) + noise_signed_low(bits) * std_dev);
+    store<kDst>(dst, i + 1, load<kSrc>(src, i + 1) + noise_signed_high(bits) * std_dev);
+  }
+  if (n % 2 != 0) {
+    const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(pairs));
+    bad += is_nonfinite<kSrc>(src, n - 1);
+    store<kDst>(dst, n - 1, load<kSrc>(src, n - 1) + noise_signed_low(bits) * std_dev);
   }
   return bad;
 }

@@ -43,6 +43,24 @@ inline std::uint32_t noise_token_key(std::uint64_t sample_key, std::uint64_t tok
   return static_cast<std::uint32_t>(splitmix64(sample_key ^ (token * 0x9E3779B97F4A7C15ULL)));
 }
 
+// One multiply-xorshift round: enough mixing for training noise (each output bit depends on every
+// input bit of the counter and key), and half the vector multiplies of mix32 on the hot path.
+inline std::uint32_t noise_bits(std::uint32_t token_key, std::uint32_t counter) {
+  std::uint32_t x = token_key ^ (counter * 0x9E3779B9U);
+  x ^= x >> 16;
+  x *= 0x7FEB352DU;
+  x ^= x >> 15;
+  return x;
+}
+
+// The two symmetric uniform draws in (-1, 1) of one 32-bit draw.
+inline float noise_signed_low(std::uint32_t bits) {
+  return (static_cast<float>(bits & 0xFFFFU) + 0.5f) * (1.0f / 32768.0f) - 1.0f;
+}
+inline float noise_signed_high(std::uint32_t bits) {
+  return (static_cast<float>(bits >> 16) + 0.5f) * (1.0f / 32768.0f) - 1.0f;
+}
+
 inline float noise_uniform(std::uint32_t token_key, std::uint32_t element) {
   return static_cast<float>(mix32(token_key + element * 0x9E3779B9U) >> 8) * (1.0f / 16777216.0f);
 }
