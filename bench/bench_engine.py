@@ -40,11 +40,15 @@ def loader_args(path: str, hidden_size: int, workers: int, noise_std: float) -> 
 
 def run_side(name: str, make) -> dict:
     gc.collect()
+    cpu0 = os.times()
     with TreeMemory() as memory:
-        train, _ = make()
-        result = time_epoch(train)
-        del train
+        loaders = make()
+        result = time_epoch(loaders[0])
+        del loaders  # joins the reference's worker processes, so their CPU time is counted below
         gc.collect()
+    cpu1 = os.times()
+    result["cpu_seconds"] = sum(getattr(cpu1, f) - getattr(cpu0, f)
+                                for f in ("user", "system", "children_user", "children_system"))
     result["peak_tree_rss"] = memory.peak
     result["name"] = name
     return result
