@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
+#include <queue>
 #include <random>
 #include <set>
 #include <string>
@@ -12,6 +14,7 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/sampler/multipack.h"
+#include "draftfeed/sampler/numpy_random.h"
 
 namespace draftfeed {
 namespace {
@@ -123,6 +126,98 @@ TEST(SamplerMultipack, ZeroLengthsAndTiesPackIntoOneBatch) {
   const AllRanksPlan plan = plan_all_ranks(lengths, PlanOptions{.max_len = 10, .world_size = 2}, 0);
   EXPECT_EQ(plan.num_batches, 1);
   EXPECT_EQ(plan.counts.planned, 100);
+}
+
+// SPEC §4 written the plain way (a std::priority_queue of (fill, slot), a stable sort), with the
+// planner's documented tie rule. The planner's fast LPT must give exactly this, ties included,
+// which the Python oracle cannot check (the reference orders ties by an unstable sort).
+std::vector<std::vector<std::vector<std::int64_t>>> textbook_plan(
+    const std::vector<std::int64_t>& shuffled_lengths, const std::vector<std::int64_t>& shuffled,
+    std::int64_t max_len, int world) {
+  using Bin = std::pair<std::int64_t, int>;  // (fill, slot)
+  const auto lpt = [&](std::size_t begin, std::size_t count, std::vector<int>* slots) {
+    std::vector<std::size_t> order(count);
+    for (std::size_t p = 0; p < count; ++p) order[p] = count - 1 - p;  // later position first
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return shuffled_lengths[begin + a] > shuffled_lengths[begin + b];
+    });
+    std::priority_queue<Bin, std::vector<Bin>, std::greater<>> bins;
+    for (int s = 0; s < world; ++s) bins.push({0, s});
+    if (slots) slots->clear();
+    for (const std::size_t p : order) {
+      Bin bin = bins.top();
+      bins.pop();
+      bin.first += shuffled_lengths[begin + p];
+      if (bin.first > max_len) return false;
+      if (slots) slots->push_back(bin.second);
+      bins.push(bin);
+    }
+    return true;
+  };
+  std::vector<std::vector<std::vector<std::int64_t>>> ranks(static_cast<std::size_t>(world));
+  std::vector<std::int64_t> cumsum(shuffled_lengths.size());
+  std::partial_sum(shuffled_lengths.begin(), shuffled_lengths.end(), cumsum.begin());
+  std::size_t ind = 0;
+  for (std::int64_t batch_no = 0; shuffled.size() - ind >= static_cast<std::size_t>(world);
+       ++batch_no) {
+    const std::int64_t before = ind == 0 ? 0 : cumsum[ind - 1];
+    const auto fit = static_cast<std::int64_t>(
+        std::upper_bound(cumsum.begin() + static_cast<std::ptrdiff_t>(ind), cumsum.end(),
+                         before + max_len * world) -
+        (cumsum.begin() + static_cast<std::ptrdiff_t>(ind)));
+    std::int64_t left = 1;
+    std::int64_t right = 1 + fit;
+    while (right - left > 1 && right > world) {
+      const std::int64_t mid = (left + right) / 2;
+      (lpt(ind, static_cast<std::size_t>(mid), nullptr) ? left : right) = mid;
+    }
+    std::vector<int> slots;
+    lpt(ind, static_cast<std::size_t>(left), &slots);
+    std::vector<std::size_t> order(static_cast<std::size_t>(left));
+    for (std::size_t p = 0; p < order.size(); ++p) order[p] = order.size() - 1 - p;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return shuffled_lengths[ind + a] > shuffled_lengths[ind + b];
+    });
+    for (auto& rank : ranks) rank.emplace_back();
+    for (std::size_t t = 0; t < order.size(); ++t) {
+      const auto rank = static_cast<std::size_t>((slots[t] + batch_no) % world);
+      ranks[rank].back().push_back(shuffled[ind + order[t]]);
+    }
+    ind += static_cast<std::size_t>(left);
+  }
+  return ranks;
+}
+
+TEST(SamplerMultipack, FastPackingEqualsTheTextbookAlgorithmWithTiesAndZeros) {
+  std::mt19937_64 gen(5);
+  for (int variant = 0; variant < 4; ++variant) {
+    std::vector<std::int64_t> lengths(3000);
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      lengths[i] = static_cast<std::int64_t>(gen() % 12) * 100;  // ties, zeros
+      if (variant >= 2 && i % 5 == 0) lengths[i] = 0;
+    }
+    for (const int world : {1, 2, 7, 16}) {
+      const PlanOptions options{.max_len = 1000, .world_size = world, .seed = 4};
+      const std::int64_t epoch = variant;
+      // The planner's shuffle, recomputed: numpy's permutation of all indices (truncate mode).
+      const auto shuffled = numpy_permutation(options.seed + static_cast<std::uint64_t>(epoch),
+                                              static_cast<std::int64_t>(lengths.size()));
+      std::vector<std::int64_t> shuffled_lengths;
+      for (const auto i : shuffled) {
+        shuffled_lengths.push_back(std::min(lengths[static_cast<std::size_t>(i)], options.max_len));
+      }
+      const auto want = textbook_plan(shuffled_lengths, shuffled, options.max_len, world);
+      const AllRanksPlan got = plan_all_ranks(lengths, options, epoch);
+      for (std::size_t r = 0; r < want.size(); ++r) {
+        ASSERT_EQ(got.ranks[r].num_batches(), static_cast<std::int64_t>(want[r].size()));
+        for (std::size_t b = 0; b < want[r].size(); ++b) {
+          const auto batch = got.ranks[r].batch(static_cast<std::int64_t>(b));
+          EXPECT_EQ(std::vector<std::int64_t>(batch.begin(), batch.end()), want[r][b])
+              << "variant " << variant << " world " << world << " rank " << r << " batch " << b;
+        }
+      }
+    }
+  }
 }
 
 void expect_invalid(const std::function<void()>& call, const std::string& needle) {
