@@ -238,3 +238,20 @@ def test_on_missing_raise_fails_the_iteration(fixture):
     loader = make_loader(fixture, on_missing="raise")
     with pytest.raises(RuntimeError, match="no cached hidden states"):
         list(loader)
+
+
+def test_sequence_parallel_ranks(fixture, monkeypatch):
+    # rank 2 of 4 with sp_size 2 is the data rank of DP rank 1: the same batches as DP rank 1 of 2.
+    data_rank = [b["input_ids"].clone() for b in make_loader(fixture, world_size=4, rank=2, sp_size=2)]
+    dp_rank = [b["input_ids"].clone() for b in make_loader(fixture, world_size=2, rank=1)]
+    assert len(data_rank) == len(dp_rank) > 0
+    assert all(torch.equal(a, b) for a, b in zip(data_rank, dp_rank))
+    # rank 3 is in the same group but not its data rank: one step per batch, nothing fetched.
+    other = make_loader(fixture, world_size=4, rank=3, sp_size=2)
+    assert list(other) == [None] * len(dp_rank)
+    assert other.metrics()["batches"] == 0
+    # From the torchrun environment.
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    env_loader = make_loader(fixture, world_size=None, rank=None, sp_size=2)
+    assert env_loader.topology.dp_rank == 1 and env_loader.topology.dp_size == 2
