@@ -27,3 +27,4 @@ from .loader import Loader, Topology  # noqa: E402
 __all__ += ["Loader", "Topology"]
 _export("load_safetensors", "safetensors_metadata", "write_safetensors", "HiddenStateStore", "validate_hidden_states", "write_synthetic_hidden_states", "synthetic_hidden_value")
 _export("open_dataset", "TokenDataset", "DatasetSplit", "DatasetWriter", "write_synthetic_dataset", "synthetic_row")
+from . import online  # noqa: E402,F401  (draftfeed.online: OnlineSource, sync_failure)

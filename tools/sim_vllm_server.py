@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""A simulated vLLM server for hidden-state generation (tests, demos, benchmarks).
+
+It speaks the part of vLLM's OpenAI API that speculators' online training uses (SPEC §2):
+
+  GET  /v1/models             {"object": "list", "data": [{"id": MODEL, ...}]}
+  POST /v1/completions        {"model", "prompt": [ids], "max_tokens": 1, "return_token_ids": true}
+  POST /v1/chat/completions   {"model", "messages", ...}; the "tokenizer" is one id per character
+                              of the turns' text (ord(c)), joined in order
+and answers as vLLM with the hidden-states connector does: `choices[0].prompt_token_ids` (top-level
+`prompt_token_ids` for chat) echo the prompt, and `kv_transfer_params.hidden_states_path` (or
+`.handle` with --handle-key handle) names a safetensors file it wrote into --server-dir with the real
+`safetensors` package: `token_ids` int64 [T] and `hidden_states` [T, L, H] (--layers, --hidden,
+--dtype).
+
+Hidden states are a pure function of (seed, token id, position, layer, h), so tests recompute every
+value (the same mixing as draftfeed's synthetic cache, with the token id in place of the row):
+
+  mix(z)  = splitmix64's finaliser on uint64 (wrapping): z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+            z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
+  base    = mix(mix(mix(mix(seed) ^ token_id) ^ position) ^ layer)
+  value   = (int64(mix(base ^ h) >> 57) - 64) / 16          (exact in bf16, f16 and f32)
+
+so `draftfeed.synthetic_hidden_value(seed, token_id, position, layer, h)` gives the same number.
+
+Files are written under the lock protocol of vLLM's connector: create `<file>.lock`, hold
+fcntl.flock(LOCK_EX) on it while writing, release; the lock file is left for the reader to remove
+(--remove-lock removes it after writing). With --write async (or the lock_hold fault) the response
+is sent first and the file is written afterwards while the lock is held, as a slow connector would.
+
+Fault injection, from --faults JSON or at run time through `POST /admin/faults` (the body replaces
+the fault set and resets its counters): a map from fault name to {"prob": p, "first": k, ...}: the
+fault hits the first k generation requests that reach it, then each later one with probability p.
+Faults are tried in the order below; a request gets at most one.
+  drop          close the connection without answering
+  stall         wait "seconds" (default 60) before answering 503: past any client timeout
+  http_500      answer HTTP 500          http_503   answer HTTP 503
+  malformed     answer truncated JSON
+  wrong_ids     echo prompt ids with the first id changed
+  no_handle     kv_transfer_params without a path or handle
+  outside       a valid file outside --server-dir: "mode" dotdot (DIR/../DIR.outside/f, default),
+                symlink (a link in DIR to DIR.outside/f) or absolute (DIR.outside/f)
+  missing_file  a handle to a file that is never written
+  nan / inf     a file with NaN / +Inf at [position 0, "layer" (default 0), h 0]
+  lock_hold     answer at once, hold the file's lock "seconds" (default 30), then write it
+The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal with that median and
+99th percentile (constant when p99 <= median), slept before each generation answer.
+
+`GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
+(TCP connections accepted), in_flight, max_in_flight (generation requests being served at once),
+injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
+slept in total), handles (every handle answered, in order). `POST /admin/reset` zeroes them.
+
+Listens on 127.0.0.1 only. --port 0 picks a free port; the port is printed
+("listening on http://127.0.0.1:PORT/v1") and written to --port-file if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+HOST = "127.0.0.1"
+FAULT_ORDER = [
+    "drop",
+    "stall",
+    "http_500",
+    "http_503",
+    "malformed",
+    "wrong_ids",
+    "no_handle",
+    "outside",
+    "missing_file",
+    "nan",
+    "inf",
+    "lock_hold",
+]
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = z ^ (z >> np.uint64(30))
+    z = z * _M1
+    z = z ^ (z >> np.uint64(27))
+    z = z * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def hidden_states_for(ids: list[int] | np.ndarray, layers: int, hidden: int, seed: int) -> np.ndarray:
+    """[T, layers, hidden] float32: the documented formula (see the module docstring)."""
+    with np.errstate(over="ignore"):
+        tok = np.asarray(ids, dtype=np.int64).astype(np.uint64)
+        pos = np.arange(tok.shape[0], dtype=np.uint64)
+        first = _mix(np.array([seed], dtype=np.uint64))
+        per_token = _mix(_mix(first ^ tok) ^ pos)  # [T]
+        base = _mix(per_token[:, None] ^ np.arange(layers, dtype=np.uint64)[None, :])  # [T, L]
+        bits = _mix(base[:, :, None] ^ np.arange(hidden, dtype=np.uint64)[None, None, :])
+        return ((bits >> np.uint64(57)).astype(np.int64) - 64).astype(np.float32) / np.float32(16)
+
+
+class Fault:
+    def __init__(self, name: str, spec: dict[str, Any]):
+        if name not in FAULT_ORDER:
+            raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULT_ORDER)}")
+        self.name = name
+        self.prob = float(spec.get("prob", 0.0))
+        self.first = int(spec.get("first", 0))
+        self.params = spec
+        self.seen = 0
+
+    def hits(self, rng: random.Random) -> bool:
+        self.seen += 1
+        if self.seen <= self.first:
+            return True
+        return self.prob > 0 and rng.random() < self.prob
+
+
+class SimServer:
+    def __init__(self, args: argparse.Namespace):
+        self.server_dir = Path(args.server_dir).resolve()
+        self.server_dir.mkdir(parents=True, exist_ok=True)
+        self.outside_dir = self.server_dir.parent / (self.server_dir.name + ".outside")
+        self.model = args.model
+        self.layers = args.layers
+        self.hidden = args.hidden
+        self.dtype = args.dtype
+        self.seed = args.seed
+        self.handle_key = args.handle_key
+        self.write_async = args.write == "async"
+        self.remove_lock = args.remove_lock
+        self.rng = random.Random(args.seed)
+        self.counter = 0
+        self.faults: dict[str, Fault] = {}
+        self.latency = (0.0, 0.0)
+        self.set_faults(json.loads(args.faults) if args.faults else {})
+        if args.latency_median is not None:
+            self.latency = (args.latency_median, args.latency_p99 or args.latency_median)
+        self.reset_stats()
+        self.pending_writes: set[asyncio.Future] = set()
+        self.write_lock = threading.Lock()
+
+    # -- configuration and statistics --
+    def set_faults(self, spec: dict[str, Any]) -> None:
+        faults = {}
+        latency = (0.0, 0.0)
+        for name, value in spec.items():
+            if name == "latency":
+                median = float(value.get("median", 0.0))
+                latency = (median, float(value.get("p99", median)))
+                continue
+            faults[name] = Fault(name, value)
+        self.faults = faults
+        self.latency = latency
+
+    def reset_stats(self) -> None:
+        self.stats: dict[str, Any] = {
+            "requests": 0,
+            "completions": 0,
+            "chat": 0,
+            "models": 0,
+            "connections": 0,
+            "in_flight": 0,
+            "max_in_flight": 0,
+            "injected": {name: 0 for name in FAULT_ORDER},
+            "ok": 0,
+            "files_written": 0,
+            "service_seconds": 0.0,
+            "handles": [],
+        }
+
+    def sample_latency(self) -> float:
+        median, p99 = self.latency
+        if median <= 0:
+            return 0.0
+        if p99 <= median:
+            return median
+        sigma = math.log(p99 / median) / 2.3263478740408408
+        return median * math.exp(sigma * self.rng.gauss(0.0, 1.0))
+
+    def pick_fault(self) -> Fault | None:
+        for name in FAULT_ORDER:
+            fault = self.faults.get(name)
+            if fault is not None and fault.hits(self.rng):
+                self.stats["injected"][name] += 1
+                return fault
+        return None
+
+    # -- files --
+    def new_name(self) -> str:
+        self.counter += 1
+        return f"req_{os.getpid()}_{self.counter}.safetensors"
+
+    def tensors(self, ids: list[int], fault: Fault | None) -> dict[str, Any]:
+        import torch
+
+        values = hidden_states_for(ids, self.layers, self.hidden, self.seed)
+        if fault is not None and fault.name in ("nan", "inf") and len(ids) > 0:
+            layer = int(fault.params.get("layer", 0))
+            values[0, layer, 0] = np.nan if fault.name == "nan" else np.inf
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
+            self.dtype
+        ]
+        return {
+            "token_ids": torch.tensor(ids, dtype=torch.int64),
+            "hidden_states": torch.from_numpy(values).to(dtype),
+        }
+
+    def write_locked(self, path: Path, ids: list[int], fault: Fault | None, hold: float,
+                     lock_fd: int | None = None) -> None:
+        """Writes `path` under the lock protocol (blocking; run in a thread)."""
+        from safetensors.torch import save_file
+
+        lock_path = str(path) + ".lock"
+        if lock_fd is None:
+            lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            if hold > 0:
+                threading.Event().wait(hold)
+            save_file(self.tensors(ids, fault), str(path))
+            with self.write_lock:
+                self.stats["files_written"] += 1
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            os.close(lock_fd)
+            if self.remove_lock:
+                try:
+                    os.remove(lock_path)
+                except FileNotFoundError:
+                    pass
+
+    async def produce_file(self, ids: list[int], fault: Fault | None) -> str:
+        """Writes the hidden-state file (now, or after answering) and returns the handle."""
+        loop = asyncio.get_running_loop()
+        name = self.new_name()
+        if fault is not None and fault.name == "missing_file":
+            return str(self.server_dir / ("missing_" + name))
+        if fault is not None and fault.name == "outside":
+            self.outside_dir.mkdir(parents=True, exist_ok=True)
+            target = self.outside_dir / name
+            await loop.run_in_executor(None, self.write_locked, target, ids, None, 0.0)
+            mode = fault.params.get("mode", "dotdot")
+            if mode == "symlink":
+                link = self.server_dir / ("link_" + name)
+                os.symlink(target, link)
+                return str(link)
+            if mode == "absolute":
+                return str(target)
+            return str(self.server_dir / ".." / self.outside_dir.name / name)
+        path = self.server_dir / name
+        hold = float(fault.params.get("seconds", 30.0)) if fault and fault.name == "lock_hold" else 0
+        if hold > 0 or self.write_async:
+            # Take the lock before answering, so a reader that comes at once waits for the file.
+            lock_fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            future = loop.run_in_executor(None, self.write_locked, path, ids, fault, hold, lock_fd)
+            self.pending_writes.add(future)
+            future.add_done_callback(self.pending_writes.discard)
+        else:
+            await loop.run_in_executor(None, self.write_locked, path, ids, fault, 0.0)
+        return str(path)
+
+    # -- HTTP --
+    def count_request(self) -> None:
+        self.stats["requests"] += 1
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.count_request()
+        self.stats["models"] += 1
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "sim"}]}
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self.count_request()
+        self.stats["completions"] += 1
+        return await self.generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.count_request()
+        self.stats["chat"] += 1
+        return await self.generate(request, chat=True)
+
+    def bad_request(self, message: str, status: int = 400) -> web.Response:
+        return web.json_response(
+            {"object": "error", "message": message, "type": "BadRequestError", "code": status},
+            status=status,
+        )
+
+    async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        self.stats["in_flight"] += 1
+        self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self.stats["in_flight"])
+        try:
+            return await self.generate_inner(request, chat)
+        finally:
+            self.stats["in_flight"] -= 1
+
+    async def generate_inner(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self.bad_request("the body is not JSON")
+        if not isinstance(body, dict):
+            return self.bad_request("the body is not a JSON object")
+        if body.get("model") != self.model:
+            return self.bad_request(f"The model `{body.get('model')}` does not exist.", 404)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return self.bad_request("messages must be a list")
+            ids = [ord(c) for turn in messages for c in _turn_text(turn)]
+        else:
+            ids = body.get("prompt")
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids
+            ):
+                return self.bad_request("prompt must be a list of token ids")
+        if body.get("max_tokens") != 1 or body.get("return_token_ids") is not True:
+            return self.bad_request("expected max_tokens=1 and return_token_ids=true")
+
+        fault = self.pick_fault()
+        latency = self.sample_latency()
+        self.stats["service_seconds"] += latency
+        if latency > 0:
+            await asyncio.sleep(latency)
+        name = fault.name if fault is not None else None
+        if name == "drop":
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError()
+        if name == "stall":
+            await asyncio.sleep(float(fault.params.get("seconds", 60.0)))
+            return self.bad_request("stalled", 503)
+        if name in ("http_500", "http_503"):
+            return self.bad_request(f"injected {name}", int(name[-3:]))
+        if name == "malformed":
+            return web.Response(text='{"id": "cmpl-x", "choices": [{"prompt_token_ids": [1, 2',
+                                content_type="application/json")
+        echoed = list(ids)
+        if name == "wrong_ids" and echoed:
+            echoed[0] += 1
+        params: dict[str, Any] = {}
+        if name != "no_handle":
+            handle = await self.produce_file(ids, fault)
+            params[self.handle_key] = handle
+            self.stats["handles"].append(handle)
+        self.stats["ok"] += 1
+        choice = {"index": 0, "text": " ", "logprobs": None, "finish_reason": "length",
+                  "token_ids": [0]}
+        response: dict[str, Any] = {
+            "id": f"cmpl-{self.counter}",
+            "model": self.model,
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": 1,
+                      "total_tokens": len(ids) + 1},
+            "kv_transfer_params": params,
+        }
+        if chat:
+            response["object"] = "chat.completion"
+            response["prompt_token_ids"] = echoed
+            response["choices"] = [{"index": 0, "message": {"role": "assistant", "content": " "},
+                                    "finish_reason": "length", "token_ids": [0]}]
+        else:
+            response["object"] = "text_completion"
+            choice["prompt_token_ids"] = echoed
+            response["choices"] = [choice]
+        return web.json_response(response)
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        out: dict[str, Any] = {name: f.params for name, f in self.faults.items()}
+        if self.latency[0] > 0:
+            out["latency"] = {"median": self.latency[0], "p99": self.latency[1]}
+        return web.json_response(out)
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        try:
+            self.set_faults(await request.json())
+        except (ValueError, AttributeError, TypeError) as error:
+            return self.bad_request(str(error))
+        return await self.get_faults(request)
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats)
+
+    async def post_reset(self, request: web.Request) -> web.Response:
+        connections, in_flight = self.stats["connections"], self.stats["in_flight"]
+        self.reset_stats()
+        self.stats["in_flight"] = in_flight
+        self.stats["connections"] = 0 if request.query.get("connections") else connections
+        return web.json_response(self.stats)
+
+
+def _turn_text(turn: Any) -> str:
+    if not isinstance(turn, dict):
+        return ""
+    content = turn.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def make_app(sim: SimServer) -> web.Application:
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_post("/v1/chat/completions", sim.chat)
+    app.router.add_get("/admin/faults", sim.get_faults)
+    app.router.add_post("/admin/faults", sim.post_faults)
+    app.router.add_get("/admin/stats", sim.get_stats)
+    app.router.add_post("/admin/reset", sim.post_reset)
+    return app
+
+
+async def serve(args: argparse.Namespace) -> None:
+    sim = SimServer(args)
+    runner = web.AppRunner(make_app(sim), handle_signals=False, access_log=None)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    handler_factory = runner.server
+    assert handler_factory is not None
+
+    def protocol():  # one per TCP connection accepted
+        sim.stats["connections"] += 1
+        return handler_factory()
+
+    server = await loop.create_server(protocol, HOST, args.port, reuse_address=True)
+    port = server.sockets[0].getsockname()[1]
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.replace(tmp, args.port_file)
+    print(f"listening on http://{HOST}:{port}/v1", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await runner.shutdown()
+    await runner.cleanup()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server-dir", required=True, help="folder the hidden-state files go to")
+    p.add_argument("--port", type=int, default=0, help="0: pick a free port")
+    p.add_argument("--port-file", help="write the port here once listening")
+    p.add_argument("--model", default="sim/verifier-model")
+    p.add_argument("--layers", type=int, default=4, help="L: captured layers")
+    p.add_argument("--hidden", type=int, default=64, help="H: hidden size")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--seed", type=int, default=0, help="of the hidden-state formula and faults")
+    p.add_argument("--handle-key", default="hidden_states_path",
+                   choices=["hidden_states_path", "handle"])
+    p.add_argument("--write", default="sync", choices=["sync", "async"],
+                   help="write the file before answering, or after (under its lock)")
+    p.add_argument("--remove-lock", action="store_true",
+                   help="remove the lock file after writing (default: leave it to the reader)")
+    p.add_argument("--latency-median", type=float, help="median service time, seconds")
+    p.add_argument("--latency-p99", type=float, help="99th percentile service time, seconds")
+    p.add_argument("--faults", help='JSON, e.g. \'{"http_503": {"first": 2}, "nan": {"prob": 0.1}}\'')
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.port_file and os.path.exists(args.port_file):
+        os.remove(args.port_file)
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
