@@ -84,11 +84,13 @@ int run_loader(const LoaderRunConfig& config) {
     std::printf("hidden    %s: L=%lld layers, H=%lld, batches in %s\n", hs_path.c_str(),
                 static_cast<long long>(layers), static_cast<long long>(hidden),
                 hidden_dtype_name(spec.dtype));
-    std::printf("engine    %d threads, %d buffers of %s (peak batch memory %s), %s, %s\n",
+    std::printf("engine    %d threads, %d buffers of %s (peak batch memory %s), %s, %s (%s)\n",
                 config.threads, config.prefetch,
                 human_bytes(static_cast<double>(train_pipeline.layout().total_bytes)).c_str(),
                 human_bytes(static_cast<double>(train_pipeline.pool_bytes())).c_str(),
-                config.in_order ? "in order" : "as ready", pinning_support().detail.c_str());
+                config.in_order ? "in order" : "as ready",
+                train_pipeline.metrics().pinned ? "pinned memory" : "pageable memory",
+                pinning_support().detail.c_str());
     std::fflush(stdout);
   }
 

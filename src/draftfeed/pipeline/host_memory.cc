@@ -36,7 +36,7 @@ const CudaRuntime& cuda_runtime() {
       result.host_unregister =
           reinterpret_cast<HostUnregisterFn>(::dlsym(handle, "cudaHostUnregister"));
       if (result.host_register != nullptr && result.host_unregister != nullptr) {
-        result.support = {true, std::string("CUDA runtime ") + name};
+        result.support = {true, std::string("CUDA runtime ") + name + " loaded"};
         return result;
       }
       result.host_register = nullptr;
