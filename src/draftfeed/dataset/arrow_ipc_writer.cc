@@ -61,11 +61,13 @@ void append_i64(std::string* out, std::int64_t value) {
 }  // namespace
 
 std::vector<std::uint8_t> frame_message(const std::vector<std::uint8_t>& flatbuffer) {
-  std::vector<std::uint8_t> framed(8, 0xFF);
-  const auto length = static_cast<std::int32_t>(padded(flatbuffer.size()));
-  std::memcpy(framed.data() + 4, &length, 4);
-  framed.insert(framed.end(), flatbuffer.begin(), flatbuffer.end());
-  framed.resize(8 + static_cast<std::size_t>(length), 0);
+  const std::size_t length = padded(flatbuffer.size());
+  std::vector<std::uint8_t> framed(8 + length, 0);
+  const std::uint32_t continuation = 0xFFFFFFFFu;
+  const auto length32 = static_cast<std::int32_t>(length);
+  std::memcpy(framed.data(), &continuation, 4);
+  std::memcpy(framed.data() + 4, &length32, 4);
+  if (!flatbuffer.empty()) std::memcpy(framed.data() + 8, flatbuffer.data(), flatbuffer.size());
   return framed;
 }
 
