@@ -74,7 +74,7 @@ def main() -> None:
         plain = reference.with_format(None)[row]
         assert plain["input_ids"] == ids.tolist() and plain["loss_mask"] == mask.tolist(), row
     ours = draftfeed.open_dataset(path)
-    reference_lengths = np.asarray(reference.with_format(None)["seq_len"], dtype=np.int64)
+    reference_lengths = np.asarray(reference.with_format(None)["seq_len"][:], dtype=np.int64)
     assert np.array_equal(ours.seq_lens(), reference_lengths)
     del ours, reference
 
@@ -88,8 +88,8 @@ def main() -> None:
     def datasets_open():
         return datasets.load_from_disk(path)
 
-    def datasets_lengths_torch():  # the dataset's saved format (torch): a tensor
-        return int(datasets.load_from_disk(path)["seq_len"].sum())
+    def datasets_lengths_torch():  # the dataset's saved format (torch): one tensor
+        return int(datasets.load_from_disk(path)["seq_len"][:].sum())
 
     def datasets_lengths_python():  # what speculators' ArrowDataset does
         return sum(list(datasets.load_from_disk(path).with_format(None)["seq_len"]))
@@ -102,8 +102,8 @@ def main() -> None:
     results["draftfeed open"], _ = median_time(draftfeed_open, args.repeats)
     results["draftfeed open + seq_lens"], ours_sum = median_time(draftfeed_open_and_lengths, args.repeats)
     results["datasets load_from_disk"], _ = median_time(datasets_open, args.repeats)
-    results['datasets load + ["seq_len"] (torch)'], torch_sum = median_time(datasets_lengths_torch, args.repeats)
-    results['datasets load + with_format(None)["seq_len"]'], python_sum = median_time(
+    results['datasets load + ["seq_len"][:] (torch)'], torch_sum = median_time(datasets_lengths_torch, args.repeats)
+    results['datasets list(with_format(None)["seq_len"])'], python_sum = median_time(
         datasets_lengths_python, max(1, args.repeats // 2)
     )
     assert ours_sum == torch_sum == python_sum, (ours_sum, torch_sum, python_sum)
@@ -113,7 +113,7 @@ def main() -> None:
         print(f"  {name:46s} {seconds * 1e3:10.2f} ms")
     base = results["draftfeed open + seq_lens"]
     print("\nratios (reference / draftfeed open + seq_lens):")
-    for name in ('datasets load + ["seq_len"] (torch)', 'datasets load + with_format(None)["seq_len"]'):
+    for name in ('datasets load + ["seq_len"][:] (torch)', 'datasets list(with_format(None)["seq_len"])'):
         print(f"  {name:46s} {results[name] / base:10.1f}x")
     print(f"  {'open only: load_from_disk / open_dataset':46s} {results['datasets load_from_disk'] / results['draftfeed open']:10.1f}x")
 
