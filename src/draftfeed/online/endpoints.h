@@ -41,6 +41,8 @@ class Endpoint {
  public:
   Endpoint(std::string url, const HttpPoolOptions& http) : pool(std::move(url), http) {}
   HttpPool pool;
+  // Held while the endpoint's /models check runs, so concurrent first requests check it once.
+  std::mutex model_check;
 
  private:
   friend class EndpointSet;

@@ -145,6 +145,8 @@ bool VllmClient::ensure_model(EndpointSet::Lease& lease, GenerationResult& resul
                               bool& retryable) {
   Endpoint& endpoint = lease.endpoint();
   if (endpoints_.model_of(endpoint)) return true;
+  std::lock_guard check_lock(endpoint.model_check);
+  if (endpoints_.model_of(endpoint)) return true;  // another request checked it meanwhile
   const std::string url = endpoint.pool.base_url() + "/models";
   {
     std::lock_guard lock(mutex_);

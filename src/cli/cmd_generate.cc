@@ -1,0 +1,283 @@
+// `draftfeed generate DATA --endpoint URL ...`: fills the hidden-state cache from vLLM servers for
+// every row that lacks a valid file. Resumable: rows whose file is valid are skipped, so running it
+// again finishes what a crash or a failing server left.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "args.h"
+#include "command.h"
+#include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/validate.h"
+#include "draftfeed/online/online_source.h"
+
+namespace draftfeed::cli {
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
+
+Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors) from vLLM servers running the
+hidden-states connector, for every row without a valid file (a missing, corrupt, mismatched or
+non-finite file is regenerated). Rows are requested concurrently from the least busy endpoint; a
+failing endpoint is rested and tried again later. Each generated file is checked (token ids, shape,
+finite values) and moved into the cache atomically.
+
+options:
+  --endpoint URL                      a server's OpenAI API base, e.g. http://host:8000/v1 (repeat)
+  --hidden-states DIR                 cache folder (default DATA/hidden_states)
+  --server-dir DIR                    folder the servers write into: handles elsewhere are refused
+  --concurrency N                     requests in flight (default 8)
+  --model NAME                        the model the servers must serve
+  --request-timeout S                 seconds per attempt (default 120)
+  --max-retries N                     extra attempts after transport errors/timeouts/5xx (default 3)
+  --retry-backoff S                   sleep before the first retry, doubling (default 2)
+  --generation-validation-retries N   extra round trips after a bad file (default 2)
+  --max-consecutive-failures N        stop after N rows failing in a row (default 20)
+  --fail-on-error                     stop at the first row that fails
+  --rows A:B                          only rows A..B-1 (either side may be left out)
+  --lock-timeout S                    wait for a writer's lock at most S seconds (default 10)
+  --no-keepalive                      open a new connection per request
+  --no-progress                       no progress bar
+  --json                              print the summary as JSON
+
+Exit status: 0 when every row of the range has a valid file, 1 when some remain unfilled,
+2 for bad arguments.)";
+
+struct RowRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+RowRange parse_rows(const std::string& text, std::int64_t n_rows) {
+  RowRange range{0, n_rows};
+  if (text.empty()) return range;
+  const auto colon = text.find(':');
+  require(colon != std::string::npos, ErrorKind::kInvalidArgument,
+          "--rows wants A:B, got '" + text + "'");
+  auto parse = [&](const std::string& part, std::int64_t fallback) {
+    if (part.empty()) return fallback;
+    std::size_t used = 0;
+    std::int64_t value = 0;
+    try {
+      value = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == part.size() && used > 0, ErrorKind::kInvalidArgument,
+            "--rows wants integers A:B, got '" + text + "'");
+    return value;
+  };
+  range.begin = parse(text.substr(0, colon), 0);
+  range.end = parse(text.substr(colon + 1), n_rows);
+  require(range.begin >= 0 && range.begin <= range.end && range.end <= n_rows,
+          ErrorKind::kInvalidArgument,
+          "--rows " + text + " is not a range inside the dataset's " + std::to_string(n_rows) +
+              " rows");
+  return range;
+}
+
+// True when the row's cached file exists and passes every check.
+bool has_valid_file(const CacheStore& store, const TokenDataset& dataset, std::int64_t row) {
+  auto found = store.lookup(row);
+  if (!found.ok() || !found.value()) return false;
+  return validate_sample(*found.value(), RowIds(dataset.input_ids(row)), row).ok();
+}
+
+struct Progress {
+  std::atomic<std::int64_t> next{0};
+  std::atomic<std::int64_t> done{0};
+  std::atomic<std::int64_t> existing{0};
+  std::atomic<std::int64_t> generated{0};
+  std::atomic<std::int64_t> failed{0};
+  std::atomic<std::int64_t> tokens{0};
+  std::atomic<bool> stop{false};
+  std::mutex mutex;
+  std::string fatal;
+};
+
+void draw(const Progress& p, std::int64_t total, double seconds, std::int64_t in_flight) {
+  constexpr int kWidth = 30;
+  const std::int64_t done = p.done.load();
+  const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
+  std::string bar(static_cast<std::size_t>(filled), '#');
+  bar.resize(kWidth, '.');
+  const double rate = seconds > 0 ? 1.0 / seconds : 0.0;
+  std::fprintf(stderr,
+               "\rgenerate [%s] %lld/%lld rows  %7.1f rows/s  %9.0f tok/s  in flight %lld  "
+               "failed %lld  ",
+               bar.c_str(), static_cast<long long>(done), static_cast<long long>(total),
+               static_cast<double>(p.generated.load()) * rate,
+               static_cast<double>(p.tokens.load()) * rate, static_cast<long long>(in_flight),
+               static_cast<long long>(p.failed.load()));
+  std::fflush(stderr);
+}
+
+int run_generate(const std::vector<std::string>& argv) {
+  const Args args(
+      argv,
+      {"endpoint", "hidden-states", "server-dir", "concurrency", "model", "request-timeout",
+       "max-retries", "retry-backoff", "generation-validation-retries", "max-consecutive-failures",
+       "rows", "lock-timeout"},
+      {"fail-on-error", "no-keepalive", "no-progress", "json"});
+  args.expect_positionals(1, 1, "one dataset folder");
+  const std::string data = args.positionals()[0];
+  const std::vector<std::string> endpoints = args.all("endpoint");
+  require(!endpoints.empty(), ErrorKind::kInvalidArgument,
+          "generate needs at least one --endpoint URL");
+  const std::int64_t concurrency = args.integer("concurrency", 8);
+  require(concurrency >= 1 && concurrency <= 4096, ErrorKind::kInvalidArgument,
+          "--concurrency must be between 1 and 4096, got " + std::to_string(concurrency));
+
+  OnlineSourceOptions options;
+  options.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
+  options.server_dir = args.str("server-dir", "");
+  options.on_generate = OnGenerate::kCache;
+  options.client.endpoints = endpoints;
+  options.client.model = args.str("model", "");
+  options.client.request_timeout = std::chrono::duration<double>(args.real("request-timeout", 120));
+  options.client.max_retries = static_cast<int>(args.integer("max-retries", 3));
+  options.client.retry_backoff = std::chrono::duration<double>(args.real("retry-backoff", 2.0));
+  options.client.concurrency = static_cast<int>(concurrency);
+  options.client.keep_alive = !args.has("no-keepalive");
+  options.generation_validation_retries =
+      static_cast<int>(args.integer("generation-validation-retries", 2));
+  options.max_consecutive_generation_failures =
+      static_cast<int>(args.integer("max-consecutive-failures", 20));
+  options.fail_on_hidden_state_error = args.has("fail-on-error");
+  options.lock_timeout = std::chrono::duration<double>(args.real("lock-timeout", 10.0));
+  const bool json = args.has("json");
+  const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
+
+  const auto dataset = TokenDataset::open(data);
+  const RowRange range = parse_rows(args.str("rows", ""), dataset->num_rows());
+  const std::int64_t total = range.end - range.begin;
+  OnlineSampleSource source(options);
+
+  Progress p;
+  p.next = range.begin;
+  const auto start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    while (!p.stop.load()) {
+      const std::int64_t row = p.next.fetch_add(1);
+      if (row >= range.end) return;
+      if (has_valid_file(*source.store(), *dataset, row)) {
+        ++p.existing;
+        ++p.done;
+        continue;
+      }
+      const IntArrayView ids = dataset->input_ids(row);
+      const FetchOutcome outcome = source.generate_row(row, ids);
+      if (outcome.sample) {
+        ++p.generated;
+        p.tokens += ids.size();
+      } else {
+        ++p.failed;
+        if (outcome.fatal) {
+          std::lock_guard lock(p.mutex);
+          if (p.fatal.empty()) p.fatal = outcome.message;
+          p.stop = true;
+          source.cancel();
+        }
+      }
+      ++p.done;
+    }
+  };
+  std::vector<std::thread> threads;
+  const std::int64_t n_threads =
+      std::min<std::int64_t>(concurrency, std::max<std::int64_t>(total, 1));
+  for (std::int64_t t = 0; t < n_threads; ++t) threads.emplace_back(worker);
+  if (progress) {
+    while (p.done.load() < total && !p.stop.load()) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      draw(p, total, seconds, source.stats().client.in_flight);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  for (auto& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (progress) {
+    draw(p, total, seconds, 0);
+    std::fprintf(stderr, "\n");
+  }
+
+  const OnlineSourceStats stats = source.stats();
+  const std::int64_t filled = p.existing.load() + p.generated.load();
+  const std::int64_t unfilled = total - filled;
+  nlohmann::json report;
+  report["rows"] = total;
+  report["existing"] = p.existing.load();
+  report["generated"] = p.generated.load();
+  report["failed"] = p.failed.load();
+  report["unfilled"] = unfilled;
+  report["seconds"] = seconds;
+  report["rows_per_s"] = seconds > 0 ? static_cast<double>(p.generated.load()) / seconds : 0.0;
+  report["tokens_per_s"] = seconds > 0 ? static_cast<double>(p.tokens.load()) / seconds : 0.0;
+  report["requests"] = stats.client.requests;
+  report["retries"] = stats.client.retries;
+  report["max_in_flight"] = stats.client.max_in_flight;
+  report["connections_opened"] = stats.client.connections_opened;
+  nlohmann::json reasons = nlohmann::json::object();
+  for (std::size_t f = 1; f < stats.failures.request.size(); ++f) {
+    if (stats.failures.request[f] > 0) {
+      reasons[generation_failure_name(static_cast<GenerationResult::Failure>(f))] =
+          stats.failures.request[f];
+    }
+  }
+  for (std::size_t f = 1; f < stats.failures.file.size(); ++f) {
+    if (stats.failures.file[f] > 0) {
+      reasons[file_problem_name(static_cast<FileProblem>(f))] = stats.failures.file[f];
+    }
+  }
+  report["failed_round_trips"] = reasons;
+  nlohmann::json problems = nlohmann::json::object();
+  for (std::size_t k = 1; k < stats.client.problems.size(); ++k) {
+    if (stats.client.problems[k] > 0) {
+      problems[response_problem_name(static_cast<ResponseProblem>(k))] = stats.client.problems[k];
+    }
+  }
+  report["invalid_responses"] = problems;
+  report["transport_errors"] = stats.client.transport_errors;
+  report["timeouts"] = stats.client.timeouts;
+  report["http_retryable"] = stats.client.http_retryable;
+  report["http_other"] = stats.client.http_other;
+  report["fatal"] = p.fatal;
+  nlohmann::json per_endpoint = nlohmann::json::array();
+  for (const auto& e : stats.client.endpoints) {
+    per_endpoint.push_back(
+        {{"url", e.url}, {"requests", e.requests}, {"failures", e.failures}, {"rests", e.rests}});
+  }
+  report["endpoints"] = per_endpoint;
+
+  if (json) {
+    std::printf("%s\n", report.dump(2).c_str());
+  } else {
+    std::printf("rows      %lld (%lld already valid, %lld generated, %lld failed, %lld unfilled)\n",
+                static_cast<long long>(total), static_cast<long long>(p.existing.load()),
+                static_cast<long long>(p.generated.load()), static_cast<long long>(p.failed.load()),
+                static_cast<long long>(unfilled));
+    std::printf("speed     %.1f s, %.1f rows/s, %.0f tokens/s, %lld requests, max %lld in flight\n",
+                seconds, report["rows_per_s"].get<double>(), report["tokens_per_s"].get<double>(),
+                static_cast<long long>(stats.client.requests),
+                static_cast<long long>(stats.client.max_in_flight));
+    if (!reasons.empty()) std::printf("failures  %s\n", reasons.dump().c_str());
+    if (!problems.empty()) std::printf("invalid   %s\n", problems.dump().c_str());
+    if (!p.fatal.empty()) std::printf("stopped   %s\n", p.fatal.c_str());
+  }
+  return unfilled == 0 ? 0 : 1;
+}
+
+const CommandRegistration registration({"generate", "fill the hidden-state cache from vLLM servers",
+                                        kUsage, run_generate});
+
+}  // namespace
+}  // namespace draftfeed::cli
