@@ -32,10 +32,14 @@ Fault injection, from --faults JSON or at run time through `POST /admin/faults` 
 the fault set and resets its counters): a map from fault name to {"prob": p, "first": k, ...}: the
 fault hits the first k generation requests that reach it, then each later one with probability p.
 Faults are tried in the order below; a request gets at most one.
-  drop          close the connection without answering
+  drop          close the connection mid-answer: the status line, headers promising 1000 bytes
+                and one byte; "mode": "reset" closes it without a byte instead (libcurl silently
+                resends a request whose reused connection died before any byte came back, so
+                "reset" is only counted exactly by clients that do not reuse connections)
   stall         wait "seconds" (default 60) before answering 503: past any client timeout
   http_500      answer HTTP 500          http_503   answer HTTP 503
   malformed     answer truncated JSON
+  oversize      answer a valid response padded past 2 MiB ("bytes" to choose the size)
   wrong_ids     echo prompt ids with the first id changed
   no_handle     kv_transfer_params without a path or handle
   outside       a valid file outside --server-dir: "mode" dotdot (DIR/../DIR.outside/f, default),
@@ -49,7 +53,8 @@ The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal wit
 `GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
 (TCP connections accepted), in_flight, max_in_flight (generation requests being served at once),
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
-slept in total), handles (every handle answered, in order). `POST /admin/reset` zeroes them.
+slept in total), handles (every handle answered, in order), pending_writes (files still to be
+written after their answer). `POST /admin/reset` zeroes them.
 
 Listens on 127.0.0.1 only. --port 0 picks a free port; the port is printed
 ("listening on http://127.0.0.1:PORT/v1") and written to --port-file if given.
@@ -80,6 +85,7 @@ FAULT_ORDER = [
     "http_500",
     "http_503",
     "malformed",
+    "oversize",
     "wrong_ids",
     "no_handle",
     "outside",
@@ -339,8 +345,12 @@ class SimServer:
             await asyncio.sleep(latency)
         name = fault.name if fault is not None else None
         if name == "drop":
-            assert request.transport is not None
-            request.transport.abort()
+            transport = request.transport
+            assert transport is not None
+            if fault.params.get("mode", "partial") != "reset":
+                transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: 1000\r\n\r\n{")
+            transport.abort() if fault.params.get("mode") == "reset" else transport.close()
             raise asyncio.CancelledError()
         if name == "stall":
             await asyncio.sleep(float(fault.params.get("seconds", 60.0)))
@@ -350,6 +360,9 @@ class SimServer:
         if name == "malformed":
             return web.Response(text='{"id": "cmpl-x", "choices": [{"prompt_token_ids": [1, 2',
                                 content_type="application/json")
+        if name == "oversize":
+            padding = "x" * int(fault.params.get("bytes", 2 << 20))
+            return web.json_response({"padding": padding, "choices": [{"prompt_token_ids": ids}]})
         echoed = list(ids)
         if name == "wrong_ids" and echoed:
             echoed[0] += 1
@@ -393,6 +406,7 @@ class SimServer:
         return await self.get_faults(request)
 
     async def get_stats(self, request: web.Request) -> web.Response:
+        self.stats["pending_writes"] = len(self.pending_writes)
         return web.json_response(self.stats)
 
     async def post_reset(self, request: web.Request) -> web.Response:
@@ -451,8 +465,11 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.close()
-    await runner.shutdown()
-    await runner.cleanup()
+    # Stalled handlers would hold a graceful shutdown for a minute: give them a moment only.
+    try:
+        await asyncio.wait_for(runner.cleanup(), timeout=2.0)
+    except asyncio.TimeoutError:
+        pass
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
