@@ -330,6 +330,10 @@ void init_hidden(nb::module_& m) {
          const std::string& op) {
         // Conversions on bit patterns held in uint32: "f16_to_f32", "f32_to_f16", "f32_to_bf16",
         // "bf16_to_f32" (16-bit patterns in the low half).
+        if (op != "f16_to_f32" && op != "bf16_to_f32" && op != "f32_to_f16" &&
+            op != "f32_to_bf16") {
+          throw invalid("unknown conversion '" + op + "'");
+        }
         std::vector<std::uint32_t> out(in.shape(0));
         for (std::size_t i = 0; i < out.size(); ++i) {
           const std::uint32_t x = in(i);
@@ -343,10 +347,8 @@ void init_hidden(nb::module_& m) {
             std::memcpy(&out[i], &v, 4);
           } else if (op == "f32_to_f16") {
             out[i] = float_to_f16(f);
-          } else if (op == "f32_to_bf16") {
-            out[i] = float_to_bf16(f);
           } else {
-            throw invalid("unknown conversion '" + op + "'");
+            out[i] = float_to_bf16(f);
           }
         }
         return out;
