@@ -1,0 +1,212 @@
+"""The online path end to end: `draftfeed generate` filling a cache (resumable, failures by reason,
+exit status), a Loader epoch with `source=` online equal to the same epoch read from that cache,
+drops counted in the loader's metrics, and `draftfeed.online.sync_failure` across two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import draftfeed
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from sim_vllm_process import SimServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+LAYERS, HIDDEN, SEED = 4, 16, 7
+ROWS = 60
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("online_loader") / "data"
+    draftfeed.write_synthetic_dataset(str(path), ROWS, seed=2, min_len=8, max_len=64, vocab=3000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    root = tmp_path_factory.mktemp("online_loader_sim")
+    with SimServerProcess(root / "server", layers=LAYERS, hidden=HIDDEN, seed=SEED) as sim:
+        yield sim
+
+
+@pytest.fixture
+def clean_sim(sim):
+    sim.set_faults({})
+    sim.reset()
+    return sim
+
+
+def generate(run_cli, data, sim_or_urls, cache, *extra, check=True):
+    urls = sim_or_urls if isinstance(sim_or_urls, list) else [sim_or_urls.url]
+    args = ["generate", str(data), "--hidden-states", str(cache), "--concurrency", "6",
+            "--retry-backoff", "0.01", "--request-timeout", "5", "--json"]
+    for url in urls:
+        args += ["--endpoint", url]
+    if not isinstance(sim_or_urls, list):
+        args += ["--server-dir", str(sim_or_urls.server_dir)]
+    proc = run_cli(*args, *extra, timeout=120, check=check)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def loader_batches(loader):
+    out = {}
+    for batch in loader:
+        out[loader.last_batch.index] = {k: v.clone() for k, v in batch.items()}
+    return out
+
+
+def make_loader(data, **kwargs):
+    options = dict(hidden_size=HIDDEN, total_seq_len=256, split="all", num_target_layers=LAYERS - 1,
+                   noise_std=0.0, pin_memory=False, seed=3)
+    options.update(kwargs)
+    return draftfeed.Loader(str(data), **options)
+
+
+def test_generate_fills_the_cache_and_is_resumable(run_cli, data, clean_sim, tmp_path):
+    cache = tmp_path / "cache"
+    status, first = generate(run_cli, data, clean_sim, cache, "--rows", "10:30")
+    assert status == 0 and first["rows"] == 20 and first["generated"] == 20 and first["unfilled"] == 0
+    assert sorted(os.listdir(cache)) == sorted(f"hs_{r}.safetensors" for r in range(10, 30))
+    # A corrupt file is regenerated; valid ones are skipped.
+    (cache / "hs_12.safetensors").write_bytes(b"garbage")
+    status, second = generate(run_cli, data, clean_sim, cache)
+    assert status == 0
+    assert second["existing"] == 19 and second["generated"] == ROWS - 19 and second["unfilled"] == 0
+    ds = draftfeed.open_dataset(str(data))
+    for r in range(ROWS):
+        ids = np.ascontiguousarray(ds.input_ids(r), dtype=np.int64)
+        assert draftfeed.validate_hidden_states(str(cache / f"hs_{r}.safetensors"), ids, r)["ok"]
+    assert clean_sim.stats()["completions"] == first["requests"] + second["requests"]
+
+
+def test_generate_reports_failures_by_reason_and_exits_non_zero(run_cli, data, clean_sim, tmp_path):
+    cache = tmp_path / "cache"
+    clean_sim.set_faults({"nan": {"first": 4}, "http_503": {"first": 3}})
+    status, report = generate(run_cli, data, clean_sim, cache, "--generation-validation-retries",
+                              "0", "--max-retries", "0", "--concurrency", "1", check=False)
+    injected = clean_sim.stats()["injected"]
+    assert status == 1
+    assert report["failed"] == 7 and report["unfilled"] == 7 and report["generated"] == ROWS - 7
+    assert report["failed_round_trips"] == {"non-finite": injected["nan"],
+                                            "retries exhausted": injected["http_503"]}
+    assert report["http_retryable"] == 3
+    # Run again without faults: the rest is filled.
+    clean_sim.set_faults({})
+    status, again = generate(run_cli, data, clean_sim, cache)
+    assert status == 0 and again["generated"] == 7 and again["existing"] == ROWS - 7
+
+
+def test_generate_stops_when_every_server_is_gone(run_cli, data, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    start = time.monotonic()
+    status, report = generate(run_cli, data, [dead], tmp_path / "cache", "--max-consecutive-failures",
+                              "4", "--max-retries", "1", check=False)
+    assert status == 1 and "servers look gone" in report["fatal"]
+    assert report["unfilled"] == ROWS and report["generated"] == 0
+    assert time.monotonic() - start < 60
+
+
+def test_generate_refuses_bad_arguments(run_cli, data):
+    proc = run_cli("generate", str(data), check=False)
+    assert proc.returncode == 2 and "--endpoint" in proc.stderr
+    proc = run_cli("generate", str(data), "--endpoint", "http://127.0.0.1:1/v1", "--rows", "5:2",
+                   check=False)
+    assert proc.returncode == 2 and "5:2" in proc.stderr
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_online_epoch_equals_the_epoch_from_the_generated_cache(run_cli, data, clean_sim, tmp_path,
+                                                                in_order):
+    cache = tmp_path / "filled"
+    status, _ = generate(run_cli, data, clean_sim, cache)
+    assert status == 0
+    offline = loader_batches(make_loader(data, hidden_states_path=str(cache)))
+
+    clean_sim.set_faults({"latency": {"median": 0.02, "p99": 0.3}})
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, hidden_states_path=tmp_path / "empty", server_dir=clean_sim.server_dir,
+        on_generate="delete", fetch_threads=8, retry_backoff=0.01)
+    online_loader = make_loader(data, source=source, in_order=in_order,
+                                num_threads=draftfeed.online.loader_threads(source))
+    online = loader_batches(online_loader)
+    assert sorted(online) == sorted(offline) and len(online) > 3
+    for index, batch in offline.items():
+        assert batch.keys() == online[index].keys()
+        for key in batch:
+            assert torch.equal(batch[key], online[index][key]), (index, key)
+    stats = source.stats()
+    assert stats["generated"] == ROWS and stats["deleted"] == ROWS
+    assert not (tmp_path / "empty").exists() or os.listdir(tmp_path / "empty") == []
+    assert online_loader.metrics()["dropped"]["generation_failed"] == 0
+    assert clean_sim.stats()["max_in_flight"] >= 4
+
+
+def test_online_drops_are_counted_by_the_loader(data, clean_sim, tmp_path):
+    clean_sim.set_faults({"nan": {"first": 3}})
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, hidden_states_path=tmp_path / "cache", server_dir=clean_sim.server_dir,
+        on_generate="cache", fetch_threads=1, generation_validation_retries=0, retry_backoff=0.01,
+        log_failures=False)
+    loader = make_loader(data, source=source, num_threads=draftfeed.online.loader_threads(source))
+    batches = loader_batches(loader)
+    assert batches
+    assert loader.metrics()["dropped"]["generation_failed"] == 3 == source.stats()["exhausted"]
+    assert len(os.listdir(tmp_path / "cache")) == ROWS - 3
+    # The next epoch fetches only the three missing rows.
+    clean_sim.set_faults({})
+    before = clean_sim.stats()["completions"]
+    loader_batches(loader)
+    assert clean_sim.stats()["completions"] - before == 3
+
+
+def test_fail_on_hidden_state_error_reaches_the_consumer(data, clean_sim, tmp_path):
+    clean_sim.set_faults({"wrong_ids": {"prob": 1.0}})
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, hidden_states_path=tmp_path / "cache", fetch_threads=2,
+        generation_validation_retries=1, fail_on_hidden_state_error=True, log_failures=False)
+    loader = make_loader(data, source=source, num_threads=draftfeed.online.loader_threads(source))
+    with pytest.raises(RuntimeError, match="prompt id"):
+        for _ in loader:
+            pass
+
+
+def test_sync_failure_without_a_process_group_returns_the_flag():
+    assert draftfeed.online.sync_failure(True) is True
+    assert draftfeed.online.sync_failure(False) is False
+
+
+def _sync_worker(rank, world, init_file, flags, results):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        results[rank] = [draftfeed.online.sync_failure(flag, timeout=30) for flag in flags[rank]]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sync_failure_agrees_across_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    flags = [[False, True, False, False], [False, False, False, True]]
+    manager = mp.get_context("spawn").Manager()
+    results = manager.dict()
+    context = mp.spawn(_sync_worker, args=(2, str(tmp_path / "init"), flags, results), nprocs=2,
+                       join=False)
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        assert time.monotonic() < deadline, "sync_failure hung"
+    assert results[0] == results[1] == [False, True, False, True]
