@@ -187,11 +187,3 @@ def test_cli_synth_then_inspect(run_cli, run_cli_json, tmp_path):
     assert bad.returncode == 2 and "need 0 <= min_len <= max_len, got min_len 9 and max_len 3" in bad.stderr
     bad = run_cli("synth", tmp_path / "u", check=False)
     assert bad.returncode == 2 and "--rows N is required" in bad.stderr
-
-
-def test_cli_demo(run_cli, tmp_path):
-    out = tmp_path / "demo"
-    text = run_cli("demo", "--out", out, "--rows", "1200").stdout
-    assert f"wrote a synthetic dataset of 1200 rows to {out}" in text
-    assert "rows     1200 in 1 shard(s)" in text and "seq_len  min" in text
-    assert len(load(out)) == 1200
