@@ -49,7 +49,8 @@ class MemorySource : public SampleSource {
       for (std::int64_t l = 0; l < kLayers; ++l)
         for (std::int64_t h = 0; h < kHidden; ++h)
           (*values)[k++] = float_to_bf16(expected_value(row, t, l, h));
-    if (nonfinite.count(row) && !values->empty()) values->front() = 0x7FC0;  // NaN in the first token
+    if (nonfinite.count(row) && !values->empty())
+      values->front() = 0x7FC0;  // NaN in the first token
     FetchedSample sample;
     sample.owner = values;
     sample.hidden = {reinterpret_cast<const std::uint8_t*>(values->data()), HiddenDType::kBF16,
@@ -109,9 +110,9 @@ class PipelineTest : public ::testing::Test {
   void check_batch(const BatchLease& lease, const PlannedBatch& planned) {
     const BatchLayout& layout = *lease.layout;
     std::vector<std::int64_t> rows;
-    std::vector<bool> usable;
+    std::vector<std::uint8_t> usable;
     for (const std::int64_t row : planned.rows) {
-      usable.push_back(!source_->missing.count(row) && !source_->nonfinite.count(row));
+      usable.push_back(!source_->missing.count(row) && !source_->nonfinite.count(row) ? 1 : 0);
       rows.push_back(dataset_->input_ids(row).size());
     }
     const BatchPlacement expected = place_samples(layout.spec.max_len, rows, usable);
@@ -154,7 +155,7 @@ class PipelineTest : public ::testing::Test {
 };
 
 TEST(PlaceSamplesTest, PacksUsableSamplesAndTruncatesTheOneCrossingMaxLen) {
-  const BatchPlacement p = place_samples(10, {4, 3, 5, 2}, {true, false, true, true});
+  const BatchPlacement p = place_samples(10, {4, 3, 5, 2}, {1, 0, 1, 1});
   ASSERT_EQ(p.samples.size(), 3u);
   EXPECT_EQ(p.samples[0].dst_row, 0);
   EXPECT_EQ(p.samples[0].rows, 4);
@@ -166,13 +167,13 @@ TEST(PlaceSamplesTest, PacksUsableSamplesAndTruncatesTheOneCrossingMaxLen) {
   EXPECT_EQ(p.documents, (std::vector<std::int64_t>{4, 5, 1}));
   EXPECT_EQ(p.used_rows, 10);
 
-  const BatchPlacement crossing = place_samples(10, {4, 8, 5}, {true, true, true});
+  const BatchPlacement crossing = place_samples(10, {4, 8, 5}, {1, 1, 1});
   ASSERT_EQ(crossing.samples.size(), 2u);
   EXPECT_EQ(crossing.samples[1].rows, 6);
   EXPECT_EQ(crossing.documents, (std::vector<std::int64_t>{4, 6}));
   EXPECT_EQ(crossing.used_rows, 10);
 
-  const BatchPlacement none = place_samples(10, {4}, {false});
+  const BatchPlacement none = place_samples(10, {4}, {0});
   EXPECT_TRUE(none.locally_empty);
   EXPECT_TRUE(none.documents.empty());
 }

@@ -26,7 +26,7 @@ std::int64_t sample_rows_after_preprocess(Preprocess preprocess, std::int64_t to
 }
 
 BatchPlacement place_samples(std::int64_t max_len, const std::vector<std::int64_t>& rows,
-                             const std::vector<bool>& usable) {
+                             const std::vector<std::uint8_t>& usable) {
   BatchPlacement placement;
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {

@@ -34,9 +34,10 @@ struct BatchPlacement {
   bool locally_empty = false;  // no usable sample: the all-padding batch
 };
 
-// `rows[i]` is sample i's row count after preprocess; `usable[i]` false for dropped samples.
+// `rows[i]` is sample i's row count after preprocess; `usable[i]` 0 for dropped samples (bytes,
+// not vector<bool>: fetch tasks write their own entries concurrently).
 BatchPlacement place_samples(std::int64_t max_len, const std::vector<std::int64_t>& rows,
-                             const std::vector<bool>& usable);
+                             const std::vector<std::uint8_t>& usable);
 
 struct NoiseContext {
   bool enabled = false;  // training split with noise on

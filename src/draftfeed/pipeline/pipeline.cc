@@ -37,8 +37,8 @@ struct Pipeline::Job {
   std::vector<FetchOutcome> outcomes;
   std::vector<IntArrayView> ids;
   std::vector<IntArrayView> masks;
-  std::vector<bool> usable;
-  std::vector<std::int64_t> rows;  // per sample, after preprocess
+  std::vector<std::uint8_t> usable;  // bytes: each fetch task writes its own entry
+  std::vector<std::int64_t> rows;    // per sample, after preprocess
   BatchPlacement placement;
   std::unique_ptr<std::atomic<std::int64_t>[]> nonfinite;  // per sample, found while copying
   std::atomic<std::int64_t> pending{0};
@@ -125,7 +125,7 @@ void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batc
     job->outcomes.resize(n);
     job->ids.resize(n);
     job->masks.resize(n);
-    job->usable.assign(n, false);
+    job->usable.assign(n, 0);
     job->rows.assign(n, 0);
     job->nonfinite = std::make_unique<std::atomic<std::int64_t>[]>(n);
     {
@@ -177,7 +177,7 @@ void Pipeline::fetch_sample(const std::shared_ptr<Job>& job, std::size_t i) {
                 std::to_string(layout_.spec.hidden_size) + "])");
       }
     }
-    job->usable[i] = outcome.sample.has_value();
+    job->usable[i] = outcome.sample.has_value() ? 1 : 0;
     job->rows[i] = sample_rows_after_preprocess(layout_.spec.preprocess, job->ids[i].size());
     job->outcomes[i] = std::move(outcome);
   } catch (...) {
@@ -239,7 +239,7 @@ void Pipeline::finish(const std::shared_ptr<Job>& job) {
   for (const SamplePlacement& p : job->placement.samples) {
     const std::int64_t bad = job->nonfinite[p.sample].exchange(0);
     if (bad == 0) continue;
-    job->usable[p.sample] = false;
+    job->usable[p.sample] = 0;
     job->outcomes[p.sample] = FetchOutcome::dropped(
         DropReason::kNonFinite, "row " + std::to_string(job->plan.rows[p.sample]) + ": " +
                                     std::to_string(bad) + " non-finite hidden-state values");
