@@ -8,8 +8,9 @@
 
 // Kernels are compiled twice, for AVX2 and for the baseline, and chosen at load time (GCC ifunc),
 // so one binary runs everywhere and uses wide vectors where it can. Sanitizer builds keep one
-// version.
-#if defined(DRAFTFEED_X86) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+// version, and so does clang (the fuzzers' compiler), which cannot clone function templates.
+#if defined(DRAFTFEED_X86) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 #define DRAFTFEED_KERNEL __attribute__((target_clones("avx2", "default")))
 #else
 #define DRAFTFEED_KERNEL
