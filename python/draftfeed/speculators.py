@@ -191,16 +191,17 @@ def create_train_val_loaders(
 
     def source_for(split: str):
         if on_missing == "generate":
-            try:
-                from . import online
-            except ImportError as error:
-                raise RuntimeError(
-                    "on_missing='generate' needs draftfeed's online source, which this build lacks"
-                ) from error
-            return online.make_source(
-                data_path=data_path,
+            if python_transfer is not None:
+                raise NotImplementedError(
+                    "on_missing='generate' with a custom transfer object is not supported yet: the "
+                    "online source reads generated files itself (use transfer=None or a FileTransfer)"
+                )
+            from . import online
+
+            return online.OnlineSource(
+                vllm_endpoint,
                 hidden_states_path=hidden_states_path,
-                vllm_endpoint=vllm_endpoint,
+                on_missing="generate",
                 on_generate=on_generate,
                 verifier_name_or_path=verifier_name_or_path,
                 request_timeout=request_timeout,
@@ -210,13 +211,17 @@ def create_train_val_loaders(
                 fail_on_hidden_state_error=fail_on_hidden_state_error,
                 fetch_threads=fetch_threads,
                 vllm_http_keepalive=vllm_http_keepalive,
-                transfer=python_transfer,
             )
         if python_transfer is not None:
             return _core.python_transfer_source(python_transfer, on_missing)
         return None
 
     def make(split: str, max_batches: int | None) -> SpeculatorsLoader:
+        source = source_for(split)
+        threads = max(1, num_workers)
+        if on_missing == "generate":
+            # Each request in flight holds one engine thread for its round trip.
+            threads += fetch_threads
         common = dict(
             hidden_size=hidden_size,
             total_seq_len=total_seq_len,
@@ -229,12 +234,12 @@ def create_train_val_loaders(
             rank=topology.rank,
             world_size=topology.world_size,
             sp_size=topology.sp_size,
-            num_threads=max(1, num_workers),
+            num_threads=threads,
             prefetch=max(2, prefetch_factor or 2),
             in_order=dataloader_in_order,
             max_batches=max_batches,
             on_missing="skip" if on_missing == "generate" else on_missing,
-            source=source_for(split),
+            source=source,
         )
         if native is not None:
             return SpeculatorsLoader(data_path, preprocess=native, **common)

@@ -108,7 +108,8 @@ std::int64_t RowIds::first_difference(const TensorView& ids) const {
   return -1;
 }
 
-SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, std::int64_t row) {
+SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, std::int64_t row,
+                            ValueCheck values) {
   const TensorView& tokens = sample.token_ids;
   if (!dtype_is_integer(tokens.dtype) || tokens.shape.size() != 1) {
     return fail(SampleProblem::kBadTokenIds,
@@ -146,6 +147,7 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
                     " positions but the row has " + std::to_string(ids.size()) + " tokens");
   }
 
+  if (values == ValueCheck::kSkip) return SampleCheck{};
   const std::size_t count = states.nbytes / (dtype_bits(states.dtype) / 8);
   if (all_finite(states.data, count, states.dtype)) return SampleCheck{};
 

@@ -76,8 +76,12 @@ class RowIds {
 };
 
 // Validates `sample` against the row. `row` (>= 0) is named in messages; pass -1 when unknown.
+// Whether validate_sample scans every value for NaN/Inf. The engine skips it (kSkip) because its
+// copy into the batch checks each value as it goes, so the bytes are read once.
+enum class ValueCheck { kFinite, kSkip };
+
 SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids,
-                            std::int64_t row = -1);
+                            std::int64_t row = -1, ValueCheck values = ValueCheck::kFinite);
 
 // Same, starting from a file: a missing key becomes kMissingKey. Fills `sample` when the keys
 // exist.

@@ -3,19 +3,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "draftfeed/hidden/validate.h"
+
 namespace draftfeed {
 
 namespace {
 
 std::string row_text(std::int64_t row) { return "row " + std::to_string(row); }
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  return text + "]";
-}
 
 }  // namespace
 
@@ -50,47 +44,17 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
                                       const HiddenStateSample& sample) {
-  const TensorView& ids = sample.token_ids;
+  // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).
+  const SampleCheck check = validate_sample(sample, input_ids, global_row, ValueCheck::kSkip);
+  if (!check.ok()) {
+    const DropReason reason = check.problem == SampleProblem::kTokenMismatch ? DropReason::kMismatch
+                                                                             : DropReason::kInvalid;
+    return FetchOutcome::dropped(reason, check.message);
+  }
   const TensorView& hs = sample.hidden_states;
-  const std::string where = row_text(global_row) + " (" + sample.path() + ")";
-  if (ids.dtype != DType::kI64 || ids.shape.size() != 1) {
-    return FetchOutcome::dropped(
-        DropReason::kInvalid,
-        where + ": token_ids must be int64 [T], got shape " + shape_text(ids.shape));
-  }
-  const std::int64_t tokens = ids.shape[0];
-  bool equal = tokens == input_ids.size();
-  for (std::int64_t t = 0; equal && t < tokens; ++t) {
-    std::int64_t value;
-    std::memcpy(&value, ids.data + t * 8, 8);  // safetensors data need not be aligned
-    equal = value == input_ids[t];
-  }
-  if (!equal) {
-    return FetchOutcome::dropped(DropReason::kMismatch,
-                                 where + ": token ids do not match the dataset row (" +
-                                     std::to_string(tokens) + " ids in the file, " +
-                                     std::to_string(input_ids.size()) + " in the row)");
-  }
-  HiddenDType dtype;
-  switch (hs.dtype) {
-    case DType::kBF16:
-      dtype = HiddenDType::kBF16;
-      break;
-    case DType::kF16:
-      dtype = HiddenDType::kF16;
-      break;
-    case DType::kF32:
-      dtype = HiddenDType::kF32;
-      break;
-    default:
-      return FetchOutcome::dropped(DropReason::kInvalid,
-                                   where + ": hidden_states dtype must be bf16, f16 or f32");
-  }
-  if (hs.shape.size() != 3 || hs.shape[0] != tokens || hs.shape[1] < 1) {
-    return FetchOutcome::dropped(DropReason::kInvalid,
-                                 where + ": hidden_states must be [T, L, H] with T = " +
-                                     std::to_string(tokens) + ", got " + shape_text(hs.shape));
-  }
+  const HiddenDType dtype = hs.dtype == DType::kBF16  ? HiddenDType::kBF16
+                            : hs.dtype == DType::kF16 ? HiddenDType::kF16
+                                                      : HiddenDType::kF32;
   FetchedSample fetched;
   fetched.owner = sample.file;
   fetched.hidden = HiddenStatesView{hs.data, dtype, hs.shape[0], hs.shape[1], hs.shape[2]};
