@@ -15,25 +15,9 @@
 
 #include <cstdint>
 
+#include "draftfeed/common/hash.h"
+
 namespace draftfeed {
-
-inline std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-// A 32-bit bijective mixer with low bias (two multiply-xorshift rounds); vectorises with 32-bit
-// lanes.
-inline std::uint32_t mix32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352DU;
-  x ^= x >> 15;
-  x *= 0x846CA68BU;
-  x ^= x >> 16;
-  return x;
-}
 
 inline std::uint64_t noise_sample_key(std::uint64_t seed, std::uint64_t epoch, std::uint64_t row) {
   return splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ row);

@@ -1,5 +1,5 @@
 
-#include "draftfeed/dataset/int_load.h"
+#include "draftfeed/common/int_load.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {

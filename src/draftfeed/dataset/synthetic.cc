@@ -1,15 +1,11 @@
 #include "draftfeed/dataset/synthetic.h"
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/hash.h"
 
 namespace draftfeed {
 
-std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
+std::uint64_t mix64(std::uint64_t z) { return splitmix64(z); }
 
 std::uint64_t synthetic_hash(std::uint64_t seed, std::uint64_t stream, std::uint64_t row,
                              std::uint64_t position) {

@@ -13,7 +13,7 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/arrow_ipc.h"
-#include "draftfeed/dataset/int_load.h"
+#include "draftfeed/common/int_load.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {

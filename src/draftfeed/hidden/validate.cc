@@ -2,37 +2,17 @@
 
 #include <cstring>
 
+#include "draftfeed/common/int_load.h"
+
 namespace draftfeed {
 
 namespace {
 
-// Loads element `i` of a little-endian integer array of `width` bytes, unaligned.
+// Element `i` of a little-endian integer array of `width` bytes, unaligned.
 std::int64_t load_integer(const std::uint8_t* data, std::int64_t i, unsigned width,
                           bool is_signed) {
-  const std::uint8_t* p = data + i * static_cast<std::int64_t>(width);
-  switch (width) {
-    case 1: {
-      return is_signed ? static_cast<std::int64_t>(static_cast<std::int8_t>(p[0]))
-                       : static_cast<std::int64_t>(p[0]);
-    }
-    case 2: {
-      std::uint16_t v;
-      std::memcpy(&v, p, 2);
-      return is_signed ? static_cast<std::int64_t>(static_cast<std::int16_t>(v))
-                       : static_cast<std::int64_t>(v);
-    }
-    case 4: {
-      std::uint32_t v;
-      std::memcpy(&v, p, 4);
-      return is_signed ? static_cast<std::int64_t>(static_cast<std::int32_t>(v))
-                       : static_cast<std::int64_t>(v);
-    }
-    default: {
-      std::int64_t v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-  }
+  return load_int(data + i * static_cast<std::int64_t>(width), static_cast<std::uint8_t>(width),
+                  is_signed);
 }
 
 std::string where(const HiddenStateSample& sample, std::int64_t row) {
