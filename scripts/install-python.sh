@@ -13,4 +13,8 @@ if [ "${1:-}" = "--test" ]; then
   "$python" -m pip install -q --disable-pip-version-check --no-deps speculators==0.9.0 hs-connectors==0.9.0
 fi
 "$python" -m pip install -q --disable-pip-version-check .
-command -v draftfeed >/dev/null || { echo "draftfeed is not on PATH after pip install ." >&2; exit 1; }
+# pyenv reaches new programs through shims: make one for `draftfeed`.
+if command -v pyenv >/dev/null; then pyenv rehash || true; fi
+scripts=$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+[ -x "$scripts/draftfeed" ] || { echo "pip install . did not install $scripts/draftfeed" >&2; exit 1; }
+"$python" -c 'import draftfeed._core' || { echo "pip install . did not install draftfeed._core" >&2; exit 1; }
