@@ -48,7 +48,9 @@ Faults are tried in the order below; a request gets at most one.
   nan / inf     a file with NaN / +Inf at [position 0, "layer" (default 0), h 0]
   lock_hold     answer at once, hold the file's lock "seconds" (default 30), then write it
 The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal with that median and
-99th percentile (constant when p99 <= median), slept before each generation answer.
+99th percentile (constant when p99 <= median), slept before each generation answer. With
+"keyed": true the draw is a function of (seed, prompt ids), so a prompt takes the same time in
+every run (benchmarks compare runs on equal work).
 
 `GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
 (TCP connections accepted), in_flight, max_in_flight (generation requests being served at once),
@@ -72,6 +74,7 @@ import random
 import signal
 import sys
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +155,11 @@ class SimServer:
         self.counter = 0
         self.faults: dict[str, Fault] = {}
         self.latency = (0.0, 0.0)
+        self.latency_keyed = False
         self.set_faults(json.loads(args.faults) if args.faults else {})
         if args.latency_median is not None:
             self.latency = (args.latency_median, args.latency_p99 or args.latency_median)
+            self.latency_keyed = args.latency_keyed
         self.reset_stats()
         self.pending_writes: set[asyncio.Future] = set()
         self.write_lock = threading.Lock()
@@ -163,14 +168,17 @@ class SimServer:
     def set_faults(self, spec: dict[str, Any]) -> None:
         faults = {}
         latency = (0.0, 0.0)
+        keyed = False
         for name, value in spec.items():
             if name == "latency":
                 median = float(value.get("median", 0.0))
                 latency = (median, float(value.get("p99", median)))
+                keyed = bool(value.get("keyed", False))
                 continue
             faults[name] = Fault(name, value)
         self.faults = faults
         self.latency = latency
+        self.latency_keyed = keyed
 
     def reset_stats(self) -> None:
         self.stats: dict[str, Any] = {
@@ -188,14 +196,18 @@ class SimServer:
             "handles": [],
         }
 
-    def sample_latency(self) -> float:
+    def sample_latency(self, ids: list[int]) -> float:
         median, p99 = self.latency
         if median <= 0:
             return 0.0
         if p99 <= median:
             return median
         sigma = math.log(p99 / median) / 2.3263478740408408
-        return median * math.exp(sigma * self.rng.gauss(0.0, 1.0))
+        rng = self.rng
+        if self.latency_keyed:
+            key = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes(), self.seed)
+            rng = random.Random(key)
+        return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 
     def pick_fault(self) -> Fault | None:
         for name in FAULT_ORDER:
@@ -339,7 +351,7 @@ class SimServer:
             return self.bad_request("expected max_tokens=1 and return_token_ids=true")
 
         fault = self.pick_fault()
-        latency = self.sample_latency()
+        latency = self.sample_latency(ids)
         self.stats["service_seconds"] += latency
         if latency > 0:
             await asyncio.sleep(latency)
@@ -395,7 +407,8 @@ class SimServer:
     async def get_faults(self, request: web.Request) -> web.Response:
         out: dict[str, Any] = {name: f.params for name, f in self.faults.items()}
         if self.latency[0] > 0:
-            out["latency"] = {"median": self.latency[0], "p99": self.latency[1]}
+            out["latency"] = {"median": self.latency[0], "p99": self.latency[1],
+                              "keyed": self.latency_keyed}
         return web.json_response(out)
 
     async def post_faults(self, request: web.Request) -> web.Response:
@@ -490,6 +503,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="remove the lock file after writing (default: leave it to the reader)")
     p.add_argument("--latency-median", type=float, help="median service time, seconds")
     p.add_argument("--latency-p99", type=float, help="99th percentile service time, seconds")
+    p.add_argument("--latency-keyed", action="store_true",
+                   help="draw each prompt's latency from (seed, prompt ids): equal across runs")
     p.add_argument("--faults", help='JSON, e.g. \'{"http_503": {"first": 2}, "nan": {"prob": 0.1}}\'')
     return p.parse_args(argv)
 

@@ -6,6 +6,7 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/online/online_source.h"
 #include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/epoch_plan.h"
 #include "draftfeed/pipeline/host_memory.h"
@@ -39,6 +40,11 @@ int run_loader(const LoaderRunConfig& config) {
 
   std::int64_t hidden = config.hidden_size.value_or(0);
   std::int64_t layers = config.layers.value_or(0);
+  const bool online = !config.endpoints.empty();
+  if (online) {
+    require(hidden > 0 && layers > 0, ErrorKind::kInvalidArgument,
+            "online runs need --hidden-size and --layers (the cache may be empty)");
+  }
   if (hidden == 0 || layers == 0) {
     const auto geometry = probe_cache_geometry(hs_path, train);
     require(geometry.has_value(), ErrorKind::kNotFound,
@@ -60,10 +66,25 @@ int run_loader(const LoaderRunConfig& config) {
   CacheStoreOptions store_options;
   store_options.root = hs_path;
   auto store = std::make_shared<const CacheStore>(store_options);
-  auto source = std::make_shared<CacheSampleSource>(store, parse_on_missing(config.on_missing));
+  std::shared_ptr<SampleSource> source =
+      std::make_shared<CacheSampleSource>(store, parse_on_missing(config.on_missing));
+  std::shared_ptr<OnlineSampleSource> online_source;
+  if (online) {
+    OnlineSourceOptions online_options;
+    online_options.hidden_states_path = hs_path;
+    online_options.server_dir = config.server_dir;
+    online_options.on_generate = parse_on_generate(config.on_generate);
+    online_options.client.endpoints = config.endpoints;
+    online_options.client.model = config.model;
+    online_options.client.concurrency = config.concurrency;
+    online_options.client.request_timeout = std::chrono::duration<double>(config.request_timeout);
+    online_source = std::make_shared<OnlineSampleSource>(online_options);
+    source = online_source;
+  }
 
   PipelineOptions options;
-  options.num_threads = config.threads;
+  // A fetch blocks its thread for a whole request: online runs get a thread per request in flight.
+  options.num_threads = config.threads + (online ? config.concurrency : 0);
   options.prefetch = config.prefetch;
   options.in_order = config.in_order;
   options.noise = config.noise_std > 0;
@@ -111,6 +132,20 @@ int run_loader(const LoaderRunConfig& config) {
         stream_pass(val_pipeline, "val", 0, planned_batches(plan, val), config.progress);
     if (!config.json) print_summary(s);
     report["passes"].push_back(nlohmann::json::parse(summary_json(s)));
+  }
+  if (online_source) {
+    const OnlineSourceStats online_stats = online_source->stats();
+    report["online"] = {{"generated", online_stats.generated},
+                        {"exhausted", online_stats.exhausted},
+                        {"requests", online_stats.client.requests},
+                        {"max_in_flight", online_stats.client.max_in_flight}};
+    if (!config.json) {
+      std::printf("online    %lld generated, %lld failed, %lld requests, max %lld in flight\n",
+                  static_cast<long long>(online_stats.generated),
+                  static_cast<long long>(online_stats.exhausted),
+                  static_cast<long long>(online_stats.client.requests),
+                  static_cast<long long>(online_stats.client.max_in_flight));
+    }
   }
   report["peak_rss_bytes"] = peak_rss_bytes();
   report["pool_bytes"] = train_pipeline.pool_bytes() + val_pipeline.pool_bytes();

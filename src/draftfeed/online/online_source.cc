@@ -159,6 +159,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
                                    "row " + std::to_string(row) + ": " + generation.message);
     }
     if (generation.fatal()) {
+      client_.cancel();  // the run ends: other rows' requests and backoff sleeps end now too
       std::lock_guard lock(mutex_);
       ++stats_.failures.request[static_cast<std::size_t>(generation.failure)];
       stats_.fatal = true;
@@ -212,6 +213,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     stats_.fatal = true;
     stats_.fatal_message = message;
   }
+  if (fatal) client_.cancel();  // the run ends: other rows' requests end now too
   if (options_.log_failures) warn(message);
   return FetchOutcome::dropped(DropReason::kGenerationFailed, message, fatal);
 }

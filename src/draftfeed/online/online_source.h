@@ -16,7 +16,8 @@
 //      logged; it is fatal (the run stops and the message reaches the consumer) with
 //      fail_on_hidden_state_error, or when max_consecutive_generation_failures rows in a row were
 //      exhausted (rows counted in completion order; any success resets the count). A server that
-//      serves the wrong model is fatal at once.
+//      serves the wrong model is fatal at once. A fatal outcome cancels the source (see cancel()),
+//      so the other rows' requests end at once instead of running out their retries.
 //
 // fetch() blocks its caller for the whole round trip; requests in flight are bounded by the
 // client's `concurrency`, so the pipeline running this source needs at least that many threads

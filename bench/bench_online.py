@@ -1,0 +1,162 @@
+"""Online generation: an epoch whose hidden states all come from a (simulated) vLLM server with a
+heavy-tailed service time, draftfeed against the reference loader, side by side in one run.
+
+    DRAFTFEED_DEV_BUILD=build PYTHONPATH=python python bench/bench_online.py \
+        [--rows 320] [--concurrency 16] [--median 0.5] [--p99 10] [--out DIR]
+
+The server (tools/sim_vllm_server.py) sleeps a lognormal time per request (median 0.5 s, p99 10 s by
+default) keyed by the prompt, so every run does exactly the same work; nothing is cached (each run
+starts from an empty cache and deletes what it generated, as the reference does). Runs:
+  * reference: speculators' create_train_val_loaders(on_missing="generate") with num_workers =
+    concurrency (each worker fetches its batch's samples one after another), prefetch_factor 4;
+  * draftfeed in order and as ready (in_order=False): Loader(source=OnlineSource(fetch_threads =
+    concurrency)), every sample of the prefetched batches in flight at once up to the bound;
+  * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss).
+Each loader runs --epochs epochs (default 2): epoch 0 includes start-up (the reference spawns its
+workers and re-imports torch in each), epoch 1 reuses the persistent workers. Prints each epoch's
+wall time, the time to its first batch and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tools"))
+import draftfeed  # noqa: E402
+from bench_common import machine, print_table, time_epoch  # noqa: E402
+from sim_vllm_process import SimServerProcess  # noqa: E402
+
+
+def reference_epoch(args, data: str, url: str, cache: str) -> dict:
+    import inspect
+
+    from hs_connectors import FileTransfer
+    from speculators.train.dataloader import create_train_val_loaders
+
+    options = dict(
+        data_path=data, total_seq_len=args.max_len, hidden_states_dtype=torch.bfloat16,
+        transfer=FileTransfer(Path(cache)), vllm_endpoint=url, on_missing="generate",
+        verifier_name_or_path=None, request_timeout=120.0, max_retries=3,
+        generation_validation_retries=2, max_consecutive_generation_failures=20,
+        hidden_size=args.hidden_size, num_target_layers=3, num_workers=args.concurrency,
+        prefetch_factor=4, preprocess=None, train_data_ratio=0.9, noise_std=0.0,
+    )
+    accepted = inspect.signature(create_train_val_loaders).parameters
+    train, _ = create_train_val_loaders(**{k: v for k, v in options.items() if k in accepted})
+    results = []
+    for epoch in range(args.epochs):
+        train.batch_sampler.set_epoch(epoch)
+        results.append(time_epoch(train))
+    del train
+    return results
+
+
+def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_order: bool) -> dict:
+    source = draftfeed.online.OnlineSource(
+        url, hidden_states_path=cache, server_dir=server_dir, on_generate="delete",
+        fetch_threads=args.concurrency)
+    loader = draftfeed.Loader(
+        data, hidden_size=args.hidden_size, total_seq_len=args.max_len, split="train",
+        train_ratio=0.9, num_target_layers=3, noise_std=0.0, in_order=in_order,
+        prefetch=args.prefetch, num_threads=draftfeed.online.loader_threads(source),
+        pin_memory=False, source=source)
+    results = []
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        results.append(time_epoch(loader))
+        if results[-1]["tokens"] == 0:
+            raise SystemExit(f"draftfeed generated nothing: {source.stats()}")
+    loader.close()
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=320)
+    p.add_argument("--min-len", type=int, default=32)
+    p.add_argument("--max-len-row", type=int, default=256, help="longest row")
+    p.add_argument("--max-len", type=int, default=1024, help="tokens per batch (total_seq_len)")
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--prefetch", type=int, default=16, help="draftfeed batch buffers")
+    p.add_argument("--median", type=float, default=0.5)
+    p.add_argument("--p99", type=float, default=10.0)
+    p.add_argument("--epochs", type=int, default=2,
+                   help="epochs per loader: the first includes start-up (the reference spawns its"
+                   " workers), later ones reuse the persistent workers")
+    p.add_argument("--skip-reference", action="store_true")
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args()
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="bench_online_") as tmp:
+        data = os.path.join(tmp, "data")
+        draftfeed.write_synthetic_dataset(data, args.rows, seed=0, min_len=args.min_len,
+                                          max_len=args.max_len_row)
+        server_dir = os.path.join(tmp, "server")
+        latency = {"median": args.median, "p99": args.p99, "keyed": True}
+        with SimServerProcess(server_dir, hidden=args.hidden_size, layers=4) as sim:
+            sim.set_faults({"latency": latency})
+            runs = []
+            plan = [("draftfeed in order", True), ("draftfeed as ready", False)]
+            if not args.skip_reference:
+                plan.insert(0, ("reference", None))
+            for name, in_order in plan:
+                sim.reset(connections=True)
+                cache = os.path.join(tmp, "cache_" + name.replace(" ", "_"))
+                start = time.perf_counter()
+                if in_order is None:
+                    epochs = reference_epoch(args, data, sim.url, cache)
+                else:
+                    epochs = draftfeed_epoch(args, data, sim.url, cache, server_dir, in_order)
+                stats = sim.stats()
+                for epoch, result in enumerate(epochs):
+                    result.update(name=f"{name}, epoch {epoch}", epoch=epoch)
+                    runs.append(result)
+                summary = dict(requests=stats["completions"], service_seconds=stats["service_seconds"],
+                               max_in_flight=stats["max_in_flight"], connections=stats["connections"],
+                               wall=time.perf_counter() - start)
+                for result in runs[-len(epochs):]:
+                    result.update(summary)
+                times = " + ".join(f"{r['seconds']:.1f}" for r in epochs)
+                print(f"{name}: {times} s, "
+                      f"{summary['requests']} requests, max {summary['max_in_flight']} in flight, "
+                      f"{summary['connections']} connections", flush=True)
+
+    # Every run makes the same requests (nothing is cached), each taking its keyed time.
+    service = runs[-1]["service_seconds"] / args.epochs
+    ideal = service / args.concurrency
+    print()
+    print(machine())
+    print(f"{args.rows} rows ({args.min_len}-{args.max_len_row} tokens), H={args.hidden_size}, L=4 bf16, "
+          f"total_seq_len {args.max_len}; latency lognormal median {args.median} s p99 {args.p99} s "
+          f"(keyed by prompt); concurrency {args.concurrency}; draftfeed prefetch {args.prefetch}")
+    print(f"ideal: {service:.1f} s of service / {args.concurrency} = {ideal:.1f} s")
+    rows = []
+    reference = {r["epoch"]: r for r in runs if r["name"].startswith("reference")}
+    for r in runs:
+        ref = reference.get(r["epoch"])
+        rows.append((r["name"], f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}", r["batches"],
+                     f"{r['seconds'] / ideal:.2f}",
+                     f"{ref['seconds'] / r['seconds']:.2f}" if ref else "-"))
+    print_table(rows, ("run", "epoch s", "first batch s", "batches", "x ideal",
+                       "reference / this (same epoch)"))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        with open(Path(args.out) / "online.json", "w") as f:
+            json.dump(dict(args=vars(args), ideal_seconds=ideal, runs=runs, machine=machine()), f,
+                      indent=2)
+
+
+if __name__ == "__main__":
+    main()
