@@ -210,3 +210,15 @@ def test_sync_failure_agrees_across_ranks(tmp_path):
     while not context.join(timeout=1):
         assert time.monotonic() < deadline, "sync_failure hung"
     assert results[0] == results[1] == [False, True, False, True]
+
+
+def test_bench_command_runs_online(run_cli_json, data, clean_sim, tmp_path):
+    report = run_cli_json("bench", str(data), "--endpoint", clean_sim.url, "--hidden-states",
+                          str(tmp_path / "cache"), "--server-dir", str(clean_sim.server_dir),
+                          "--hidden-size", str(HIDDEN), "--layers", str(LAYERS), "--max-len", "256",
+                          "--concurrency", "4", "--noise-std", "0")
+    # The training epoch and the validation pass together fetch every row once.
+    assert report["online"]["generated"] == ROWS and report["online"]["exhausted"] == 0
+    assert report["online"]["max_in_flight"] <= 4
+    assert sum(p["dropped"]["generation_failed"] for p in report["passes"]) == 0
+    assert clean_sim.stats()["completions"] == ROWS
