@@ -44,6 +44,49 @@ def warm_page_cache(path: str) -> int:
 
 def _tree_rss_bytes(pid: int) -> int:
     """RSS of a process and all its descendants, from /proc."""
+    total = 0
+    for p in [pid, *_descendants(pid)]:
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return total
+
+
+def tree_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by this process tree: the process itself, its reaped
+    children (os.times), and every live descendant with the children it reaped, from /proc.
+
+    The difference of two calls counts a worker that lived through both, one born in between, and
+    one that ended and was reaped in between alike. Spawned DataLoader workers are not reaped until
+    the loader is destroyed, so os.times() alone misses all of their work."""
+    pid = os.getpid() if pid is None else pid
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    if pid == os.getpid():
+        t = os.times()
+        total += t.user + t.system + t.children_user + t.children_system
+    else:
+        total += _proc_cpu_seconds(pid, tick)
+    for child in _descendants(pid):
+        total += _proc_cpu_seconds(child, tick)
+    return total
+
+
+def _proc_cpu_seconds(pid: int, tick: int) -> float:
+    """utime + stime + cutime + cstime of one process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the command name: state is fields[0], so utime..cstime (stat fields 14-17) are [11:15].
+    return sum(int(x) for x in fields[11:15]) / tick
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -54,39 +97,58 @@ def _tree_rss_bytes(pid: int) -> int:
             children.setdefault(int(fields[1]), []).append(int(entry))
         except OSError:
             continue
-    total, stack = 0, [pid]
+    found, stack = [], list(children.get(pid, []))
     while stack:
         p = stack.pop()
+        found.append(p)
+        stack.extend(children.get(p, []))
+    return found
+
+
+def _tree_pss_bytes(pid: int) -> int:
+    """PSS of a process and all its descendants: pages shared between them (torch's libraries in
+    every worker, shared-memory batches) are counted once in total, not once per process."""
+    total = 0
+    for p in [pid, *_descendants(pid)]:
         try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
         except OSError:
             pass
-        stack.extend(children.get(p, []))
     return total
 
 
 class TreeMemory:
-    """Samples the RSS of this process tree every 50 ms; `peak` is the largest sum seen."""
+    """Samples the memory of this process tree every 50 ms: `peak` is the largest RSS sum seen (the
+    lead's original figure), `peak_pss` the largest PSS sum (shared pages counted once)."""
 
     def __init__(self) -> None:
         self.peak = 0
+        self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        self.peak = max(self.peak, _tree_rss_bytes(os.getpid()))
+        self.peak_pss = max(self.peak_pss, _tree_pss_bytes(os.getpid()))
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, _tree_rss_bytes(os.getpid()))
+            self._sample()
             self._stop.wait(0.05)
 
     def __enter__(self) -> TreeMemory:
-        self.peak = _tree_rss_bytes(os.getpid())
+        self._sample()
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample()
 
 
 def time_epoch(loader, *, hidden_keys=("hidden_states", "verifier_last_hidden_states")) -> dict:

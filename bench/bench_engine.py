@@ -1,6 +1,6 @@
 """The engine against the reference loader, side by side in one run on the same data in page cache.
 
-    python bench/bench_engine.py [--rows 160] [--hidden-size 4096] [--workers 2] [--out DIR]
+    python bench/bench_engine.py [--rows 160] [--hidden-size 4096] [--workers 2] [--epochs 1] [--out DIR]
 
 Both sides go through their `create_train_val_loaders` with the reference's default arguments, scaled
 to this machine (num_workers = cores), H = 4096, 4 layers, bf16, total_seq_len 8192, noise off on both
@@ -18,12 +18,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_common import (  # noqa: E402
-    TreeMemory, machine, make_cached_dataset, print_table, reference_train_loader, time_epoch, warm_page_cache,
+    TreeMemory, machine, make_cached_dataset, print_table, reference_train_loader, time_epoch, tree_cpu_seconds,
+    warm_page_cache,
 )
 
 
@@ -38,18 +40,35 @@ def loader_args(path: str, hidden_size: int, workers: int, noise_std: float) -> 
     )
 
 
-def run_side(name: str, make) -> dict:
+def run_side(name: str, make, epochs: int = 1) -> dict:
+    """Creates the loaders and iterates `epochs` training epochs (set_epoch(e) before each, as the
+    trainer does). The top-level keys are epoch 0's (time to first batch includes creating the
+    loaders, so the reference's worker start-up is in it); `epochs` lists every epoch: later ones
+    reuse the reference's persistent workers, so they show the steady rate. CPU seconds are the
+    whole process tree's (workers included)."""
     gc.collect()
-    cpu0 = os.times()
+    cpu_start = tree_cpu_seconds()
+    per_epoch = []
     with TreeMemory() as memory:
+        start = time.perf_counter()
         loaders = make()
-        result = time_epoch(loaders[0])
-        del loaders  # joins the reference's worker processes, so their CPU time is counted below
+        startup = time.perf_counter() - start
+        for epoch in range(epochs):
+            loaders[0].batch_sampler.set_epoch(epoch)
+            cpu0 = tree_cpu_seconds()
+            result = time_epoch(loaders[0])
+            result["cpu_seconds"] = tree_cpu_seconds() - cpu0
+            per_epoch.append(result)
+        cpu_total = tree_cpu_seconds() - cpu_start  # before `del`: the workers are still alive
+        del loaders  # joins the reference's worker processes
         gc.collect()
-    cpu1 = os.times()
-    result["cpu_seconds"] = sum(getattr(cpu1, f) - getattr(cpu0, f)
-                                for f in ("user", "system", "children_user", "children_system"))
+    result = dict(per_epoch[0])
+    result["first_batch"] += startup
+    result["startup_seconds"] = startup
+    result["cpu_seconds"] = cpu_total
     result["peak_tree_rss"] = memory.peak
+    result["peak_tree_pss"] = memory.peak_pss
+    result["epochs"] = per_epoch
     result["name"] = name
     return result
 
@@ -61,6 +80,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_engine"))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="training epochs per loader (later epochs reuse the reference's workers)")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -68,12 +89,17 @@ def main() -> None:
         # One side in its own process, so peak memory is its own process tree's.
         from draftfeed.speculators import create_train_val_loaders as ours
 
+        # A trainer has imported speculators before it makes its loaders (both sides touch it:
+        # draftfeed's drop-in checks `preprocess` against speculators' own functions), so the
+        # seconds of that import are not loader start-up and stay out of the time to first batch.
+        import speculators.train.dataloader  # noqa: F401
+
         sides = {
             "reference": lambda: reference_train_loader(loader_args(args.data, args.hidden_size, args.workers, 0.0)),
             "draftfeed": lambda: ours(**loader_args(args.data, args.hidden_size, args.workers, 0.0)),
             "draftfeed+noise": lambda: ours(**loader_args(args.data, args.hidden_size, args.workers, 0.05)),
         }
-        print(json.dumps(run_side(args.side, sides[args.side])))
+        print(json.dumps(run_side(args.side, sides[args.side], args.epochs)))
         return
 
     spec = make_cached_dataset(args.data, rows=args.rows, hidden_size=args.hidden_size)
@@ -84,7 +110,7 @@ def main() -> None:
     for side in ("reference", "draftfeed", "draftfeed+noise"):
         proc = subprocess.run(
             [sys.executable, __file__, "--side", side, "--data", args.data, "--hidden-size", str(args.hidden_size),
-             "--workers", str(args.workers)],
+             "--workers", str(args.workers), "--epochs", str(args.epochs)],
             capture_output=True, text=True, timeout=3600,
         )
         if proc.returncode != 0:
