@@ -324,6 +324,20 @@ def render_markdown(title: str, headers: tuple, rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def markdown_header(results: dict) -> str:
+    """Where and how the figures below were made, for the README."""
+    m = results["machine"]
+    return "\n".join([
+        f"Command: `{results['command'].strip()}` ({results['seconds'] / 60:.1f} minutes).  ",
+        f"Machine: {m['cores']} cores, {m['cpu']}, {m['memory_gb']} GB RAM, {m['os']}; Python {m['python']}, "
+        f"torch {m['torch']}, speculators {m['speculators']}, hs-connectors {m['hs_connectors']}; "
+        f"draftfeed {m['draftfeed_commit']}.  ",
+        f"Date: {m['date']}; load average {results['load_before']:.2f} at the start, "
+        f"{results['load_after']:.2f} at the end (the machine is shared).",
+        *(f"Failed: {e.splitlines()[0]}  " for e in results["errors"]),
+    ])
+
+
 # ---------------------------------------------------------------- main
 def parse_args() -> argparse.Namespace:
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
@@ -407,7 +421,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / f"{args.name}.md").write_text("\n\n".join(render_markdown(*t) for t in rendered) + "\n")
+    (out / f"{args.name}.md").write_text(markdown_header(results) + "\n\n"
+                                         + "\n\n".join(render_markdown(*t) for t in rendered) + "\n")
     plot_results(results, out / f"{args.name}.png")
     print(f"wrote {out / args.name}.json, .md, .png")
     for e in results["errors"]:
