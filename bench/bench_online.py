@@ -8,10 +8,12 @@ The server (tools/sim_vllm_server.py) sleeps a lognormal time per request (media
 default) keyed by the prompt, so every run does exactly the same work; nothing is cached (each run
 starts from an empty cache and deletes what it generated, as the reference does). Runs:
   * reference: speculators' create_train_val_loaders(on_missing="generate") with num_workers =
-    concurrency (each worker fetches its batch's samples one after another), prefetch_factor 4;
+    concurrency (each worker fetches its batch's samples one after another), prefetch_factor 4,
+    in order, and the same loader's parts in a DataLoader(in_order=False) (as ready);
   * draftfeed in order and as ready (in_order=False): Loader(source=OnlineSource(fetch_threads =
     concurrency)), every sample of the prefetched batches in flight at once up to the bound;
-  * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss).
+  * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss); the
+    longest single request is printed beside it (no epoch can end before it does).
 Each loader runs --epochs epochs (default 2): epoch 0 includes start-up (the reference spawns its
 workers and re-imports torch in each), epoch 1 reuses the persistent workers. Prints each epoch's
 wall time, the time to its first batch and the ratios.
@@ -37,7 +39,7 @@ from bench_common import machine, print_table, time_epoch  # noqa: E402
 from sim_vllm_process import SimServerProcess  # noqa: E402
 
 
-def reference_epoch(args, data: str, url: str, cache: str) -> dict:
+def reference_epoch(args, data: str, url: str, cache: str, in_order: bool = True) -> dict:
     import inspect
 
     from hs_connectors import FileTransfer
@@ -53,6 +55,17 @@ def reference_epoch(args, data: str, url: str, cache: str) -> dict:
     )
     accepted = inspect.signature(create_train_val_loaders).parameters
     train, _ = create_train_val_loaders(**{k: v for k, v in options.items() if k in accepted})
+    if not in_order:
+        # The same dataset, sampler, collate function and worker set-up, delivered as ready
+        # (torch's DataLoader(in_order=False), which SPEC §6 names for heavy-tailed fetches).
+        from torch.utils.data import DataLoader
+
+        train = DataLoader(
+            train.dataset, batch_sampler=train.batch_sampler, num_workers=train.num_workers,
+            prefetch_factor=train.prefetch_factor, pin_memory=train.pin_memory,
+            collate_fn=train.collate_fn, persistent_workers=True,
+            multiprocessing_context=train.multiprocessing_context,
+            worker_init_fn=train.worker_init_fn, in_order=False)
     results = []
     for epoch in range(args.epochs):
         train.batch_sampler.set_epoch(epoch)
@@ -110,13 +123,14 @@ def main() -> None:
             runs = []
             plan = [("draftfeed in order", True), ("draftfeed as ready", False)]
             if not args.skip_reference:
-                plan.insert(0, ("reference", None))
-            for name, in_order in plan:
+                plan[:0] = [("reference in order", "ref", True), ("reference as ready", "ref", False)]
+            plan = [p if len(p) == 3 else (p[0], "draftfeed", p[1]) for p in plan]
+            for name, side, in_order in plan:
                 sim.reset(connections=True)
                 cache = os.path.join(tmp, "cache_" + name.replace(" ", "_"))
                 start = time.perf_counter()
-                if in_order is None:
-                    epochs = reference_epoch(args, data, sim.url, cache)
+                if side == "ref":
+                    epochs = reference_epoch(args, data, sim.url, cache, in_order)
                 else:
                     epochs = draftfeed_epoch(args, data, sim.url, cache, server_dir, in_order)
                 stats = sim.stats()
@@ -124,6 +138,7 @@ def main() -> None:
                     result.update(name=f"{name}, epoch {epoch}", epoch=epoch)
                     runs.append(result)
                 summary = dict(requests=stats["completions"], service_seconds=stats["service_seconds"],
+                               longest_request=stats["max_service_seconds"],
                                max_in_flight=stats["max_in_flight"], connections=stats["connections"],
                                wall=time.perf_counter() - start)
                 for result in runs[-len(epochs):]:
@@ -141,16 +156,21 @@ def main() -> None:
     print(f"{args.rows} rows ({args.min_len}-{args.max_len_row} tokens), H={args.hidden_size}, L=4 bf16, "
           f"total_seq_len {args.max_len}; latency lognormal median {args.median} s p99 {args.p99} s "
           f"(keyed by prompt); concurrency {args.concurrency}; draftfeed prefetch {args.prefetch}")
-    print(f"ideal: {service:.1f} s of service / {args.concurrency} = {ideal:.1f} s")
+    longest = runs[-1]["longest_request"]
+    print(f"ideal: {service:.1f} s of service / {args.concurrency} = {ideal:.1f} s; longest request "
+          f"{longest:.1f} s, so no schedule ends before {max(ideal, longest):.1f} s, and list scheduling "
+          f"in plan order (durations unknown) guarantees {ideal + longest:.1f} s")
     rows = []
-    reference = {r["epoch"]: r for r in runs if r["name"].startswith("reference")}
+    # Each run against the reference with the same delivery order, same epoch.
+    reference = {(r["name"].split(",")[0].split(" ", 1)[1], r["epoch"]): r
+                 for r in runs if r["name"].startswith("reference")}
     for r in runs:
-        ref = reference.get(r["epoch"])
+        ref = reference.get((r["name"].split(",")[0].split(" ", 1)[1], r["epoch"]))
         rows.append((r["name"], f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}", r["batches"],
                      f"{r['seconds'] / ideal:.2f}",
                      f"{ref['seconds'] / r['seconds']:.2f}" if ref else "-"))
     print_table(rows, ("run", "epoch s", "first batch s", "batches", "x ideal",
-                       "reference / this (same epoch)"))
+                       "reference / this (same order, same epoch)"))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         with open(Path(args.out) / "online.json", "w") as f:

@@ -55,7 +55,7 @@ every run (benchmarks compare runs on equal work).
 `GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
 (TCP connections accepted), in_flight, max_in_flight (generation requests being served at once),
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
-slept in total), handles (every handle answered, in order), pending_writes (files still to be
+slept in total), max_service_seconds (the longest one), handles (every handle answered, in order), pending_writes (files still to be
 written after their answer). `POST /admin/reset` zeroes them.
 
 Listens on 127.0.0.1 only. --port 0 picks a free port; the port is printed
@@ -193,6 +193,7 @@ class SimServer:
             "ok": 0,
             "files_written": 0,
             "service_seconds": 0.0,
+            "max_service_seconds": 0.0,
             "handles": [],
         }
 
@@ -353,6 +354,7 @@ class SimServer:
         fault = self.pick_fault()
         latency = self.sample_latency(ids)
         self.stats["service_seconds"] += latency
+        self.stats["max_service_seconds"] = max(self.stats["max_service_seconds"], latency)
         if latency > 0:
             await asyncio.sleep(latency)
         name = fault.name if fault is not None else None
