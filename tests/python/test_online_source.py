@@ -482,3 +482,41 @@ def test_cancel_ends_a_stalled_request_at_once(sim, dataset, folders):
     assert time.monotonic() - start < 5
     assert not result["ok"] and "cancel" in result["message"]
     assert source.stats()["exhausted"] == 0, "a cancelled fetch is not a generation failure"
+
+
+# -- the client alone: the chat request (multimodal rows; not yet wired to dataset rows) --
+
+
+def test_chat_request_round_trip(sim, tmp_path):
+    import json
+
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}},
+                                             {"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": "ok!"}]
+    ids = np.array([ord(c) for c in "hiok!"], dtype=np.int64)  # the simulated server's tokenizer
+    client = draftfeed._core.VllmClient([sim.url], retry_backoff=0.01)
+    result = client.generate_chat(json.dumps(messages), ids)
+    assert result["ok"], result["message"]
+    assert os.path.dirname(result["handle"]) == str(sim.server_dir)
+    assert draftfeed.validate_hidden_states(result["handle"], ids)["ok"]
+    assert sim.stats()["chat"] == 1
+    wrong = client.generate_chat(json.dumps(messages), ids[:-1])
+    assert wrong["failure"] == "invalid response" and wrong["problem"] == "prompt ids mismatch"
+    assert wrong["attempts"] == 1, "an invalid response is not retried"
+    bad = client.generate_chat('{"not": "a list"}', ids)
+    assert not bad["ok"] and "JSON array" in bad["message"]
+
+
+def test_client_retries_with_exponential_backoff(sim):
+    sim.set_faults({"http_503": {"first": 3}})
+    client = draftfeed._core.VllmClient([sim.url], retry_backoff=0.1, max_retries=3)
+    start = time.monotonic()
+    result = client.generate(np.arange(1, 5, dtype=np.int64))
+    elapsed = time.monotonic() - start
+    assert result["ok"] and result["attempts"] == 4
+    assert 0.7 <= elapsed < 5, "sleeps of 0.1, 0.2 and 0.4 s before the retries"
+    sim.set_faults({"http_503": {"first": 2}})
+    short = draftfeed._core.VllmClient([sim.url], retry_backoff=0.01, max_retries=1)
+    failed = short.generate(np.arange(1, 5, dtype=np.int64))
+    assert failed["failure"] == "retries exhausted" and failed["attempts"] == 2
+    assert "HTTP 503" in failed["message"]

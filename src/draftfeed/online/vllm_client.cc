@@ -110,16 +110,16 @@ GenerationResult VllmClient::run(RequestKind kind, std::string_view payload,
       return result;
     }
     bool retryable = false;
+    take_slot();  // first: the endpoint is chosen when the request can go, by the load then
     {
       EndpointSet::Lease lease = endpoints_.acquire();
       result.endpoint = lease.endpoint().pool.base_url();
       result.attempts = attempt;
-      take_slot();
       if (ensure_model(lease, result, retryable)) {
         retryable = attempt_once(lease, kind, payload, ids, result);
       }
-      give_slot();
     }
+    give_slot();
     if (result.ok() || !retryable) return result;
     if (attempt < total) {
       {
@@ -167,11 +167,14 @@ bool VllmClient::ensure_model(EndpointSet::Lease& lease, GenerationResult& resul
     }
     if (http.outcome == HttpResult::Outcome::kTimeout) ++counts_.timeouts;
     if (http.outcome == HttpResult::Outcome::kTransport) ++counts_.transport_errors;
+    if (http.outcome == HttpResult::Outcome::kTooLarge) ++counts_.too_large;
     if (http.outcome == HttpResult::Outcome::kResponse) {
       ++(retryable_status(http.status) ? counts_.http_retryable : counts_.http_other);
     }
     result.failure = server_failure ? GenerationResult::Failure::kExhausted
-                                    : GenerationResult::Failure::kHttpStatus;
+                     : http.outcome == HttpResult::Outcome::kTooLarge
+                         ? GenerationResult::Failure::kInvalidResponse
+                         : GenerationResult::Failure::kHttpStatus;
     result.message = "GET " + url + ": " +
                      (http.outcome == HttpResult::Outcome::kResponse
                           ? "HTTP " + std::to_string(http.status) + ": " + clipped(http.body)
