@@ -68,7 +68,10 @@ def _online(ax, online: dict) -> None:
     bars = ax.bar(range(len(runs)), [r["seconds"] for r in runs], color=colors)
     ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.axhline(online["ideal_seconds"], color="k", linestyle="--", label="ideal (service time / concurrency)")
-    short = [r["name"].replace("draftfeed ", "").replace("reference", "ref").replace(", epoch ", "\nepoch ")
+    longest = max((r.get("longest_request", 0.0) for r in runs), default=0.0)
+    if longest:
+        ax.axhline(longest, color="k", linestyle=":", label="longest single request")
+    short = [r["name"].replace("draftfeed ", "df\n").replace("reference ", "ref\n").replace(", epoch ", "\nepoch ")
              for r in runs]
     ax.set_xticks(range(len(runs)), short, fontsize=7)
     ax.set_ylabel("epoch seconds")
@@ -99,10 +102,14 @@ def speedups(results: dict) -> list[tuple[str, float]]:
         out.append((f"planner, {planner['world_size']} ranks", planner["plan"]["speedup_all_ranks"]))
     online = results.get("online") or {}
     if online.get("status") == "done":
-        ref = {r["epoch"]: r for r in online["runs"] if r["name"].startswith("reference")}
+        def key(r: dict) -> tuple[bool, int]:  # the reference's run with the same order and epoch
+            return "as ready" in r["name"], r["epoch"]
+
+        ref = {key(r): r for r in online["runs"] if r["name"].startswith("reference")}
         for r in online["runs"]:
-            if "as ready" in r["name"] and r["epoch"] in ref:
-                out.append((f"online as ready, epoch {r['epoch']}", ref[r["epoch"]]["seconds"] / r["seconds"]))
+            if r["name"].startswith("draftfeed") and key(r) in ref:
+                label = r["name"].replace("draftfeed ", "online ")
+                out.append((label, ref[key(r)]["seconds"] / r["seconds"]))
     return out
 
 
