@@ -23,6 +23,7 @@
 
 #include "bindings.h"
 #include "draftfeed/common/dtype.h"
+#include "draftfeed/online/lookahead.h"
 #include "draftfeed/online/online_source.h"
 #include "sample_source.h"
 
@@ -33,6 +34,7 @@ using Int64Input = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb
 
 struct PyOnlineSource : PySampleSource {
   std::shared_ptr<OnlineSampleSource> online;
+  std::shared_ptr<LookaheadSource> lookahead;  // null when off; else `source` is this
 };
 
 nb::dict client_stats(const VllmClientStats& c) {
@@ -214,7 +216,8 @@ void init_online(nb::module_& m) {
              int max_consecutive_generation_failures, bool fail_on_hidden_state_error,
              int fetch_threads, bool keepalive, const std::string& server_dir, double lock_timeout,
              double lock_poll, std::uint64_t max_response_bytes, std::uint64_t max_file_bytes,
-             int rest_after_failures, double rest_time, bool log_failures) {
+             int rest_after_failures, double rest_time, bool log_failures,
+             const std::string& data_path, int lookahead) {
             OnlineSourceOptions options;
             options.hidden_states_path = hidden_states_path;
             options.client.endpoints = endpoints;
@@ -241,8 +244,22 @@ void init_online(nb::module_& m) {
             std::string description = "online (" + std::to_string(endpoints.size()) +
                                       " endpoint(s), " + std::to_string(fetch_threads) +
                                       " in flight, on_missing=" + on_missing +
-                                      ", on_generate=" + on_generate + ")";
-            new (self) PyOnlineSource{{online, std::move(description)}, online};
+                                      ", on_generate=" + on_generate;
+            std::shared_ptr<LookaheadSource> ahead;
+            if (lookahead > 0) {
+              require(!data_path.empty(), ErrorKind::kInvalidArgument,
+                      "lookahead needs data_path (the lookahead reads the rows' token ids)");
+              ahead = std::make_shared<LookaheadSource>(
+                  online, TokenDataset::open(data_path), fetch_threads, lookahead,
+                  [weak = std::weak_ptr<OnlineSampleSource>(online)] {
+                    if (auto o = weak.lock()) o->cancel();
+                  });
+              description += ", lookahead " + std::to_string(lookahead) + " rows";
+            }
+            description += ")";
+            std::shared_ptr<SampleSource> engine_source = ahead;
+            if (!engine_source) engine_source = online;
+            new (self) PyOnlineSource{{engine_source, std::move(description)}, online, ahead};
           },
           nb::arg("hidden_states_path"), nb::arg("endpoints"), nb::arg("on_missing") = "generate",
           nb::arg("on_generate") = "delete", nb::arg("model") = "",
@@ -253,8 +270,36 @@ void init_online(nb::module_& m) {
           nb::arg("keepalive") = true, nb::arg("server_dir") = "", nb::arg("lock_timeout") = 10.0,
           nb::arg("lock_poll") = 0.1, nb::arg("max_response_bytes") = kDefaultMaxResponseBytes,
           nb::arg("max_file_bytes") = std::uint64_t{64} << 30, nb::arg("rest_after_failures") = 3,
-          nb::arg("rest_time") = 30.0, nb::arg("log_failures") = true)
-      .def("stats", [](const PyOnlineSource& s) { return source_stats(s.online->stats()); })
+          nb::arg("rest_time") = 30.0, nb::arg("log_failures") = true, nb::arg("data_path") = "",
+          nb::arg("lookahead") = 0)
+      .def("stats",
+           [](const PyOnlineSource& s) {
+             nb::dict out = source_stats(s.online->stats());
+             if (s.lookahead) {
+               const LookaheadStats l = s.lookahead->stats();
+               nb::dict d;
+               d["queued"] = l.queued;
+               d["running"] = l.running;
+               d["ready"] = l.ready;
+               d["hits"] = l.hits;
+               d["inline_fetches"] = l.inline_fetches;
+               d["discarded"] = l.discarded;
+               out["lookahead"] = d;
+             }
+             return out;
+           })
+      .def(
+          "prefetch",
+          [](PyOnlineSource& s, Int64Input rows) {
+            require(s.lookahead != nullptr, ErrorKind::kInvalidArgument,
+                    "prefetch needs a lookahead (OnlineSource(..., data_path=..., lookahead=N))");
+            std::vector<std::int64_t> list(rows.data(), rows.data() + rows.shape(0));
+            nb::gil_scoped_release release;
+            s.lookahead->prefetch(std::move(list));
+          },
+          nb::arg("rows"),
+          "the global rows coming next, in order: fetched ahead by the lookahead threads")
+      .def_prop_ro("lookahead", [](const PyOnlineSource& s) { return s.lookahead != nullptr; })
       .def(
           "cancel",
           [](PyOnlineSource& s) {
@@ -274,7 +319,7 @@ void init_online(nb::module_& m) {
             FetchOutcome outcome;
             {
               nb::gil_scoped_release release;
-              outcome = s.online->fetch(row, view);
+              outcome = s.source->fetch(row, view);
             }
             nb::dict out;
             out["ok"] = outcome.sample.has_value();

@@ -222,3 +222,53 @@ def test_bench_command_runs_online(run_cli_json, data, clean_sim, tmp_path):
     assert report["online"]["max_in_flight"] <= 4
     assert sum(p["dropped"]["generation_failed"] for p in report["passes"]) == 0
     assert clean_sim.stats()["completions"] == ROWS
+
+
+def test_lookahead_fetches_ahead_of_the_buffers(run_cli, data, clean_sim, tmp_path):
+    cache = tmp_path / "filled"
+    assert generate(run_cli, data, clean_sim, cache)[0] == 0
+    offline = loader_batches(make_loader(data, hidden_states_path=str(cache)))
+
+    clean_sim.set_faults({"latency": {"median": 0.02, "p99": 0.2, "keyed": True}})
+    clean_sim.reset()
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, data_path=data, hidden_states_path=tmp_path / "empty",
+        server_dir=clean_sim.server_dir, fetch_threads=4, lookahead=8, retry_backoff=0.01)
+    assert source.lookahead
+    # Two batch buffers only, in order: without the lookahead a slow batch would stall fetching.
+    loader = make_loader(data, source=source, prefetch=2,
+                         num_threads=draftfeed.online.loader_threads(source))
+    assert draftfeed.online.prefetch_epoch(loader, source) == ROWS
+    online = loader_batches(loader)
+    assert sorted(online) == sorted(offline)
+    for index, batch in offline.items():
+        for key in batch:
+            assert torch.equal(batch[key], online[index][key]), (index, key)
+    ahead = source.stats()["lookahead"]
+    assert ahead["hits"] + ahead["inline_fetches"] == ROWS and ahead["hits"] > ROWS // 2
+    assert clean_sim.stats()["completions"] == ROWS, "no row fetched twice"
+
+
+def test_lookahead_window_bounds_the_rows_fetched_ahead(data, clean_sim, tmp_path):
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, data_path=data, hidden_states_path=tmp_path / "cache", fetch_threads=3,
+        lookahead=5, on_generate="cache")
+    source.prefetch(np.arange(ROWS, dtype=np.int64))
+    deadline = time.monotonic() + 30
+    while source.stats()["lookahead"]["ready"] < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert clean_sim.stats()["completions"] == 5
+    assert source.stats()["lookahead"]["queued"] == ROWS - 5
+    ids = np.ascontiguousarray(draftfeed.open_dataset(str(data)).input_ids(0), dtype=np.int64)
+    assert source.fetch(0, ids)["ok"]
+    deadline = time.monotonic() + 30
+    while clean_sim.stats()["completions"] < 6:
+        assert time.monotonic() < deadline, "a claim makes room for one more row"
+        time.sleep(0.02)
+    with pytest.raises(ValueError, match="outside the dataset"):
+        source.prefetch(np.array([ROWS], dtype=np.int64))
+    no_lookahead = draftfeed.online.OnlineSource(clean_sim.url, hidden_states_path=tmp_path / "c2")
+    with pytest.raises(ValueError, match="lookahead"):
+        no_lookahead.prefetch(np.arange(3, dtype=np.int64))

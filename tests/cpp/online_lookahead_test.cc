@@ -1,0 +1,184 @@
+// The fetch lookahead over a fake inner source that records calls and can be held: rows are
+// fetched in the order given, at most `window` ahead, claimed once, stolen from the queue when the
+// pipeline gets there first, dropped when replaced, and errors become fatal outcomes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "draftfeed/dataset/synthetic.h"
+#include "draftfeed/online/lookahead.h"
+
+namespace draftfeed {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// Answers every row with an empty sample whose `tokens` is the row's length; with `held`, row 10
+// waits until release(); row 13 throws.
+class FakeSource : public SampleSource {
+ public:
+  FetchOutcome fetch(std::int64_t row, const IntArrayView& ids) override {
+    {
+      std::unique_lock lock(mutex);
+      calls.push_back(row);
+      changed.notify_all();
+      changed.wait(lock, [&] { return !held || row != 10 || released; });
+    }
+    if (row == 13) throw std::runtime_error("row 13 exploded");
+    FetchedSample sample;
+    sample.hidden.tokens = ids.size();
+    return FetchOutcome::ok(sample);
+  }
+  void release() {
+    std::lock_guard lock(mutex);
+    released = true;
+    changed.notify_all();
+  }
+  std::vector<std::int64_t> wait_calls(std::size_t n) {
+    std::unique_lock lock(mutex);
+    changed.wait_for(lock, 5s, [&] { return calls.size() >= n; });
+    return calls;
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::int64_t> calls;
+  bool held = false;
+  bool released = false;
+};
+
+class OnlineLookaheadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("draftfeed_lookahead_" + std::to_string(::getpid()));
+    if (!fs::exists(dir_ / "state.json")) {
+      SyntheticOptions options;
+      options.rows = 40;
+      options.min_len = 3;
+      options.max_len = 9;
+      write_synthetic_dataset(dir_.string(), options);
+    }
+    dataset_ = TokenDataset::open(dir_.string());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(fs::temp_directory_path() /
+                   ("draftfeed_lookahead_" + std::to_string(::getpid())));
+  }
+
+  fs::path dir_;
+  std::shared_ptr<const TokenDataset> dataset_;
+};
+
+TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
+  auto fake = std::make_shared<FakeSource>();
+  LookaheadSource ahead(fake, dataset_, 1, 4);
+  ahead.prefetch({5, 2, 9, 7});
+  EXPECT_EQ(fake->wait_calls(4), (std::vector<std::int64_t>{5, 2, 9, 7}))
+      << "one thread takes the rows in the order given";
+  for (const std::int64_t row : {5, 2, 9, 7}) {
+    const FetchOutcome outcome = ahead.fetch(row, dataset_->input_ids(row));
+    ASSERT_TRUE(outcome.sample.has_value());
+    EXPECT_EQ(outcome.sample->hidden.tokens, dataset_->input_ids(row).size());
+  }
+  EXPECT_EQ(fake->calls.size(), 4u) << "claimed rows are not fetched again";
+  const LookaheadStats stats = ahead.stats();
+  EXPECT_EQ(stats.hits, 4);
+  EXPECT_EQ(stats.inline_fetches, 0);
+  EXPECT_EQ(stats.ready, 0);
+}
+
+TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
+  auto fake = std::make_shared<FakeSource>();
+  LookaheadSource ahead(fake, dataset_, 3, 3);
+  ahead.prefetch({0, 1, 2, 3, 4, 5, 6, 7});
+  fake->wait_calls(3);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(fake->calls.size(), 3u) << "nothing starts while three rows wait to be claimed";
+  EXPECT_EQ(ahead.stats().ready, 3);
+  EXPECT_EQ(ahead.stats().queued, 5);
+  ASSERT_TRUE(ahead.fetch(0, dataset_->input_ids(0)).sample);
+  EXPECT_EQ(fake->wait_calls(4).size(), 4u) << "a claim makes room for the next row";
+  EXPECT_EQ(fake->calls[3], 3);
+}
+
+TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndStealsAQueuedOne) {
+  auto fake = std::make_shared<FakeSource>();
+  fake->held = true;
+  LookaheadSource ahead(fake, dataset_, 1, 8);
+  ahead.prefetch({10, 11, 12});
+  fake->wait_calls(1);  // the only thread holds row 10; 11 and 12 are queued
+  // Row 12 claimed before the lookahead gets to it: taken out of the queue, fetched inline.
+  EXPECT_TRUE(ahead.fetch(12, dataset_->input_ids(12)).sample);
+  EXPECT_EQ(ahead.stats().inline_fetches, 1);
+  std::atomic<bool> claimed{false};
+  std::thread claimer([&] {
+    EXPECT_TRUE(ahead.fetch(10, dataset_->input_ids(10)).sample);
+    claimed = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(claimed.load()) << "the claim waits for the row under way";
+  fake->release();
+  claimer.join();
+  EXPECT_TRUE(ahead.fetch(11, dataset_->input_ids(11)).sample);
+  std::vector<std::int64_t> calls = fake->calls;
+  std::sort(calls.begin(), calls.end());
+  EXPECT_EQ(calls, (std::vector<std::int64_t>{10, 11, 12})) << "no row fetched twice";
+  const LookaheadStats stats = ahead.stats();
+  EXPECT_EQ(stats.hits + stats.inline_fetches, 3);  // row 11: either, depending on timing
+}
+
+TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
+  auto fake = std::make_shared<FakeSource>();
+  LookaheadSource ahead(fake, dataset_, 2, 8);
+  ahead.prefetch({1, 2, 3});
+  fake->wait_calls(3);
+  std::this_thread::sleep_for(50ms);
+  ahead.prefetch({20, 21});
+  fake->wait_calls(5);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(ahead.stats().discarded, 3);
+  // A row of the old queue is fetched again when claimed.
+  EXPECT_TRUE(ahead.fetch(1, dataset_->input_ids(1)).sample);
+  EXPECT_EQ(fake->calls.size(), 6u);
+  EXPECT_THROW(ahead.prefetch({40}), Error) << "row 40 is outside the 40-row dataset";
+}
+
+TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {
+  auto fake = std::make_shared<FakeSource>();
+  LookaheadSource ahead(fake, dataset_, 1, 2);
+  ahead.prefetch({13});
+  fake->wait_calls(1);  // the lookahead thread has it (a claim now waits for its outcome)
+  const FetchOutcome outcome = ahead.fetch(13, dataset_->input_ids(13));
+  EXPECT_FALSE(outcome.sample.has_value());
+  EXPECT_TRUE(outcome.fatal);
+  EXPECT_NE(outcome.message.find("row 13 exploded"), std::string::npos) << outcome.message;
+}
+
+TEST_F(OnlineLookaheadTest, DestructionCancelsTheInnerSource) {
+  auto fake = std::make_shared<FakeSource>();
+  fake->held = true;
+  std::atomic<bool> cancelled{false};
+  {
+    LookaheadSource ahead(fake, dataset_, 1, 2, [&] {
+      cancelled = true;
+      fake->release();
+    });
+    ahead.prefetch({0, 1});
+    fake->wait_calls(1);
+  }
+  EXPECT_TRUE(cancelled.load());
+}
+
+}  // namespace
+}  // namespace draftfeed
