@@ -10,8 +10,10 @@ starts from an empty cache and deletes what it generated, as the reference does)
   * reference: speculators' create_train_val_loaders(on_missing="generate") with num_workers =
     concurrency (each worker fetches its batch's samples one after another), prefetch_factor 4,
     in order, and the same loader's parts in a DataLoader(in_order=False) (as ready);
-  * draftfeed in order and as ready (in_order=False): Loader(source=OnlineSource(fetch_threads =
-    concurrency)), every sample of the prefetched batches in flight at once up to the bound;
+  * draftfeed in order: Loader(source=OnlineSource(fetch_threads = concurrency)), the samples of
+    the batches holding a buffer (--prefetch) in flight at once up to the bound;
+  * draftfeed +lookahead, in order and as ready (in_order=False): the same with the source told the
+    epoch's rows (prefetch_epoch), so it fetches up to --lookahead rows ahead of the buffers;
   * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss); the
     longest single request is printed beside it (no epoch can end before it does).
 Each loader runs --epochs epochs (default 2): epoch 0 includes start-up (the reference spawns its
@@ -74,10 +76,12 @@ def reference_epoch(args, data: str, url: str, cache: str, in_order: bool = True
     return results
 
 
-def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_order: bool) -> dict:
+def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_order: bool,
+                    lookahead: bool) -> dict:
     source = draftfeed.online.OnlineSource(
         url, hidden_states_path=cache, server_dir=server_dir, on_generate="delete",
-        fetch_threads=args.concurrency)
+        fetch_threads=args.concurrency, data_path=data,
+        lookahead=args.lookahead if lookahead else 0)
     loader = draftfeed.Loader(
         data, hidden_size=args.hidden_size, total_seq_len=args.max_len, split="train",
         train_ratio=0.9, num_target_layers=3, noise_std=0.0, in_order=in_order,
@@ -86,6 +90,8 @@ def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_o
     results = []
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
+        if lookahead:
+            draftfeed.online.prefetch_epoch(loader, source)
         results.append(time_epoch(loader))
         if results[-1]["tokens"] == 0:
             raise SystemExit(f"draftfeed generated nothing: {source.stats()}")
@@ -102,6 +108,8 @@ def main() -> None:
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--prefetch", type=int, default=16, help="draftfeed batch buffers")
+    p.add_argument("--lookahead", type=int, default=64,
+                   help="rows the +lookahead runs fetch ahead of the buffers at most")
     p.add_argument("--median", type=float, default=0.5)
     p.add_argument("--p99", type=float, default=10.0)
     p.add_argument("--epochs", type=int, default=2,
@@ -121,10 +129,11 @@ def main() -> None:
         with SimServerProcess(server_dir, hidden=args.hidden_size, layers=4) as sim:
             sim.set_faults({"latency": latency})
             runs = []
-            plan = [("draftfeed in order", True), ("draftfeed as ready", False)]
+            plan = [("draftfeed in order", "draftfeed", True),
+                    ("draftfeed in order +lookahead", "lookahead", True),
+                    ("draftfeed as ready +lookahead", "lookahead", False)]
             if not args.skip_reference:
                 plan[:0] = [("reference in order", "ref", True), ("reference as ready", "ref", False)]
-            plan = [p if len(p) == 3 else (p[0], "draftfeed", p[1]) for p in plan]
             for name, side, in_order in plan:
                 sim.reset(connections=True)
                 cache = os.path.join(tmp, "cache_" + name.replace(" ", "_"))
@@ -132,7 +141,8 @@ def main() -> None:
                 if side == "ref":
                     epochs = reference_epoch(args, data, sim.url, cache, in_order)
                 else:
-                    epochs = draftfeed_epoch(args, data, sim.url, cache, server_dir, in_order)
+                    epochs = draftfeed_epoch(args, data, sim.url, cache, server_dir, in_order,
+                                             side == "lookahead")
                 stats = sim.stats()
                 for epoch, result in enumerate(epochs):
                     result.update(name=f"{name}, epoch {epoch}", epoch=epoch)
@@ -155,17 +165,20 @@ def main() -> None:
     print(machine())
     print(f"{args.rows} rows ({args.min_len}-{args.max_len_row} tokens), H={args.hidden_size}, L=4 bf16, "
           f"total_seq_len {args.max_len}; latency lognormal median {args.median} s p99 {args.p99} s "
-          f"(keyed by prompt); concurrency {args.concurrency}; draftfeed prefetch {args.prefetch}")
+          f"(keyed by prompt); concurrency {args.concurrency}; draftfeed prefetch {args.prefetch} "
+          f"buffers, lookahead {args.lookahead} rows")
     longest = runs[-1]["longest_request"]
     print(f"ideal: {service:.1f} s of service / {args.concurrency} = {ideal:.1f} s; longest request "
           f"{longest:.1f} s, so no schedule ends before {max(ideal, longest):.1f} s, and list scheduling "
           f"in plan order (durations unknown) guarantees {ideal + longest:.1f} s")
     rows = []
     # Each run against the reference with the same delivery order, same epoch.
-    reference = {(r["name"].split(",")[0].split(" ", 1)[1], r["epoch"]): r
-                 for r in runs if r["name"].startswith("reference")}
+    def order(name: str) -> str:
+        return "as ready" if "as ready" in name else "in order"
+
+    reference = {(order(r["name"]), r["epoch"]): r for r in runs if r["name"].startswith("reference")}
     for r in runs:
-        ref = reference.get((r["name"].split(",")[0].split(" ", 1)[1], r["epoch"]))
+        ref = reference.get((order(r["name"]), r["epoch"]))
         rows.append((r["name"], f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}", r["batches"],
                      f"{r['seconds'] / ideal:.2f}",
                      f"{ref['seconds'] / r['seconds']:.2f}" if ref else "-"))
