@@ -79,9 +79,7 @@ def _online(ax, online: dict) -> None:
     longest = max((r.get("longest_request", 0.0) for r in runs), default=0.0)
     if longest:
         ax.axhline(longest, color="k", linestyle=":", label="longest single request")
-    short = [r["name"].replace("draftfeed ", "df\n").replace("reference ", "ref\n").replace(", epoch ", "\nepoch ")
-             for r in runs]
-    ax.set_xticks(range(len(runs)), short, fontsize=7)
+    ax.set_xticks(range(len(runs)), [r["name"] for r in runs], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("epoch seconds")
     a = online["args"]
     ax.set_title(f"Online, lognormal service median {a['median']} s p99 {a['p99']} s, "
@@ -146,8 +144,13 @@ def plot_results(results: dict, path: Path) -> None:
         return
     cols = 2 if len(panels) > 1 else 1
     rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
-    for ax, (kind, hidden) in zip(axes.flat, panels):
+    fig = plt.figure(figsize=(6.5 * cols, 4.6 * rows))
+    grid = fig.add_gridspec(rows, cols)
+    axes = [fig.add_subplot(grid[k // cols, k % cols]) for k in range(len(panels))]
+    if len(panels) % cols:  # an odd last panel takes the whole row
+        axes[-1].remove()
+        axes[-1] = fig.add_subplot(grid[rows - 1, :])
+    for ax, (kind, hidden) in zip(axes, panels):
         if kind == "throughput":
             _throughput(ax, configs, memcpy, hidden)
         elif kind == "first":
@@ -156,8 +159,6 @@ def plot_results(results: dict, path: Path) -> None:
             _online(ax, online)
         else:
             _speedups(ax, items)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
     m = results["machine"]
     fig.suptitle(f"draftfeed vs speculators {m['speculators']} - {m['cores']} cores, {m['cpu']}, "
                  f"{m['memory_gb']} GB - {m['date'][:10]}", fontsize=10)

@@ -327,7 +327,7 @@ def render_text(title: str, headers: tuple, rows: list[tuple]) -> str:
 
 def render_markdown(title: str, headers: tuple, rows: list[tuple]) -> str:
     lines = [f"**{title}**", "", "| " + " | ".join(map(str, headers)) + " |",
-             "|" + "|".join("---:" for _ in headers) + "|"]
+             "|:---|" + "|".join("---:" for _ in headers[1:]) + "|"]
     lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -370,6 +370,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_run"))
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--name", default="latest", help="output files are OUT/NAME.json, .md, .png")
+    p.add_argument("--render", metavar="JSON", help="run nothing: print the tables of a saved result and "
+                   "rewrite its .md and .png beside it")
     args = p.parse_args()
     if args.quick:
         args.rows, args.hidden_sizes, args.workers = 16, [1024], [1, 2]
@@ -383,8 +385,28 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def write_outputs(results: dict, json_path: Path) -> None:
+    """Prints the tables and writes NAME.json, NAME.md and NAME.png (all from `results`)."""
+    rendered = tables(results)
+    print()
+    for t in rendered:
+        print(render_text(*t))
+        print()
+    print(f"{results['seconds']:.0f} s; load average {results['load_before']:.2f} before, "
+          f"{results['load_after']:.2f} after")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    json_path.with_suffix(".md").write_text(markdown_header(results) + "\n\n"
+                                            + "\n\n".join(render_markdown(*t) for t in rendered) + "\n")
+    plot_results(results, json_path.with_suffix(".png"))
+    print(f"wrote {json_path}, .md, .png")
+
+
 def main() -> int:
     args = parse_args()
+    if args.render:
+        write_outputs(json.loads(Path(args.render).read_text()), Path(args.render))
+        return 0
     cli = cli_path()
     machine = machine_info()
     results: dict = dict(machine=machine, command="python bench/run.py " + " ".join(sys.argv[1:]),
@@ -421,21 +443,7 @@ def main() -> int:
 
     results["seconds"] = time.perf_counter() - start
     results["load_after"] = load_average()
-    rendered = tables(results)
-    print()
-    for t in rendered:
-        print(render_text(*t))
-        print()
-    print(f"{results['seconds']:.0f} s; load average {results['load_before']:.2f} before, "
-          f"{results['load_after']:.2f} after")
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / f"{args.name}.md").write_text(markdown_header(results) + "\n\n"
-                                         + "\n\n".join(render_markdown(*t) for t in rendered) + "\n")
-    plot_results(results, out / f"{args.name}.png")
-    print(f"wrote {out / args.name}.json, .md, .png")
+    write_outputs(results, Path(args.out) / f"{args.name}.json")
     for e in results["errors"]:
         print(f"error: {e}", file=sys.stderr)
     return 1 if results["errors"] else 0
