@@ -472,7 +472,8 @@ def test_fail_on_hidden_state_error_stops_at_the_first_failure(sim, dataset, fol
 def test_cancel_ends_a_stalled_request_at_once(sim, dataset, folders):
     _, ids, _ = dataset
     cache, _ = folders
-    sim.set_faults({"stall": {"prob": 1.0, "seconds": 60}})
+    # The stall outlasts the cancel by far, but ends soon enough for the next test's server.
+    sim.set_faults({"stall": {"prob": 1.0, "seconds": 6}})
     source = make_source(sim, cache, request_timeout=60.0)
     timer = threading.Timer(0.5, source.cancel)
     timer.start()
