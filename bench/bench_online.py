@@ -13,7 +13,7 @@ starts from an empty cache and deletes what it generated, as the reference does)
   * draftfeed in order: Loader(source=OnlineSource(fetch_threads = concurrency)), the samples of
     the batches holding a buffer (--prefetch) in flight at once up to the bound;
   * draftfeed +lookahead, in order and as ready (in_order=False): the same with the source told the
-    epoch's rows (prefetch_epoch), so it fetches up to --lookahead rows ahead of the buffers;
+    epoch's rows (the Loader does it each epoch), so it fetches up to --lookahead rows ahead of the buffers;
   * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss); the
     longest single request is printed beside it (no epoch can end before it does).
 Each loader runs --epochs epochs (default 2): epoch 0 includes start-up (the reference spawns its
@@ -85,13 +85,11 @@ def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_o
     loader = draftfeed.Loader(
         data, hidden_size=args.hidden_size, total_seq_len=args.max_len, split="train",
         train_ratio=0.9, num_target_layers=3, noise_std=0.0, in_order=in_order,
-        prefetch=args.prefetch, num_threads=draftfeed.online.loader_threads(source),
+        prefetch=args.prefetch, num_threads=2,
         pin_memory=False, source=source)
     results = []
     for epoch in range(args.epochs):
-        loader.set_epoch(epoch)
-        if lookahead:
-            draftfeed.online.prefetch_epoch(loader, source)
+        loader.set_epoch(epoch)  # the Loader hands a lookahead source the epoch's rows itself
         results.append(time_epoch(loader))
         if results[-1]["tokens"] == 0:
             raise SystemExit(f"draftfeed generated nothing: {source.stats()}")

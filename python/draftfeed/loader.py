@@ -184,6 +184,11 @@ class Loader:
             truncate=truncate,
             max_batches=max_batches,
         )
+        self._source = source
+        if source is not None:
+            # An online source's fetch holds an engine thread for its whole round trip: give it one
+            # thread per request in flight on top of the assembly threads.
+            num_threads += int(getattr(source, "fetch_threads", 0) or 0)
         self.hidden_states_dtype = _dtype_name(hidden_states_dtype)
         self.data_path = data_path
         self.hidden_states_path = hidden_states_path or os.path.join(data_path, "hidden_states")
@@ -251,6 +256,10 @@ class Loader:
     def _deliver(self, epoch: int, batches: list[np.ndarray], todo: list[int]) -> Iterator[dict[str, Any]]:
         """Runs the engine over the batches `todo` (positions in `batches`) and yields them."""
         rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
+        if rows and getattr(self._source, "lookahead", False):
+            # A source with a lookahead fetches the epoch's rows ahead of the batch buffers, so a slow
+            # request does not stall in-order delivery once the buffers are full.
+            self._source.prefetch(np.concatenate(rows))
         self._engine.start(epoch, todo, rows)
         try:
             while True:

@@ -5,13 +5,12 @@ names; pass it to the loader::
 
     source = draftfeed.online.OnlineSource(["http://gpu0:8000/v1", "http://gpu1:8000/v1"],
                                            data_path=data, fetch_threads=32, server_dir="/shared/hs")
-    loader = draftfeed.Loader(data, hidden_size=4096, source=source,
-                              num_threads=draftfeed.online.loader_threads(source))
+    loader = draftfeed.Loader(data, hidden_size=4096, source=source)
 
-Every fetch blocks one engine thread for its whole round trip, so give the loader at least
-`fetch_threads` threads plus a few for assembly (`loader_threads`). With in-order delivery a slow
-request holds its batch's buffer and every buffer behind it; `prefetch_epoch(loader, source)` before
-each epoch lets the source fetch the epoch's rows ahead of the buffers (its lookahead).
+Every fetch blocks one engine thread for its whole round trip: the Loader adds `fetch_threads`
+threads to its assembly threads for an online source. With in-order delivery a slow request holds
+its batch's buffer and every buffer behind it, so each epoch the Loader hands a source with a
+lookahead (`data_path=` given) the epoch's rows in plan order, to be fetched ahead of the buffers.
 
 `sync_failure(flag)` agrees on a failure across data-parallel ranks: call it on **every rank at
 every step** (with False when nothing failed); it returns True on all ranks when any rank failed.
@@ -26,7 +25,7 @@ from typing import Any
 
 from . import _core
 
-__all__ = ["OnlineSource", "loader_threads", "prefetch_epoch", "sync_failure"]
+__all__ = ["OnlineSource", "sync_failure"]
 
 
 def OnlineSource(  # noqa: N802 - a factory named like the class it returns
@@ -73,7 +72,7 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
     vllm_http_keepalive: reuse connections.
     server_dir: the folder the servers write into; handles resolving elsewhere are refused.
     lookahead: rows fetched ahead of the loader at most, by `fetch_threads` threads of the source's
-        own, once told which rows come (`source.prefetch(rows)`, see `prefetch_epoch`); needs
+        own, once told which rows come (`source.prefetch(rows)`, which the Loader calls each epoch); needs
         `data_path`. Default 4 * fetch_threads when data_path is given, else off (0).
     """
     if hidden_states_path is None:
@@ -110,27 +109,6 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
         data_path=os.fspath(data_path) if data_path is not None else "",
         lookahead=lookahead,
     )
-
-
-def loader_threads(source: Any, assembly_threads: int = 2) -> int:
-    """Engine threads for a loader over `source`: its requests in flight plus assembly threads."""
-    return int(getattr(source, "fetch_threads", 0)) + int(assembly_threads)
-
-
-def prefetch_epoch(loader: Any, source: Any) -> int:
-    """Tells `source` (with a lookahead) the rows of `loader`'s current epoch, in plan order, so it
-    fetches them ahead of the loader's batch buffers. Call after `set_epoch`, before iterating.
-    Returns the number of rows queued. (Rows of batches a resumed epoch skips are fetched anyway.)
-    """
-    import numpy as np
-
-    batches = loader.batch_sampler._generate_batches(loader.batch_sampler.epoch)
-    if not batches:
-        source.prefetch(np.zeros(0, dtype=np.int64))
-        return 0
-    rows = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]) + loader.split_begin
-    source.prefetch(np.ascontiguousarray(rows, dtype=np.int64))
-    return int(rows.shape[0])
 
 
 def sync_failure(flag: bool, group: Any = None, timeout: float | None = None) -> bool:

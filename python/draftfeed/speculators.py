@@ -201,6 +201,7 @@ def create_train_val_loaders(
             return online.OnlineSource(
                 vllm_endpoint,
                 hidden_states_path=hidden_states_path,
+                data_path=data_path,  # enables the lookahead: the epoch's rows are fetched ahead
                 on_missing="generate",
                 on_generate=on_generate,
                 verifier_name_or_path=verifier_name_or_path,
@@ -218,10 +219,7 @@ def create_train_val_loaders(
 
     def make(split: str, max_batches: int | None) -> SpeculatorsLoader:
         source = source_for(split)
-        threads = max(1, num_workers)
-        if on_missing == "generate":
-            # Each request in flight holds one engine thread for its round trip.
-            threads += fetch_threads
+        threads = max(1, num_workers)  # the Loader adds one per request in flight for online sources
         common = dict(
             hidden_size=hidden_size,
             total_seq_len=total_seq_len,

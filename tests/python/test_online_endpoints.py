@@ -129,7 +129,7 @@ def test_every_server_gone_stops_the_loader_without_hanging(tmp_path):
                         generation_validation_retries=0, max_consecutive_generation_failures=5,
                         log_failures=False)
     loader = draftfeed.Loader(str(data), hidden_size=HIDDEN, total_seq_len=64, split="all",
-                              source=source, num_threads=draftfeed.online.loader_threads(source),
+                              source=source,
                               pin_memory=False)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="max_consecutive_generation_failures = 5"):

@@ -139,8 +139,7 @@ def test_online_epoch_equals_the_epoch_from_the_generated_cache(run_cli, data, c
     source = draftfeed.online.OnlineSource(
         clean_sim.url, hidden_states_path=tmp_path / "empty", server_dir=clean_sim.server_dir,
         on_generate="delete", fetch_threads=8, retry_backoff=0.01)
-    online_loader = make_loader(data, source=source, in_order=in_order,
-                                num_threads=draftfeed.online.loader_threads(source))
+    online_loader = make_loader(data, source=source, in_order=in_order)
     online = loader_batches(online_loader)
     assert sorted(online) == sorted(offline) and len(online) > 3
     for index, batch in offline.items():
@@ -160,7 +159,7 @@ def test_online_drops_are_counted_by_the_loader(data, clean_sim, tmp_path):
         clean_sim.url, hidden_states_path=tmp_path / "cache", server_dir=clean_sim.server_dir,
         on_generate="cache", fetch_threads=1, generation_validation_retries=0, retry_backoff=0.01,
         log_failures=False)
-    loader = make_loader(data, source=source, num_threads=draftfeed.online.loader_threads(source))
+    loader = make_loader(data, source=source)
     batches = loader_batches(loader)
     assert batches
     assert loader.metrics()["dropped"]["generation_failed"] == 3 == source.stats()["exhausted"]
@@ -177,7 +176,7 @@ def test_fail_on_hidden_state_error_reaches_the_consumer(data, clean_sim, tmp_pa
     source = draftfeed.online.OnlineSource(
         clean_sim.url, hidden_states_path=tmp_path / "cache", fetch_threads=2,
         generation_validation_retries=1, fail_on_hidden_state_error=True, log_failures=False)
-    loader = make_loader(data, source=source, num_threads=draftfeed.online.loader_threads(source))
+    loader = make_loader(data, source=source)
     with pytest.raises(RuntimeError, match="prompt id"):
         for _ in loader:
             pass
@@ -236,9 +235,8 @@ def test_lookahead_fetches_ahead_of_the_buffers(run_cli, data, clean_sim, tmp_pa
         server_dir=clean_sim.server_dir, fetch_threads=4, lookahead=8, retry_backoff=0.01)
     assert source.lookahead
     # Two batch buffers only, in order: without the lookahead a slow batch would stall fetching.
-    loader = make_loader(data, source=source, prefetch=2,
-                         num_threads=draftfeed.online.loader_threads(source))
-    assert draftfeed.online.prefetch_epoch(loader, source) == ROWS
+    # The Loader adds a thread per request in flight and hands the source the epoch's rows itself.
+    loader = make_loader(data, source=source, prefetch=2)
     online = loader_batches(loader)
     assert sorted(online) == sorted(offline)
     for index, batch in offline.items():
