@@ -67,6 +67,15 @@ nb::dlpack::dtype dlpack_dtype(TensorDType dtype) {
   return nb::dtype<std::uint8_t>();
 }
 
+// {reason name: samples dropped}.
+nb::dict drop_counts(const DropCounts& counts) {
+  nb::dict out;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    out[drop_reason_name(static_cast<DropReason>(r))] = counts[r];
+  }
+  return out;
+}
+
 // A delivered batch as Python sees it.
 struct PyBatch {
   std::shared_ptr<BatchLease> lease;
@@ -92,13 +101,7 @@ struct PyBatch {
     return out;
   }
 
-  nb::dict dropped() const {
-    nb::dict out;
-    for (std::size_t r = 0; r < lease->dropped.size(); ++r) {
-      out[drop_reason_name(static_cast<DropReason>(r))] = lease->dropped[r];
-    }
-    return out;
-  }
+  nb::dict dropped() const { return drop_counts(lease->dropped); }
 };
 
 struct PyEngine {
@@ -162,11 +165,7 @@ struct PyEngine {
     out["extra_buffers"] = m.extra_buffers;
     out["pinned"] = m.pinned;
     out["buffer_bytes"] = m.buffer_bytes;
-    nb::dict dropped;
-    for (std::size_t r = 0; r < m.dropped.size(); ++r) {
-      dropped[drop_reason_name(static_cast<DropReason>(r))] = m.dropped[r];
-    }
-    out["dropped"] = dropped;
+    out["dropped"] = drop_counts(m.dropped);
     return out;
   }
 };
