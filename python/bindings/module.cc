@@ -21,7 +21,8 @@ NB_MODULE(_core, m) {
   m.doc() = "draftfeed's C++ core";
 
   // draftfeed.Error kinds become the Python exceptions a user expects.
-  static nb::object format_error = nb::exception<draftfeed::Error>(m, "FormatError", PyExc_ValueError);
+  static nb::object format_error =
+      nb::exception<draftfeed::Error>(m, "FormatError", PyExc_ValueError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -1,6 +1,6 @@
 // A sample source made by one binding area (the online client, a Python transfer) and handed to
-// `Engine(source=...)` by Python code: the engines' sources are pluggable without the engine binding
-// knowing them.
+// `Engine(source=...)` by Python code: the engines' sources are pluggable without the engine
+// binding knowing them.
 #pragma once
 
 #include <memory>

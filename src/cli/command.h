@@ -1,5 +1,6 @@
 // The `draftfeed` program's subcommands register themselves here: one file per command
-// (`cmd_<name>.cc`) holds a static `CommandRegistration`, so adding a command touches no other file.
+// (`cmd_<name>.cc`) holds a static `CommandRegistration`, so adding a command touches no other
+// file.
 #pragma once
 
 #include <string>
@@ -7,7 +8,8 @@
 
 namespace draftfeed::cli {
 
-// Runs a subcommand on its arguments (the words after the subcommand's name); returns the exit status.
+// Runs a subcommand on its arguments (the words after the subcommand's name); returns the exit
+// status.
 using CommandFn = int (*)(const std::vector<std::string>& args);
 
 struct Command {

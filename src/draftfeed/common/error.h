@@ -26,8 +26,8 @@ enum class ErrorKind {
   kMismatch,         // a file disagrees with the dataset (token ids, length)
   kNonFinite,        // NaN or Inf in hidden states
   kTimeout,          // a lock or a request took too long (Python: TimeoutError)
-  kUnsupported,      // a valid format feature draftfeed does not read (Python: draftfeed.FormatError)
-  kRuntime,          // anything else that ends a run (Python: RuntimeError)
+  kUnsupported,  // a valid format feature draftfeed does not read (Python: draftfeed.FormatError)
+  kRuntime,      // anything else that ends a run (Python: RuntimeError)
 };
 
 const char* error_kind_name(ErrorKind kind);
@@ -45,7 +45,7 @@ class Error : public std::runtime_error {
 template <typename T>
 class Result {
  public:
-  Result(T value) : state_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : state_(std::move(value)) {}      // NOLINT(google-explicit-constructor)
   Result(Error error) : state_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(state_); }

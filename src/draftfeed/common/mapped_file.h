@@ -17,8 +17,8 @@ namespace draftfeed {
 
 class MappedFile {
  public:
-  // Maps `path` read-only. A missing file is ErrorKind::kNotFound; a folder or a file the OS will not
-  // map is ErrorKind::kIo. An empty file maps to an empty span (no mmap call).
+  // Maps `path` read-only. A missing file is ErrorKind::kNotFound; a folder or a file the OS will
+  // not map is ErrorKind::kIo. An empty file maps to an empty span (no mmap call).
   static Result<std::shared_ptr<const MappedFile>> open(const std::string& path);
 
   // Same, but throws the Error.

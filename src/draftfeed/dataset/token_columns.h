@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "draftfeed/common/error.h"
-#include "draftfeed/dataset/arrow_ipc.h"
 #include "draftfeed/common/int_load.h"
+#include "draftfeed/dataset/arrow_ipc.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {
