@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The README's second command (and what CI runs): installs what the tests need, then runs every suite:
+#   0. clang-format on every C++ file
 #   1. the C++ unit tests (ctest, Release build)
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the pipeline tests under ThreadSanitizer
@@ -60,12 +61,21 @@ run_fuzzers() {
   return $status
 }
 
+format_check() {
+  # Style is the tool's, not the reviewer's: every C++ file must be clang-formatted.
+  local bad
+  bad=$(git ls-files '*.cc' '*.h' | while read -r f; do
+    clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
+  [ -z "$bad" ] || { echo "not clang-formatted (run clang-format -i):"; echo "$bad"; return 1; }
+}
+
 python_tests() {
   python3 -m pytest -q -p no:cacheprovider "$@"
 }
 
 stage "install: system packages" scripts/install-system.sh
 stage "install: python packages and draftfeed" scripts/install-python.sh --test
+stage "style: clang-format" format_check
 stage "build: C++ tests (Release)" configure_and_build build/tests -DCMAKE_BUILD_TYPE=Release
 stage "ctest: C++ tests" cpp_tests build/tests
 stage "build: C++ tests (ASan+UBSan)" configure_and_build build/asan -DCMAKE_BUILD_TYPE=Debug \
