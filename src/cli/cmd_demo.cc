@@ -26,7 +26,7 @@ namespace {
 constexpr const char* kUsage = R"(usage: draftfeed demo [options]
 
 Writes a synthetic token dataset and a matching hidden-state cache (bf16, a few hundred MB by
-default) into a temporary folder, then streams one training epoch and a validation pass through the
+default) into a temporary folder, then streams training epochs and a validation pass through the
 engine as a trainer would receive them, with a progress bar and a throughput summary. The folder is
 removed at the end unless --out or --keep is given.
 
@@ -40,6 +40,7 @@ options:
   --layers L          captured layers (default 4)
   --total-seq-len N   tokens per batch (default 4096)
   --threads N         engine threads (default: cores)
+  --epochs E          training epochs streamed (default 3)
   --seed S            seed of the data, the planner and the noise (default 0))";
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -57,7 +58,7 @@ std::string make_temp_folder() {
 int run_demo(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"out", "rows", "min-len", "max-len", "hidden-size", "layers", "total-seq-len",
-                   "threads", "seed"},
+                   "threads", "seed", "epochs"},
                   {"keep"});
   args.expect_positionals(0, 0, "no positional arguments");
   SyntheticOptions options;
@@ -93,7 +94,7 @@ int run_demo(const std::vector<std::string>& argv) {
               static_cast<long long>(spec.layers), static_cast<long long>(spec.hidden_size),
               seconds_since(start));
   std::printf("3. inspect\n%s\n", summary_text(summarize(*TokenDataset::open(out))).c_str());
-  std::printf("4. stream    a training epoch and a validation pass, as the trainer gets them\n");
+  std::printf("4. stream    training epochs and a validation pass, as the trainer gets them\n");
   std::fflush(stdout);
 
   LoaderRunConfig config;
@@ -102,6 +103,7 @@ int run_demo(const std::vector<std::string>& argv) {
   config.hidden_size = spec.hidden_size;
   config.layers = spec.layers;
   config.seed = options.seed;
+  config.epochs = static_cast<int>(args.integer("epochs", 3));
   config.threads =
       static_cast<int>(args.integer("threads", std::max(2L, ::sysconf(_SC_NPROCESSORS_ONLN))));
   const int status = run_loader(config);
