@@ -16,6 +16,7 @@
 
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/hidden/safetensors_writer.h"
+#include "temp_folder.h"
 
 namespace draftfeed {
 namespace {
@@ -26,18 +27,9 @@ using namespace std::chrono_literals;
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
-class HiddenCacheStoreTest : public ::testing::Test {
+class HiddenCacheStoreTest : public TempFolderTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("draftfeed_hidden_store_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "cache");
-    fs::create_directories(dir_ / "server");
-    fs::create_directories(dir_ / "elsewhere");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { make_temp_folder("hidden_store", {"cache", "server", "elsewhere"}); }
 
   CacheStoreOptions options() const {
     CacheStoreOptions o;
@@ -65,8 +57,6 @@ class HiddenCacheStoreTest : public ::testing::Test {
     };
     write_safetensors(path, tensors);
   }
-
-  fs::path dir_;
 };
 
 // A child process that creates `lock`, holds flock(LOCK_EX) on it for `hold`, writes the data file

@@ -20,6 +20,7 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/safetensors_writer.h"
 #include "draftfeed/online/generated_file.h"
+#include "temp_folder.h"
 
 namespace draftfeed {
 namespace {
@@ -30,18 +31,9 @@ using namespace std::chrono_literals;
 const std::vector<std::int64_t> kIdValues = {5, 6, 7};
 const RowIds kIds{std::span<const std::int64_t>(kIdValues)};
 
-class OnlineGeneratedFileTest : public ::testing::Test {
+class OnlineGeneratedFileTest : public TempFolderTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("draftfeed_online_file_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "cache");
-    fs::create_directories(dir_ / "server");
-    fs::create_directories(dir_ / "elsewhere");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { make_temp_folder("online_file", {"cache", "server", "elsewhere"}); }
 
   std::string path(const std::string& relative) const { return (dir_ / relative).string(); }
 
@@ -83,8 +75,6 @@ class OnlineGeneratedFileTest : public ::testing::Test {
     }
     return out;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(OnlineGeneratedFileTest, ReadsAValidOwnedFileAndRemovesItsReleasedLock) {
