@@ -7,6 +7,9 @@
 //      noise and finiteness check fused (hidden_copy.h);
 //   3. `finish_batch` (serial, small): token ids, loss mask, positions, document ids, zeroed tails.
 // If step 2 finds non-finite values the pipeline marks that sample unusable and repeats 1-3 (rare).
+// Values are checked where they are copied, so NaN/Inf only in rows truncated away at max_len (or
+// in the row the EAGLE-3 shift drops) does not drop the sample; the reference checks cached files
+// not at all.
 #pragma once
 
 #include <cstdint>
