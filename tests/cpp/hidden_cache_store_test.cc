@@ -16,6 +16,7 @@
 
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/hidden/safetensors_writer.h"
+#include "sample_file.h"
 #include "temp_folder.h"
 
 namespace draftfeed {
@@ -44,18 +45,8 @@ class HiddenCacheStoreTest : public TempFolderTest {
   static void write_sample(const std::string& path, std::int64_t tokens) {
     std::vector<std::int64_t> ids(static_cast<std::size_t>(tokens));
     for (std::int64_t i = 0; i < tokens; ++i) ids[static_cast<std::size_t>(i)] = 100 + i;
-    std::vector<std::uint16_t> hidden(static_cast<std::size_t>(tokens * 2 * 3), 0x3F80);
-    const std::vector<TensorToWrite> tensors = {
-        {"token_ids",
-         DType::kI64,
-         {tokens},
-         {reinterpret_cast<const std::uint8_t*>(ids.data()), ids.size() * 8}},
-        {"hidden_states",
-         DType::kBF16,
-         {tokens, 2, 3},
-         {reinterpret_cast<const std::uint8_t*>(hidden.data()), hidden.size() * 2}},
-    };
-    write_safetensors(path, tensors);
+    const std::vector<std::uint16_t> hidden(static_cast<std::size_t>(tokens * 2 * 3), 0x3F80);
+    write_sample_file(path, ids, DType::kBF16, 2, 3, hidden);
   }
 };
 

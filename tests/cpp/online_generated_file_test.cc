@@ -20,6 +20,7 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/safetensors_writer.h"
 #include "draftfeed/online/generated_file.h"
+#include "sample_file.h"
 #include "temp_folder.h"
 
 namespace draftfeed {
@@ -55,17 +56,7 @@ class OnlineGeneratedFileTest : public TempFolderTest {
     const auto tokens = static_cast<std::int64_t>(ids.size());
     std::vector<float> hidden(static_cast<std::size_t>(tokens * 2 * 4), 0.25f);
     if (!hidden.empty()) hidden[4] = bad_value;
-    const std::vector<TensorToWrite> tensors = {
-        {"token_ids",
-         DType::kI64,
-         {tokens},
-         {reinterpret_cast<const std::uint8_t*>(ids.data()), ids.size() * 8}},
-        {"hidden_states",
-         DType::kF32,
-         {tokens, 2, 4},
-         {reinterpret_cast<const std::uint8_t*>(hidden.data()), hidden.size() * 4}},
-    };
-    write_safetensors(file, tensors);
+    write_sample_file(file, ids, DType::kF32, 2, 4, hidden);
   }
 
   std::set<std::string> listing() const {
