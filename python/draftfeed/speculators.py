@@ -116,7 +116,8 @@ class SpeculatorsLoader(Loader):
 
     def _make_batch(self, batch: _core.Batch) -> BatchType:
         out = batch.torch()
-        out["error_records"] = int(batch.planned_samples - batch.used_samples)
+        # The reference counts the samples that failed, not valid ones cut off at total_seq_len.
+        out["error_records"] = int(sum(batch.dropped.values()))
         if batch.failure_count or batch.locally_empty:
             out[_recovery_key()] = _recovery_metadata(
                 batch.failure_count, batch.locally_empty, batch.drop_messages

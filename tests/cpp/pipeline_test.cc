@@ -173,6 +173,12 @@ TEST(PlaceSamplesTest, PacksUsableSamplesAndTruncatesTheOneCrossingMaxLen) {
   EXPECT_EQ(crossing.documents, (std::vector<std::int64_t>{4, 6}));
   EXPECT_EQ(crossing.used_rows, 10);
 
+  // A sample that fills the batch exactly ends it: the next one is neither placed nor a document.
+  const BatchPlacement exact = place_samples(10, {4, 6, 3}, {1, 1, 1});
+  ASSERT_EQ(exact.samples.size(), 2u);
+  EXPECT_EQ(exact.documents, (std::vector<std::int64_t>{4, 6}));
+  EXPECT_EQ(exact.used_rows, 10);
+
   const BatchPlacement none = place_samples(10, {4}, {0});
   EXPECT_TRUE(none.locally_empty);
   EXPECT_TRUE(none.documents.empty());

@@ -284,3 +284,19 @@ def test_custom_transfer_is_called_back_and_gives_the_reference_batches(fixture,
     assert len(got) == len(ref)
     for k, (a, b) in enumerate(zip(got, ref)):
         assert_same(a, b, f"custom transfer batch {k}")
+
+
+def test_overfull_batch_cut_at_total_seq_len_counts_only_failed_samples(fixture, topology):
+    """A batch list given through the sampler cache may hold more tokens than total_seq_len: samples
+    after the cut are not error records; the missing one is."""
+    topology(0, 1, via_env=False)
+    ref_train, _ = reference_loaders(base_args(fixture))
+    train, _ = our_loaders(base_args(fixture, num_workers=2))
+    lengths = np.asarray(train.batch_sampler.lengths)
+    order = [4] + [int(i) for i in np.argsort(-lengths) if int(i) not in fixture.missing][:5]
+    assert lengths[order[1:]].sum() > MAX_LEN and 4 in fixture.missing
+    for loader in (ref_train, train):
+        loader.batch_sampler._cached_generated_batches = (0, [np.array(order)])
+    (ours,), (ref,) = iterate(train), iterate(ref_train)
+    assert ref["error_records"] == 1
+    assert_same(ours, ref, "overfull batch")
