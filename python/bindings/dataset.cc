@@ -2,7 +2,8 @@
 //   draftfeed.open_dataset(path) -> TokenDataset                      (GIL released while opening)
 //   TokenDataset: len(), num_rows, folder, columns {name: type}, shards [paths], total_tokens,
 //                 has_loss_mask, seq_lens() -> int64 array, row(i) / ds[i] -> {"input_ids",
-//                 "loss_mask"}, input_ids(i), loss_mask(i), split(train_ratio) -> (train, val)
+//                 "loss_mask"}, input_ids(i), loss_mask(i), split(train_ratio) -> (train, val),
+//                 has_messages, messages_json(i) -> str (the row's `messages` as JSON text)
 //   DatasetSplit: len(), num_rows, begin, end, dataset, seq_lens(), row(local_i), global_row(i)
 //   draftfeed.DatasetWriter(path, input_ids_int32=False, num_shards=0, total_rows=-1,
 //                           rows_per_batch=1000, max_shard_bytes=500 MB, format_type="torch")
@@ -167,6 +168,19 @@ void bind_dataset(nb::module_& m) {
                               d.dataset);
           },
           "i"_a)
+      .def_prop_ro("has_messages",
+                   [](const PyTokenDataset& d) { return d.dataset->has_messages(); })
+      .def(
+          "messages_json",
+          [](const PyTokenDataset& d, std::int64_t i) {
+            const std::int64_t row = python_index(i, d.dataset->num_rows(), "row");
+            nb::gil_scoped_release release;
+            return d.dataset->messages_json(row).value();
+          },
+          "i"_a,
+          "The row's `messages` column as JSON text, the same value as "
+          "`json.dumps(load_from_disk(folder)[i][\"messages\"])`. FormatError for corrupt data "
+          "or a type with no JSON form (binary, dictionary, ...), ValueError without the column.")
       .def(
           "split",
           [](const PyTokenDataset& d, double train_ratio) {

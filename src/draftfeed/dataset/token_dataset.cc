@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "draftfeed/dataset/arrow_ipc.h"
+#include "draftfeed/dataset/arrow_json.h"
 #include "draftfeed/dataset/feature_types.h"
 #include "draftfeed/dataset/token_columns.h"
 
@@ -24,6 +26,11 @@ struct TokenDataset::Impl {
   std::vector<IntListChunk> loss_mask;
   bool has_loss_mask = true;
   std::vector<std::int64_t> seq_lens;
+  std::vector<std::size_t> batch_shard;  // index into shard_paths of each record batch
+  // The `messages` column, when there is one: its field and each record batch's array, whose
+  // spans point into `files`. Kept as parsed, unchecked: messages_json checks what a row reaches.
+  std::optional<arrow::Field> messages_field;
+  std::vector<arrow::ArrayView> messages;  // one per record batch
   std::int64_t num_rows = 0;
   std::int64_t total_tokens = 0;
 
@@ -41,6 +48,8 @@ struct TokenDataset::Impl {
 namespace {
 
 using Json = nlohmann::ordered_json;  // keeps the files' key order (column order)
+
+constexpr const char* kMessagesColumn = "messages";
 
 Json read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -133,6 +142,17 @@ std::string describe(const std::vector<ColumnInfo>& columns) {
   return "{" + text + "}";
 }
 
+// Keeps the `messages` column's field and per-batch arrays (copies of the small view trees, no data
+// walked). Shards have the same column names and types, so every shard has it or none does.
+void keep_messages_column(arrow::IpcStream& stream, TokenDataset::Impl* impl) {
+  for (std::size_t c = 0; c < stream.fields.size(); ++c) {
+    if (stream.fields[c].name != kMessagesColumn) continue;
+    if (!impl->messages_field) impl->messages_field = stream.fields[c];
+    for (auto& batch : stream.batches) impl->messages.push_back(std::move(batch.columns[c]));
+    return;
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder_arg) {
@@ -178,8 +198,10 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
     ShardColumns shard = read_token_columns(stream, path, impl->num_rows, &impl->seq_lens).value();
     for (const auto rows : shard.batch_rows) {
       impl->batch_starts.push_back(impl->num_rows);
+      impl->batch_shard.push_back(impl->shard_paths.size());
       impl->num_rows += rows;
     }
+    keep_messages_column(stream, impl.get());
     impl->input_ids.insert(impl->input_ids.end(), shard.input_ids.begin(), shard.input_ids.end());
     impl->loss_mask.insert(impl->loss_mask.end(), shard.loss_mask.begin(), shard.loss_mask.end());
     impl->has_loss_mask = shard.has_loss_mask;
@@ -224,6 +246,30 @@ IntArrayView TokenDataset::loss_mask(std::int64_t row) const {
   }
   const std::size_t batch = impl_->batch_of(row, "loss_mask");
   return impl_->loss_mask[batch].row(row - impl_->batch_starts[batch]);
+}
+
+// From the column list, so a 0-row dataset (no shards, columns from dataset_info.json) answers too.
+bool TokenDataset::has_messages() const { return has_column(kMessagesColumn); }
+
+Result<std::string> TokenDataset::messages_json(std::int64_t row) const {
+  if (!has_messages()) {
+    return Error(
+        ErrorKind::kInvalidArgument,
+        impl_->folder + ": row " + std::to_string(row) +
+            ": the dataset has no 'messages' column (columns: " + describe(impl_->columns) + ")");
+  }
+  if (row < 0 || row >= impl_->num_rows) {
+    return Error(ErrorKind::kInvalidArgument, impl_->folder + ": messages of row " +
+                                                  std::to_string(row) +
+                                                  " requested, but the dataset has " +
+                                                  std::to_string(impl_->num_rows) + " rows");
+  }
+  // Rows exist, so shards exist, and each has the column (open checked they agree on columns).
+  const std::size_t batch = impl_->batch_of(row, "messages");
+  const std::int64_t local = row - impl_->batch_starts[batch];
+  const std::string where =
+      impl_->shard_paths[impl_->batch_shard[batch]] + ": row " + std::to_string(row);
+  return arrow::arrow_value_json(*impl_->messages_field, impl_->messages[batch], local, where);
 }
 
 }  // namespace draftfeed

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "draftfeed/common/error.h"
 #include "draftfeed/common/mapped_file.h"
 
 namespace draftfeed {
@@ -65,6 +66,14 @@ class TokenDataset {
   // column.
   IntArrayView loss_mask(std::int64_t row) const;
   bool has_loss_mask() const;
+
+  // True when the dataset has a `messages` column (multimodal conversations).
+  bool has_messages() const;
+  // The row's `messages` value as JSON text, shaped as `load_from_disk(folder)[row]["messages"]`
+  // (see arrow_json.h). The column is checked lazily, here, so an odd `messages` column never
+  // stops `open`. Errors (kInvalidArgument for a row out of range or no such column, kFormat /
+  // kUnsupported for corrupt data or a type with no JSON form) name the shard and the row.
+  Result<std::string> messages_json(std::int64_t row) const;
 
   ~TokenDataset();
   TokenDataset(const TokenDataset&) = delete;
