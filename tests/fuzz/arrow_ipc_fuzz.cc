@@ -1,4 +1,5 @@
-// libFuzzer target for the Arrow IPC stream reader and the token-column checks behind it.
+// libFuzzer target for the Arrow IPC stream reader, the token-column checks behind it, and the
+// JSON conversion of any column (arrow_json.h, which the online path uses for `messages`).
 //
 // Build: CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DDRAFTFEED_FUZZ=ON
 //          -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDRAFTFEED_SANITIZE=address,undefined
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "draftfeed/dataset/arrow_ipc.h"
+#include "draftfeed/dataset/arrow_json.h"
 #include "draftfeed/dataset/token_columns.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -22,6 +24,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!stream.ok()) return 0;
   const auto columns_info = draftfeed::column_infos(stream.value());
   (void)columns_info;
+  // A few rows of every column as JSON, errors ignored: the converter checks everything it reads,
+  // so only a crash or a sanitizer report is a finding. The small size limit keeps runs fast.
+  const draftfeed::arrow::JsonLimits limits{1 << 16, draftfeed::arrow::kMaxFieldDepth};
+  for (const auto& batch : stream->batches) {
+    for (std::size_t c = 0; c < batch.columns.size() && c < stream->fields.size(); ++c) {
+      for (std::int64_t r = 0; r < batch.length && r < 4; ++r) {
+        auto text = draftfeed::arrow::arrow_value_json(stream->fields[c], batch.columns[c], r, name,
+                                                       limits);
+        (void)text;
+      }
+    }
+  }
   std::vector<std::int64_t> lens;
   auto columns = draftfeed::read_token_columns(stream.value(), name, 0, &lens);
   if (!columns.ok()) return 0;
