@@ -304,8 +304,16 @@ class ValueWriter {
 
   [[noreturn]] void fail(ErrorKind kind, const std::string& problem) const {
     std::string path = column_.name;
+    // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "literal" + std::string&&.
     for (const auto& step : steps_) {
-      path += step.name ? "." + *step.name : "[" + std::to_string(step.element) + "]";
+      if (step.name) {
+        path += '.';
+        path += *step.name;
+      } else {
+        path += '[';
+        path += std::to_string(step.element);
+        path += ']';
+      }
     }
     throw Error(kind, where_ + ": column '" + column_.name + "' (type " + column_.type + "), " +
                           path + ": " + problem);
