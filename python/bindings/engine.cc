@@ -213,7 +213,37 @@ void init_engine(nb::module_& m) {
       m, "SampleSource",
       "Where the engine gets hidden states (the cache by default; an online source from "
       "draftfeed.online). Pass one as Engine(source=...).")
-      .def_ro("description", &PySampleSource::description);
+      .def_ro("description", &PySampleSource::description)
+      .def(
+          "fetch_native",
+          [](const PySampleSource& s, std::int64_t row,
+             nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> ids) {
+            const IntArrayView view{reinterpret_cast<const std::uint8_t*>(ids.data()),
+                                    static_cast<std::int64_t>(ids.shape(0)), 8, true};
+            FetchOutcome outcome;
+            {
+              nb::gil_scoped_release release;
+              outcome = s.source->fetch(row, view);
+            }
+            nb::dict out;
+            out["ok"] = outcome.sample.has_value();
+            out["reason"] = outcome.sample ? "ok" : drop_reason_name(outcome.reason);
+            out["message"] = outcome.message;
+            out["fatal"] = outcome.fatal;
+            if (outcome.sample) {
+              const HiddenStatesView& hs = outcome.sample->hidden;
+              out["dtype"] = hidden_dtype_name(hs.dtype);
+              out["hidden_bytes"] =
+                  nb::bytes(reinterpret_cast<const char*>(hs.data),
+                            static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden) *
+                                hidden_dtype_size(hs.dtype));
+              out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
+            }
+            return out;
+          },
+          nb::arg("row"), nb::arg("input_ids"),
+          "one row through the source (the slower per-sample paths): {ok, reason, message, "
+          "fatal} and, when ok, the hidden states' dtype name, shape and bytes (a copy)");
 
   nb::class_<PyBatch>(m, "Batch", "A delivered batch; its tensors view the batch buffer.")
       .def_prop_ro(

@@ -25,6 +25,7 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/online/lookahead.h"
 #include "draftfeed/online/online_source.h"
+#include "python_transfer.h"
 #include "sample_source.h"
 
 namespace draftfeed::python {
@@ -217,7 +218,7 @@ void init_online(nb::module_& m) {
              int fetch_threads, bool keepalive, const std::string& server_dir, double lock_timeout,
              double lock_poll, std::uint64_t max_response_bytes, std::uint64_t max_file_bytes,
              int rest_after_failures, double rest_time, bool log_failures,
-             const std::string& data_path, int lookahead) {
+             const std::string& data_path, int lookahead, nb::object transfer) {
             OnlineSourceOptions options;
             options.hidden_states_path = hidden_states_path;
             options.client.endpoints = endpoints;
@@ -240,6 +241,9 @@ void init_online(nb::module_& m) {
             options.lock_poll = std::chrono::duration<double>(lock_poll);
             options.max_file_bytes = max_file_bytes;
             options.log_failures = log_failures;
+            if (!transfer.is_none()) {
+              options.transfer = make_python_transfer(std::move(transfer), /*generating=*/true);
+            }
             auto online = std::make_shared<OnlineSampleSource>(std::move(options));
             std::string description = "online (" + std::to_string(endpoints.size()) +
                                       " endpoint(s), " + std::to_string(fetch_threads) +
@@ -249,11 +253,8 @@ void init_online(nb::module_& m) {
             if (lookahead > 0) {
               require(!data_path.empty(), ErrorKind::kInvalidArgument,
                       "lookahead needs data_path (the lookahead reads the rows' token ids)");
-              ahead = std::make_shared<LookaheadSource>(
-                  online, TokenDataset::open(data_path), fetch_threads, lookahead,
-                  [weak = std::weak_ptr<OnlineSampleSource>(online)] {
-                    if (auto o = weak.lock()) o->cancel();
-                  });
+              ahead = std::make_shared<LookaheadSource>(online, TokenDataset::open(data_path),
+                                                        fetch_threads, lookahead);
               description += ", lookahead " + std::to_string(lookahead) + " rows";
             }
             description += ")";
@@ -271,7 +272,7 @@ void init_online(nb::module_& m) {
           nb::arg("lock_poll") = 0.1, nb::arg("max_response_bytes") = kDefaultMaxResponseBytes,
           nb::arg("max_file_bytes") = std::uint64_t{64} << 30, nb::arg("rest_after_failures") = 3,
           nb::arg("rest_time") = 30.0, nb::arg("log_failures") = true, nb::arg("data_path") = "",
-          nb::arg("lookahead") = 0)
+          nb::arg("lookahead") = 0, nb::arg("transfer") = nb::none())
       .def("stats",
            [](const PyOnlineSource& s) {
              nb::dict out = source_stats(s.online->stats());

@@ -256,6 +256,8 @@ class Loader:
     def _deliver(self, epoch: int, batches: list[np.ndarray], todo: list[int]) -> Iterator[dict[str, Any]]:
         """Runs the engine over the batches `todo` (positions in `batches`) and yields them."""
         rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
+        # An earlier iteration still running must stop first: its stop clears the lookahead queue.
+        self._engine.stop()
         if rows and getattr(self._source, "lookahead", False):
             # A source with a lookahead fetches the epoch's rows ahead of the batch buffers, so a slow
             # request does not stall in-order delivery once the buffers are full.

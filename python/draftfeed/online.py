@@ -53,6 +53,7 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
     rest_time: float = 30.0,
     log_failures: bool = True,
     lookahead: int | None = None,
+    transfer: Any = None,
 ) -> _core.OnlineSource:
     """The online sample source (a `_core.SampleSource`; `Loader(..., source=...)` takes it).
 
@@ -74,6 +75,11 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
     lookahead: rows fetched ahead of the loader at most, by `fetch_threads` threads of the source's
         own, once told which rows come (`source.prefetch(rows)`, which the Loader calls each epoch); needs
         `data_path`. Default 4 * fetch_threads when data_path is given, else off (0).
+    transfer: None (the native file store) or an object with the hs-connectors interface (a Mooncake
+        transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`, `delete(handle)`,
+        optional `setup()` (called once before the first load) and `cache(handle, idx)` (used by
+        on_generate="cache"; without it a generated sample is deleted). Called back from C++ with the
+        GIL held per call: slower than the native store. Needs on_missing="generate".
     """
     if hidden_states_path is None:
         if data_path is None:
@@ -108,6 +114,7 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
         log_failures=log_failures,
         data_path=os.fspath(data_path) if data_path is not None else "",
         lookahead=lookahead,
+        transfer=transfer,
     )
 
 

@@ -1,7 +1,7 @@
 """The slower path for a `preprocess` callable the engine does not know: samples are built as the
 reference builds them (torch tensors per sample), the callable runs on each in Python, and a collate of
 our own packs them into the reference's batch layout. Samples are loaded in a thread pool through the
-native cache store (or the given transfer); noise uses the engine's counter-based formula, so a batch is
+native cache store, or through the given source (a Python transfer object, the online source); noise uses the engine's counter-based formula, so a batch is
 the same here as on the native path.
 """
 
@@ -95,13 +95,14 @@ class PythonPreprocessLoader(Loader):
     def __init__(self, data_path: str, *, preprocess: Callable[[dict], dict], source=None, **kwargs):
         super().__init__(data_path, preprocess="none", source=source, **kwargs)
         self._preprocess = preprocess
-        self._transfer = None
         self._store = _core.HiddenStateStore(self.hidden_states_path)
         self._dataset = _core.open_dataset(data_path)
 
     def _load(self, row: int):
         import torch
 
+        if self._source is not None:
+            return self._load_from_source(row)
         found = self._store.lookup(row)
         if found is None:
             if self.on_missing == "raise":
@@ -118,6 +119,20 @@ class PythonPreprocessLoader(Loader):
         if name == "BF16":
             tensor = tensor.view(torch.bfloat16)
         return torch.from_numpy(ids.copy()), tensor
+
+    def _load_from_source(self, row: int):
+        """Through the given source (a Python transfer, the online source): its own checks and policy."""
+        import torch
+
+        ids = np.ascontiguousarray(self._dataset.row(row)["input_ids"], dtype=np.int64)
+        got = self._source.fetch_native(row, ids)
+        if not got["ok"]:
+            if got["fatal"]:
+                raise RuntimeError(got["message"])
+            return None
+        dtype = getattr(torch, got["dtype"])
+        hs = torch.frombuffer(bytearray(got["hidden_bytes"]), dtype=dtype).reshape(got["shape"])
+        return torch.from_numpy(ids.copy()), hs
 
     def _sample(self, epoch: int, row: int):
         import torch

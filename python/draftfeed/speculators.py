@@ -20,8 +20,15 @@ How the reference's arguments map:
 - `preprocess`: speculators' own `shift_batch` (EAGLE-3, P-EAGLE) and `shift_batch_mtp` run natively in
   the copy; any other callable runs per sample in Python (a slower path, see `_PythonPreprocessLoader`).
 - `transfer`: None or an hs-connectors `FileTransfer` use the native cache store (its folder); any other
-  object with the transfer interface is called back per sample (slower: it holds the GIL per call).
+  object with the transfer interface (an `FP8Transfer`, a Mooncake transfer, a custom one) is called back
+  from C++ per sample (slower: it holds the GIL per call): `get_cached` offline, and with
+  `on_missing="generate"` also `setup`, `get_generated` after each request, then `cache` (when it has one
+  and on_generate="cache") or `delete`.
 - the online arguments are validated here; `on_missing="generate"` needs the online source.
+- `DRAFTFEED_SERVER_DIR` (environment; the reference's signature has no room for it): the folder the
+  vLLM servers write into. Handles resolving outside it are refused, and generated files in it are
+  deleted (or moved into the cache) as the reference does. Without it handles are read from anywhere,
+  but a file outside the cache folder is never deleted or moved: it stays where the server wrote it.
 """
 
 from __future__ import annotations
@@ -192,11 +199,6 @@ def create_train_val_loaders(
 
     def source_for(split: str):
         if on_missing == "generate":
-            if python_transfer is not None:
-                raise NotImplementedError(
-                    "on_missing='generate' with a custom transfer object is not supported yet: the "
-                    "online source reads generated files itself (use transfer=None or a FileTransfer)"
-                )
             from . import online
 
             return online.OnlineSource(
@@ -213,6 +215,10 @@ def create_train_val_loaders(
                 fail_on_hidden_state_error=fail_on_hidden_state_error,
                 fetch_threads=fetch_threads,
                 vllm_http_keepalive=vllm_http_keepalive,
+                transfer=python_transfer,
+                # Not in the reference's signature: where the servers write, so that generated files
+                # there may be deleted (files outside the cache and this folder are never touched).
+                server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
             )
         if python_transfer is not None:
             return _core.python_transfer_source(python_transfer, on_missing)

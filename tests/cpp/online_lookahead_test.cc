@@ -45,6 +45,12 @@ class FakeSource : public SampleSource {
     released = true;
     changed.notify_all();
   }
+  // As the online source: interrupt() ends the held fetch at once.
+  void interrupt() override {
+    ++interrupts;
+    release();
+  }
+  void resume() override { ++resumes; }
   std::vector<std::int64_t> wait_calls(std::size_t n) {
     std::unique_lock lock(mutex);
     changed.wait_for(lock, 5s, [&] { return calls.size() >= n; });
@@ -56,6 +62,8 @@ class FakeSource : public SampleSource {
   std::vector<std::int64_t> calls;
   bool held = false;
   bool released = false;
+  std::atomic<int> interrupts{0};
+  std::atomic<int> resumes{0};
 };
 
 class OnlineLookaheadTest : public ::testing::Test {
@@ -165,19 +173,36 @@ TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {
   EXPECT_NE(outcome.message.find("row 13 exploded"), std::string::npos) << outcome.message;
 }
 
-TEST_F(OnlineLookaheadTest, DestructionCancelsTheInnerSource) {
+TEST_F(OnlineLookaheadTest, DestructionInterruptsTheInnerSource) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
-  std::atomic<bool> cancelled{false};
   {
-    LookaheadSource ahead(fake, dataset_, 1, 2, [&] {
-      cancelled = true;
-      fake->release();
-    });
-    ahead.prefetch({0, 1});
-    fake->wait_calls(1);
+    LookaheadSource ahead(fake, dataset_, 1, 2);
+    ahead.prefetch({10, 1});
+    fake->wait_calls(1);  // row 10 is held: only the interrupt lets the destructor join
   }
-  EXPECT_TRUE(cancelled.load());
+  EXPECT_EQ(fake->interrupts.load(), 1);
+  EXPECT_EQ(fake->resumes.load(), 1) << "the inner source may outlive the lookahead";
+}
+
+TEST_F(OnlineLookaheadTest, InterruptDropsTheQueueAndResumeWaitsForIdleThreads) {
+  auto fake = std::make_shared<FakeSource>();
+  fake->held = true;
+  LookaheadSource ahead(fake, dataset_, 1, 4);
+  ahead.prefetch({10, 1, 2, 3});
+  EXPECT_EQ(fake->wait_calls(1), std::vector<std::int64_t>({10}));
+  ahead.interrupt();  // the pipeline stops mid-epoch
+  ahead.resume();     // returns once row 10's fetch has ended
+  EXPECT_EQ(fake->interrupts.load(), 1);
+  EXPECT_EQ(fake->resumes.load(), 1);
+  const LookaheadStats stats = ahead.stats();
+  EXPECT_EQ(stats.queued, 0) << "rows 1-3 were dropped from the queue";
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.ready, 0) << "row 10's result belongs to the stopped epoch";
+  // The next epoch fetches normally.
+  ahead.prefetch({5, 6});
+  EXPECT_EQ(fake->wait_calls(3), std::vector<std::int64_t>({10, 5, 6}));
+  EXPECT_TRUE(ahead.fetch(6, dataset_->input_ids(6)).sample);
 }
 
 }  // namespace

@@ -43,3 +43,25 @@ def run_cli_json(run_cli):
         return json.loads(run_cli(*args, "--json", timeout=timeout).stdout)
 
     return run
+
+
+@pytest.fixture
+def topology():
+    """Sets the data-parallel placement for both sides: speculators' distributed state (read by the
+    reference) and the torchrun environment (read by draftfeed when speculators' state is unset)."""
+    from speculators.train import distributed as dist_state
+
+    saved = (dist_state._dp_rank, dist_state._dp_size, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
+
+    def set_placement(rank: int, world_size: int, *, via_env: bool):
+        dist_state._dp_rank, dist_state._dp_size = rank, world_size
+        if via_env:
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+
+    yield set_placement
+    dist_state._dp_rank, dist_state._dp_size = saved[0], saved[1]
+    for key, value in (("RANK", saved[2]), ("WORLD_SIZE", saved[3])):
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

@@ -270,3 +270,46 @@ def test_lookahead_window_bounds_the_rows_fetched_ahead(data, clean_sim, tmp_pat
     no_lookahead = draftfeed.online.OnlineSource(clean_sim.url, hidden_states_path=tmp_path / "c2")
     with pytest.raises(ValueError, match="lookahead"):
         no_lookahead.prefetch(np.arange(3, dtype=np.int64))
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_stopping_mid_epoch_ends_requests_in_flight_and_the_next_epoch_runs(
+        run_cli, data, clean_sim, tmp_path, lookahead):
+    filled = tmp_path / "filled"
+    assert generate(run_cli, data, clean_sim, filled)[0] == 0
+    offline = loader_batches(make_loader(data, hidden_states_path=str(filled)))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, data_path=data, hidden_states_path=cache, server_dir=clean_sim.server_dir,
+        fetch_threads=4, lookahead=lookahead, request_timeout=100, retry_backoff=0.01,
+        on_generate="cache", log_failures=False)
+    loader = make_loader(data, source=source, prefetch=2)
+    # Only the first batch's rows are cached; every request stalls far past this test's bound.
+    first_rows = loader.batch_sampler._generate_batches(loader.batch_sampler.epoch)[0]
+    for row in first_rows:
+        os.link(filled / f"hs_{row}.safetensors", cache / f"hs_{row}.safetensors")
+    clean_sim.set_faults({"stall": {"prob": 1.0, "seconds": 150}})
+    iterator = iter(loader)
+    first = next(iterator)
+    deadline = time.monotonic() + 30
+    while clean_sim.stats()["in_flight"] < 4:
+        assert time.monotonic() < deadline, "the other batches' requests never went out"
+        time.sleep(0.02)
+    started = time.monotonic()
+    iterator.close()  # the trainer stops mid-epoch (a break, an exception, a checkpoint-and-exit)
+    stop_seconds = time.monotonic() - started
+    assert stop_seconds < 20, f"stopping waited {stop_seconds:.1f} s for requests in flight"
+    assert all(torch.equal(first[k], offline[0][k]) for k in first)
+    stats = source.stats()
+    assert stats["exhausted"] == 0 and stats["consecutive_failures"] == 0, "a cancel is no failure"
+    assert not stats["fatal"]
+
+    # The next epoch (same one again, the server healthy) runs in full: the source was resumed.
+    clean_sim.set_faults({})
+    again = loader_batches(loader)
+    assert sorted(again) == sorted(offline)
+    for index, batch in offline.items():
+        for key in batch:
+            assert torch.equal(batch[key], again[index][key]), (index, key)
+    assert source.stats()["exhausted"] == 0

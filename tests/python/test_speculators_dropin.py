@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import inspect
 import os
-import warnings
 
 import numpy as np
 import pytest
 import torch
 
+from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
 from reference_fixtures import write_fixture
 
 pytestmark = pytest.mark.timeout(600)
@@ -58,60 +58,6 @@ def base_args(fx, **overrides):
     )
     args.update(overrides)
     return args
-
-
-@pytest.fixture
-def topology():
-    """Sets the data-parallel placement for both sides: speculators' distributed state (read by the
-    reference) and the torchrun environment (read by draftfeed when speculators' state is unset)."""
-    from speculators.train import distributed as dist_state
-
-    saved = (dist_state._dp_rank, dist_state._dp_size, os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
-
-    def set_placement(rank: int, world_size: int, *, via_env: bool):
-        dist_state._dp_rank, dist_state._dp_size = rank, world_size
-        if via_env:
-            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
-
-    yield set_placement
-    dist_state._dp_rank, dist_state._dp_size = saved[0], saved[1]
-    for key, value in (("RANK", saved[2]), ("WORLD_SIZE", saved[3])):
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def reference_loaders(args):
-    from speculators.train.dataloader import create_train_val_loaders
-
-    accepted = inspect.signature(create_train_val_loaders).parameters
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_train_val_loaders(**{k: v for k, v in args.items() if k in accepted})
-
-
-def our_loaders(args):
-    from draftfeed.speculators import create_train_val_loaders
-
-    return create_train_val_loaders(**args)
-
-
-def assert_same(ours: dict, ref: dict, context: str):
-    assert list(ours) == list(ref), f"{context}: keys {list(ours)} != {list(ref)}"
-    for key, expected in ref.items():
-        got = ours[key]
-        if isinstance(expected, torch.Tensor):
-            assert got.shape == expected.shape and got.dtype == expected.dtype, (context, key)
-            assert torch.equal(got, expected), f"{context}: {key} differs"
-        else:
-            assert got == expected, f"{context}: {key}: {got!r} != {expected!r}"
-
-
-def iterate(loader):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return list(loader)
 
 
 def test_signature_is_the_reference_entry_points():

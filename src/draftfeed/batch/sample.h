@@ -69,6 +69,12 @@ class SampleSource {
   // `input_ids` is the dataset row (for the token check). Must not throw for a bad sample (return a
   // drop); may throw for a failure that ends the run.
   virtual FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) = 0;
+
+  // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
+  // request with a two-minute timeout) end now, and resume() once its threads have joined, before
+  // the next epoch. Fetches that end because of interrupt() are not failures of the sample.
+  virtual void interrupt() {}
+  virtual void resume() {}
 };
 
 }  // namespace draftfeed

@@ -89,6 +89,10 @@ void EndpointSet::cancel() {
   for (auto& e : endpoints_) e->pool.cancel();
 }
 
+void EndpointSet::resume() {
+  for (auto& e : endpoints_) e->pool.resume();
+}
+
 std::vector<EndpointStats> EndpointSet::stats() const {
   std::lock_guard lock(mutex_);
   const auto now = std::chrono::steady_clock::now();

@@ -87,6 +87,7 @@ class EndpointSet {
   void record_model(Endpoint& endpoint, const std::string& model);
 
   void cancel();
+  void resume();
   std::size_t size() const { return endpoints_.size(); }
   std::vector<EndpointStats> stats() const;
 

@@ -78,6 +78,8 @@ const char* file_problem_name(FileProblem problem) {
       return "bad shape";
     case FileProblem::kNonFinite:
       return "non-finite";
+    case FileProblem::kTransferFailed:
+      return "transfer failed";
     case FileProblem::kCount:
       break;
   }

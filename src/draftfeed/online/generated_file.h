@@ -38,11 +38,13 @@ enum class FileProblem : std::uint8_t {
   kTokenMismatch,     // token_ids differ from the row's ids
   kBadShape,          // token_ids / hidden_states of the wrong dtype or shape
   kNonFinite,         // NaN or Inf in hidden_states
+  kTransferFailed,    // a non-file transfer could not load the sample (hidden_states_transfer.h)
   kCount,
 };
 
 // "ok", "outside server dir", "cache file", "missing file", "not a regular file", "file too large",
-// "lock timeout", "unreadable", "corrupt", "token mismatch", "bad shape", "non-finite".
+// "lock timeout", "unreadable", "corrupt", "token mismatch", "bad shape", "non-finite",
+// "transfer failed".
 const char* file_problem_name(FileProblem problem);
 
 struct GeneratedFileOptions {

@@ -59,6 +59,8 @@ class HttpPool {
 
   // Makes running and later transfers end at once with kCancelled.
   void cancel() { cancelled_.store(true); }
+  // Undoes cancel() for later transfers (the pipeline resumes after a stop).
+  void resume() { cancelled_.store(false); }
   bool cancelled() const { return cancelled_.load(); }
 
   // Connections opened so far (summed over transfers).

@@ -10,11 +10,8 @@ namespace draftfeed {
 
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
                                  std::shared_ptr<const TokenDataset> dataset, int threads,
-                                 int window, std::function<void()> cancel_inner)
-    : inner_(std::move(inner)),
-      dataset_(std::move(dataset)),
-      window_(window),
-      cancel_inner_(std::move(cancel_inner)) {
+                                 int window)
+    : inner_(std::move(inner)), dataset_(std::move(dataset)), window_(window) {
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
   require(threads >= 1 && window >= 1, ErrorKind::kInvalidArgument,
@@ -30,8 +27,24 @@ LookaheadSource::~LookaheadSource() {
     queue_.clear();
   }
   work_.notify_all();
-  if (cancel_inner_) cancel_inner_();
+  inner_->interrupt();
   for (auto& t : threads_) t.join();
+  inner_->resume();  // the inner source may outlive the lookahead
+}
+
+void LookaheadSource::interrupt() {
+  clear();
+  inner_->interrupt();
+}
+
+void LookaheadSource::resume() {
+  {
+    // Rows under way end promptly once the inner source is interrupted; resuming it before they
+    // do would let them run to completion for nothing.
+    std::unique_lock lock(mutex_);
+    results_.wait(lock, [this] { return stats_.running == 0; });
+  }
+  inner_->resume();
 }
 
 void LookaheadSource::run() {

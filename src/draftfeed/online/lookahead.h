@@ -19,7 +19,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -42,11 +41,11 @@ struct LookaheadStats {
 
 class LookaheadSource : public SampleSource {
  public:
-  // `threads` >= 1 lookahead threads, `window` >= 1 rows fetched ahead at most. `cancel_inner`
-  // (optional) is called by the destructor before it joins the threads, so a slow inner fetch
-  // (a request with a long timeout) ends at once.
+  // `threads` >= 1 lookahead threads, `window` >= 1 rows fetched ahead at most. The destructor
+  // interrupts the inner source before it joins the threads, so a slow inner fetch (a request
+  // with a long timeout) ends at once, and resumes it after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  int threads, int window, std::function<void()> cancel_inner = {});
+                  int threads, int window);
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;
@@ -58,6 +57,11 @@ class LookaheadSource : public SampleSource {
   void prefetch(std::vector<std::int64_t> rows);
   // Empties the queue and drops unclaimed results; rows under way finish and are dropped.
   void clear();
+
+  // The pipeline's stop: clear() and interrupt the inner source (rows under way end at once);
+  // resume() waits for the lookahead threads to be idle, then resumes the inner source.
+  void interrupt() override;
+  void resume() override;
 
   LookaheadStats stats() const;
 
@@ -71,11 +75,10 @@ class LookaheadSource : public SampleSource {
   const std::shared_ptr<SampleSource> inner_;
   const std::shared_ptr<const TokenDataset> dataset_;
   const int window_;
-  const std::function<void()> cancel_inner_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_;     // queue non-empty with room in the window, or stopping
-  std::condition_variable results_;  // an entry finished
+  std::condition_variable results_;  // an entry finished (or a thread went idle)
   std::deque<std::int64_t> queue_;
   std::unordered_map<std::int64_t, std::shared_ptr<Entry>> entries_;  // started, unclaimed
   std::uint64_t generation_ = 0;  // bumped by prefetch()/clear(): late results are dropped

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "draftfeed/common/finite.h"
 #include "draftfeed/pipeline/cache_source.h"
 
 namespace draftfeed {
@@ -90,7 +91,56 @@ const OnlineSourceOptions& checked(const OnlineSourceOptions& options) {
           "max_consecutive_generation_failures must be >= 1, got " +
               std::to_string(options.max_consecutive_generation_failures));
   if (options.on_missing != "generate") parse_on_missing(options.on_missing);  // throws if bad
+  require(options.transfer == nullptr || options.on_missing == "generate",
+          ErrorKind::kInvalidArgument,
+          "a transfer object is used by the online source only with on_missing='generate' (got '" +
+              options.on_missing + "')");
   return options;
+}
+
+DType finite_dtype(HiddenDType dtype) {
+  switch (dtype) {
+    case HiddenDType::kBF16:
+      return DType::kBF16;
+    case HiddenDType::kF16:
+      return DType::kF16;
+    case HiddenDType::kF32:
+      break;
+  }
+  return DType::kF32;
+}
+
+// How a transfer's load error is counted.
+FileProblem transfer_problem(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kNotFound:
+      return FileProblem::kMissing;
+    case ErrorKind::kMismatch:
+      return FileProblem::kTokenMismatch;
+    case ErrorKind::kFormat:
+    case ErrorKind::kUnsupported:
+      return FileProblem::kBadShape;
+    case ErrorKind::kNonFinite:
+      return FileProblem::kNonFinite;
+    default:
+      return FileProblem::kTransferFailed;
+  }
+}
+
+// "NaN 2, Inf 0 in layer slot(s) 0, 3" for a sample whose values are not all finite.
+std::string nonfinite_summary(const HiddenStatesView& hidden) {
+  const auto counts = count_nonfinite_per_slot(hidden.data, hidden.tokens, hidden.layers,
+                                               hidden.hidden, finite_dtype(hidden.dtype));
+  std::int64_t nan = 0;
+  std::int64_t inf = 0;
+  std::string slots;
+  for (std::size_t l = 0; l < counts.size(); ++l) {
+    nan += counts[l].nan;
+    inf += counts[l].inf;
+    if (counts[l].total() > 0) slots += (slots.empty() ? "" : ", ") + std::to_string(l);
+  }
+  return "NaN " + std::to_string(nan) + ", Inf " + std::to_string(inf) + " in layer slot(s) " +
+         slots;
 }
 
 }  // namespace
@@ -107,12 +157,17 @@ OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
       store_(make_store(options_)),
       reader_(store_, reader_options(options_)),
       client_(options_.client) {
-  if (options_.on_missing != "generate") {
+  if (options_.on_missing != "generate" && options_.transfer == nullptr) {
     offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing));
   }
 }
 
 void OnlineSampleSource::cancel() { client_.cancel(); }
+
+void OnlineSampleSource::resume() {
+  std::lock_guard lock(mutex_);
+  if (!stats_.fatal) client_.resume();  // after a fatal outcome the run is over
+}
 
 FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
   if (offline_) {
@@ -126,6 +181,15 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
       ++stats_.cache_rejected;
     }
     return outcome;
+  }
+  if (options_.transfer) {
+    FetchOutcome cached = options_.transfer->get_cached(row, input_ids);
+    if (cached.sample || cached.reason != DropReason::kMissing) {
+      std::lock_guard lock(mutex_);
+      ++(cached.sample ? stats_.cache_hits : stats_.cache_rejected);
+      return cached;
+    }
+    return generate_row(row, input_ids);
   }
   auto found = store_->lookup(row);
   if (!found.ok()) {
@@ -155,6 +219,15 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     }
     GenerationResult generation = client_.generate(ids);
     if (generation.failure == GenerationResult::Failure::kCancelled) {
+      std::lock_guard lock(mutex_);
+      if (stats_.fatal) {
+        // The run failed earlier (another row): say so again rather than drop rows quietly.
+        return FetchOutcome::dropped(
+            DropReason::kGenerationFailed,
+            "row " + std::to_string(row) +
+                ": not generated, the online source failed earlier: " + stats_.fatal_message,
+            true);
+      }
       return FetchOutcome::dropped(DropReason::kGenerationFailed,
                                    "row " + std::to_string(row) + ": " + generation.message);
     }
@@ -171,6 +244,17 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       ++stats_.failures.request[static_cast<std::size_t>(generation.failure)];
       last_error = generation.message;
       continue;
+    }
+    if (options_.transfer) {
+      std::optional<FetchedSample> sample = load_through_transfer(row, ids, generation, last_error);
+      if (!sample) continue;
+      finish_through_transfer(row, generation.handle);
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.generated;
+        stats_.consecutive_failures = 0;
+      }
+      return FetchOutcome::ok(std::move(*sample));
     }
     GeneratedFile file = reader_.read(generation.handle, RowIds(ids), row);
     if (!file.ok()) {
@@ -228,17 +312,23 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
       } else {
         write_atomically(file.sample->file->mapping()->bytes(), store_->root(),
                          store_->path_for(row), row);
-        std::lock_guard lock(mutex_);
-        ++stats_.copied;
-        ++stats_.left_in_place;
+        {
+          std::lock_guard lock(mutex_);
+          ++stats_.copied;
+          ++stats_.left_in_place;
+        }
+        warn_left_in_place(file.path);
       }
     } else if (file.owned) {
       store_->remove(file.path);
       std::lock_guard lock(mutex_);
       ++stats_.deleted;
     } else {
-      std::lock_guard lock(mutex_);
-      ++stats_.left_in_place;
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.left_in_place;
+      }
+      warn_left_in_place(file.path);
     }
   } catch (const Error& error) {
     // The sample itself is good and stays mapped: use it, report the cache problem.
@@ -250,6 +340,17 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
   }
+}
+
+void OnlineSampleSource::warn_left_in_place(const std::string& path) {
+  if (!options_.log_failures || left_in_place_warned_.exchange(true)) return;
+  warn(path + ": generated files outside the cache folder are left in place, not " +
+       (options_.on_generate == OnGenerate::kCache ? "moved" : "deleted") +
+       (options_.server_dir.empty()
+            ? ": name the folder the servers write into (server_dir=, --server-dir, or "
+              "DRAFTFEED_SERVER_DIR for the speculators drop-in) to let draftfeed remove them"
+            : ": the file is outside server_dir " + options_.server_dir) +
+       " (warned once; counted in left_in_place)");
 }
 
 void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
@@ -271,6 +372,87 @@ void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
   } catch (const Error& error) {
     if (options_.log_failures)
       warn("cannot remove a failed generated file: " + std::string(error.what()));
+    std::lock_guard lock(mutex_);
+    ++stats_.cleanup_errors;
+  }
+}
+
+std::optional<FetchedSample> OnlineSampleSource::load_through_transfer(
+    std::int64_t row, std::span<const std::int64_t> ids, const GenerationResult& generation,
+    std::string& error) {
+  HiddenStatesTransfer& transfer = *options_.transfer;
+  FileProblem problem = FileProblem::kNone;
+  std::optional<FetchedSample> sample;
+  {
+    // setup() once, before the first load; a failure is this round trip's failure.
+    std::lock_guard setup_lock(setup_mutex_);
+    if (!transfer_ready_) {
+      try {
+        transfer.setup();
+        transfer_ready_ = true;
+      } catch (const std::exception& e) {
+        problem = FileProblem::kTransferFailed;
+        error = "the transfer's setup() failed: " + std::string(e.what());
+      }
+    }
+  }
+  if (problem == FileProblem::kNone) {
+    Result<FetchedSample> loaded =
+        transfer.get_generated(generation.transfer_params, generation.handle, row, ids);
+    if (!loaded.ok()) {
+      problem = transfer_problem(loaded.error().kind());
+      error = generation.endpoint + ": " + loaded.error().what();
+    } else {
+      const HiddenStatesView& hidden = loaded.value().hidden;
+      const auto count = static_cast<std::size_t>(hidden.tokens * hidden.layers * hidden.hidden);
+      if (all_finite(hidden.data, count, finite_dtype(hidden.dtype))) {
+        sample = std::move(loaded).value();
+      } else {
+        problem = FileProblem::kNonFinite;
+        error = generation.endpoint + ": row " + std::to_string(row) + ", handle " +
+                generation.handle + ": hidden_states has " + nonfinite_summary(hidden);
+      }
+    }
+  }
+  if (sample) return sample;
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.failures.file[static_cast<std::size_t>(problem)];
+  }
+  remove_through_transfer(generation.handle);  // as the reference: a failed sample is deleted
+  return std::nullopt;
+}
+
+void OnlineSampleSource::finish_through_transfer(std::int64_t row, const std::string& handle) {
+  if (options_.on_generate == OnGenerate::kCache) {
+    try {
+      if (options_.transfer->cache(handle, row)) {
+        std::lock_guard lock(mutex_);
+        ++stats_.adopted;
+        return;
+      }
+    } catch (const std::exception& e) {
+      if (options_.log_failures) {
+        warn("row " + std::to_string(row) +
+             ": generated hidden states used but not cached: " + e.what());
+      }
+      std::lock_guard lock(mutex_);
+      ++stats_.cleanup_errors;
+      return;
+    }
+  }
+  remove_through_transfer(handle);
+}
+
+void OnlineSampleSource::remove_through_transfer(const std::string& handle) {
+  try {
+    options_.transfer->remove(handle);
+    std::lock_guard lock(mutex_);
+    ++stats_.deleted;
+  } catch (const std::exception& e) {
+    if (options_.log_failures) {
+      warn("cannot clean up generated hidden states " + handle + ": " + e.what());
+    }
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
   }

@@ -12,6 +12,10 @@
 //      loader does not own is copied in instead: temporary file, fsync, rename), delete removes it
 //      (an unowned file is left alone). The sample stays mapped either way, so the pipeline copies
 //      from it after fetch() returns (a mapping survives unlink and rename on Linux).
+//   With `transfer` set (hidden_states_transfer.h: a Mooncake store, a custom Python object), steps
+//   1-3 go through it instead: get_cached, then get_generated with the response's
+//   kv_transfer_params (values checked for NaN/Inf here), then cache or remove; a failed load is
+//   removed. setup() runs before the first load. Only on_missing = generate is served this way.
 //   4. failure accounting: a row that exhausts its round trips is dropped as kGenerationFailed and
 //      logged; it is fatal (the run stops and the message reaches the consumer) with
 //      fail_on_hidden_state_error, or when max_consecutive_generation_failures rows in a row were
@@ -32,12 +36,15 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "draftfeed/batch/sample.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/online/generated_file.h"
+#include "draftfeed/online/hidden_states_transfer.h"
 #include "draftfeed/online/vllm_client.h"
 
 namespace draftfeed {
@@ -61,6 +68,8 @@ struct OnlineSourceOptions {
   std::chrono::duration<double> lock_poll{0.1};
   std::uint64_t max_file_bytes = std::uint64_t{64} << 30;
   bool log_failures = true;  // one warning per dropped row on stderr
+  // Replaces the cache store and the generated-file reader when set (needs on_missing generate).
+  std::shared_ptr<HiddenStatesTransfer> transfer;
 };
 
 // Causes of failed round trips, for the counters.
@@ -99,8 +108,13 @@ class OnlineSampleSource : public SampleSource {
   // The round trip alone (no cache lookup), with the failure policy: for `draftfeed generate`.
   FetchOutcome generate_row(std::int64_t global_row, const IntArrayView& input_ids);
 
-  // Ends transfers and backoff sleeps now; later fetches fail fast (not counted as failures).
+  // Ends transfers and backoff sleeps now; later fetches fail fast (not counted as failures)
+  // until resume(). A fatal outcome cancels for good: later fetches then repeat the fatal error.
   void cancel();
+  // The pipeline's stop: cancel(), then resume() once its threads have joined. A fetch that was
+  // cancelled is dropped as kGenerationFailed but counts neither as exhausted nor as consecutive.
+  void interrupt() override { cancel(); }
+  void resume() override;
 
   OnlineSourceStats stats() const;
   const OnlineSourceOptions& options() const { return options_; }
@@ -110,6 +124,17 @@ class OnlineSampleSource : public SampleSource {
   // Moves/copies/removes a generated file per on_generate; returns nothing, logs problems.
   void finish_generated(std::int64_t row, const GeneratedFile& file);
   void discard_failed(const GeneratedFile& file);
+  // Says once that generated files are left where the server wrote them (a folder it does not own).
+  void warn_left_in_place(const std::string& path);
+  // Loads a generated sample through options_.transfer and checks its values; on failure counts
+  // the problem, removes the sample and returns nullopt with `error` set.
+  std::optional<FetchedSample> load_through_transfer(std::int64_t row,
+                                                     std::span<const std::int64_t> ids,
+                                                     const GenerationResult& generation,
+                                                     std::string& error);
+  // on_generate through options_.transfer: cache (or remove when it cannot cache) or remove.
+  void finish_through_transfer(std::int64_t row, const std::string& handle);
+  void remove_through_transfer(const std::string& handle);
 
   const OnlineSourceOptions options_;
   std::shared_ptr<const CacheStore> store_;
@@ -119,6 +144,9 @@ class OnlineSampleSource : public SampleSource {
 
   mutable std::mutex mutex_;  // guards stats_
   OnlineSourceStats stats_;
+  std::mutex setup_mutex_;       // serialises options_.transfer->setup(); guards transfer_ready_
+  bool transfer_ready_ = false;  // options_.transfer->setup() succeeded
+  std::atomic<bool> left_in_place_warned_{false};
 };
 
 }  // namespace draftfeed

@@ -75,6 +75,11 @@ void VllmClient::cancel() {
   cancel_signal_.notify_all();
 }
 
+void VllmClient::resume() {
+  endpoints_.resume();
+  cancelled_.store(false);
+}
+
 void VllmClient::take_slot() {
   std::unique_lock lock(mutex_);
   slot_freed_.wait(lock,
@@ -280,6 +285,7 @@ bool VllmClient::attempt_once(EndpointSet::Lease& lease, RequestKind kind, std::
   result.problem = ResponseProblem::kNone;
   result.message.clear();
   result.handle = std::move(response.handle);
+  result.transfer_params = std::move(response.transfer_params);
   return false;
 }
 

@@ -58,9 +58,10 @@ struct GenerationResult {
   };
   Failure failure = Failure::kNone;
   ResponseProblem problem = ResponseProblem::kNone;  // for kInvalidResponse (kNone: too large)
-  std::string message;   // names the endpoint, the attempts and the last error
-  std::string handle;    // on success
-  std::string endpoint;  // the endpoint of the last attempt
+  std::string message;          // names the endpoint, the attempts and the last error
+  std::string handle;           // on success
+  std::string transfer_params;  // on success: kv_transfer_params as JSON text
+  std::string endpoint;         // the endpoint of the last attempt
   int attempts = 0;
   bool ok() const { return failure == Failure::kNone; }
   bool fatal() const { return failure == Failure::kWrongModel; }
@@ -100,6 +101,8 @@ class VllmClient {
   GenerationResult generate_chat(std::string_view messages_json, std::span<const std::int64_t> ids);
 
   void cancel();
+  // Undoes cancel(): later calls run normally (calls under way when cancel() came still end).
+  void resume();
   bool cancelled() const { return cancelled_.load(); }
   VllmClientStats stats() const;
   const VllmClientOptions& options() const { return options_; }

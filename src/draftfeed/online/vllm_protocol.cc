@@ -237,6 +237,7 @@ GenerationResponse parse_generation_response(std::string_view body, RequestKind 
                                   clipped(handle->dump()));
   }
   out.handle = handle->get<std::string>();
+  out.transfer_params = params->dump(-1, ' ', false, Json::error_handler_t::replace);
   return out;
 }
 

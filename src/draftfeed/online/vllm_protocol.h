@@ -55,6 +55,7 @@ struct GenerationResponse {
   ResponseProblem problem = ResponseProblem::kNone;
   std::string message;
   std::string handle;
+  std::string transfer_params;  // kv_transfer_params as JSON text, for a non-file transfer
   bool ok() const { return problem == ResponseProblem::kNone; }
 };
 

@@ -88,14 +88,18 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
 }
 
 void Pipeline::stop() {
+  const bool running = scheduler_.joinable() || workers_ != nullptr;
   stopping_ = true;
   pool_->poke();
   ready_changed_.notify_all();
+  // A fetch under way may block for long (an online request); the source ends it now.
+  if (running) source_->interrupt();
   if (scheduler_.joinable()) scheduler_.join();
   if (workers_) {
     workers_->shutdown(/*discard_pending=*/true);
     workers_.reset();
   }
+  if (running) source_->resume();
   // Leases return their buffers to the pool as they are destroyed: do that outside our lock.
   std::map<std::int64_t, std::shared_ptr<BatchLease>> by_sequence;
   std::deque<std::shared_ptr<BatchLease>> fifo;

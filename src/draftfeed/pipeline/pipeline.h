@@ -103,7 +103,8 @@ class Pipeline {
   void start(std::uint64_t epoch, std::vector<PlannedBatch> batches);
   // The next batch, or nullptr when the epoch is done. Rethrows a fatal error from the workers.
   std::shared_ptr<BatchLease> next();
-  // Stops promptly: queued work is discarded, running tasks finish, threads are joined.
+  // Stops promptly: queued work is discarded, the source is interrupted so running fetches end
+  // (SampleSource::interrupt), threads are joined, then the source is resumed.
   void stop();
 
   PipelineMetrics metrics() const;

@@ -1,0 +1,209 @@
+"""The drop-in with `on_missing="generate"` against the real speculators entry point, both talking to
+the simulated vLLM server: rows without a cached file are generated on both sides, and the batches are
+equal. Also a custom (non-FileTransfer) transfer object: the reference calls its `get_generated` and
+`delete`, and so must we (a Mooncake transfer works this way)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
+from reference_fixtures import write_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from sim_vllm_process import SimServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_LEN = 96
+LAYERS, HIDDEN = 4, 16
+MISSING = (4, 17, 30, 50)
+
+
+@pytest.fixture
+def fixture(tmp_path):
+    return write_fixture(str(tmp_path / "data"), rows=60, max_len=MAX_LEN, hidden_size=HIDDEN,
+                         layers=LAYERS, missing=MISSING, mismatched=(9, 33), long_rows=(12, 40))
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dropin_online_sim")
+    with SimServerProcess(root / "server", layers=LAYERS, hidden=HIDDEN, seed=5) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def clean_server(sim):
+    """Each test starts with the server's counters at zero and its folder empty."""
+    sim.set_faults({})
+    sim.reset()
+    for leftover in Path(sim.server_dir).glob("*.safetensors"):
+        leftover.unlink()
+
+
+def online_args(fx, sim, **overrides):
+    args = dict(
+        data_path=fx.path, total_seq_len=MAX_LEN, hidden_states_dtype=torch.bfloat16, noise_std=0.0,
+        transfer=None, vllm_endpoint=sim.url, on_missing="generate", on_generate="delete",
+        verifier_name_or_path=None, request_timeout=30.0, max_retries=1,
+        generation_validation_retries=0, max_consecutive_generation_failures=5, hidden_size=HIDDEN,
+        num_target_layers=LAYERS - 1, num_workers=0, prefetch_factor=4, preprocess=None,
+        train_data_ratio=0.8,
+    )
+    args.update(overrides)
+    return args
+
+
+class RecordingTransfer:
+    """A transfer with the hs-connectors interface that is not a FileTransfer (as a Mooncake one):
+    cached samples from `root`, generated ones loaded from the server's handle, every call recorded."""
+
+    def __init__(self, root):
+        from hs_connectors import FileTransfer
+
+        self.inner = FileTransfer(Path(root))
+        self.lock = threading.Lock()
+        self.calls = {"setup": 0, "get_cached": 0, "get_generated": 0, "delete": 0, "cache": 0}
+        self.params = []
+
+    def _count(self, name):
+        with self.lock:
+            self.calls[name] += 1
+
+    def setup(self):
+        self._count("setup")
+
+    def get_cached(self, file_idx):
+        self._count("get_cached")
+        return self.inner.get_cached(file_idx)
+
+    def get_generated(self, params):
+        self._count("get_generated")
+        with self.lock:
+            self.params.append(dict(params))
+        return self.inner.get_generated(params)
+
+    def delete(self, handle):
+        self._count("delete")
+        self.inner.delete(handle)
+
+
+class CachingTransfer(RecordingTransfer):
+    """Also has `cache(handle, idx)`: keeps the generated sample under its index (here: moves the file)."""
+
+    def cache(self, handle, file_idx):
+        self._count("cache")
+        os.replace(handle, self.inner.hidden_states_path / f"hs_{file_idx}.safetensors")
+
+
+def generated_rows(loader) -> int:
+    train_rows = {int(r) for batch in loader.batch_sampler._generate_batches(0) for r in batch}
+    return len(train_rows & set(MISSING))
+
+
+def assert_same_epochs(ours, ref, context):
+    got, expected = iterate(ours), iterate(ref)
+    assert len(got) == len(expected) > 0
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert_same(a, b, f"{context} batch {k}")
+
+
+@pytest.mark.parametrize("server_dir_known", [True, False])
+def test_generated_rows_give_the_reference_batches(fixture, sim, topology, monkeypatch, capfd,
+                                                   server_dir_known):
+    topology(0, 1, via_env=False)
+    if server_dir_known:
+        monkeypatch.setenv("DRAFTFEED_SERVER_DIR", str(sim.server_dir))
+    ref_train, _ = reference_loaders(online_args(fixture, sim))
+    ours, _ = our_loaders(online_args(fixture, sim, num_workers=2))
+    assert_same_epochs(ours, ref_train, "online")
+    n = generated_rows(ours)
+    assert n > 0 and sim.stats()["completions"] == 2 * n, "each side generated each missing row once"
+    left = list(Path(sim.server_dir).glob("*.safetensors"))
+    if server_dir_known:
+        assert not left, "both sides deleted what they loaded"
+    else:
+        # Not knowing the server's folder, draftfeed never deletes there, and says so once.
+        assert len(left) == n
+        assert capfd.readouterr().err.count("left in place") == 1
+
+
+@pytest.mark.parametrize("python_preprocess", [False, True])
+def test_custom_transfer_is_called_for_generated_samples(fixture, sim, topology, python_preprocess):
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    preprocess = (lambda sample: sample) if python_preprocess else None
+    ref_transfer, our_transfer = RecordingTransfer(root), RecordingTransfer(root)
+    ref_train, _ = reference_loaders(online_args(fixture, sim, transfer=ref_transfer,
+                                                 preprocess=preprocess))
+    ours, _ = our_loaders(online_args(fixture, sim, transfer=our_transfer, num_workers=2,
+                                      preprocess=preprocess))
+    assert_same_epochs(ours, ref_train, "custom transfer")
+    n = generated_rows(ours)
+    planned = sum(len(b) for b in ours.batch_sampler._generate_batches(0))
+    assert our_transfer.calls == {"setup": 1, "get_cached": planned, "get_generated": n,
+                                  "delete": n, "cache": 0}
+    assert ref_transfer.calls["get_generated"] == n == ref_transfer.calls["delete"]
+    # The whole kv_transfer_params object reaches get_generated, as the reference passes it.
+    assert sorted(map(sorted, our_transfer.params)) == sorted(map(sorted, ref_transfer.params))
+    assert all("hidden_states_path" in p for p in our_transfer.params)
+    assert not any(Path(sim.server_dir).glob("*.safetensors"))
+
+
+def test_on_generate_cache_uses_the_transfers_cache_method(fixture, sim, topology):
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    transfer = CachingTransfer(root)
+    ours, _ = our_loaders(online_args(fixture, sim, transfer=transfer, on_generate="cache",
+                                      num_workers=2))
+    first = iterate(ours)
+    n = generated_rows(ours)
+    assert transfer.calls["cache"] == n and transfer.calls["delete"] == 0
+    # The next pass over the same epoch finds them cached: no request, the same batches.
+    before = sim.stats()["completions"]
+    again = iterate(ours)
+    assert sim.stats()["completions"] == before
+    for k, (a, b) in enumerate(zip(again, first, strict=True)):
+        assert_same(a, b, f"cached pass batch {k}")
+
+
+class BrokenTransfer(RecordingTransfer):
+    """get_generated raises for the first `failures` calls, then works."""
+
+    def __init__(self, root, failures):
+        super().__init__(root)
+        self.failures = failures
+
+    def get_generated(self, params):
+        with self.lock:
+            self.failures -= 1
+            broken = self.failures >= 0
+        if broken:
+            self._count("get_generated")
+            raise ConnectionError("the store is unreachable")
+        return super().get_generated(params)
+
+
+def test_a_failing_transfer_is_retried_then_dropped_and_counted(fixture, sim, topology):
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    # One retry per row: the first row to be generated fails twice (dropped), the others succeed.
+    transfer = BrokenTransfer(root, failures=2)
+    ours, _ = our_loaders(online_args(fixture, sim, transfer=transfer, num_workers=0,
+                                      generation_validation_retries=1))
+    batches = iterate(ours)
+    n = generated_rows(ours)
+    dropped = sum(b["error_records"] for b in batches)
+    planned = sum(len(b) for b in ours.batch_sampler._generate_batches(0))
+    mismatched = len({9, 33} & {int(r) for b in ours.batch_sampler._generate_batches(0) for r in b})
+    assert dropped == 1 + mismatched
+    assert transfer.calls["get_generated"] == n + 1 and transfer.calls["delete"] == n + 1
+    assert planned > dropped
+    assert not any(Path(sim.server_dir).glob("*.safetensors")), "failed samples are deleted too"
