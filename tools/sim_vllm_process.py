@@ -43,6 +43,7 @@ class SimServerProcess:
         log_path: str | os.PathLike | None = None,
     ):
         self.server_dir = Path(server_dir)
+        self.model = model
         args = [
             sys.executable, str(SERVER), "--server-dir", str(server_dir), "--model", model,
             "--layers", str(layers), "--hidden", str(hidden), "--dtype", dtype, "--seed", str(seed),

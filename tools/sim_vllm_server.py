@@ -55,7 +55,8 @@ every run (benchmarks compare runs on equal work).
 `GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
 (TCP connections accepted), in_flight, max_in_flight (generation requests being served at once),
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
-slept in total), max_service_seconds (the longest one), handles (every handle answered, in order), pending_writes (files still to be
+slept in total), max_service_seconds (the longest one), handles (every handle answered, in order),
+chat_requests (the first 1000 chat requests: messages, add_generation_prompt, continue_final_message), pending_writes (files still to be
 written after their answer). `POST /admin/reset` zeroes them.
 
 Listens on 127.0.0.1 only. --port 0 picks a free port; the port is printed
@@ -195,6 +196,7 @@ class SimServer:
             "service_seconds": 0.0,
             "max_service_seconds": 0.0,
             "handles": [],
+            "chat_requests": [],
         }
 
     def sample_latency(self, ids: list[int]) -> float:
@@ -342,6 +344,11 @@ class SimServer:
             if not isinstance(messages, list):
                 return self.bad_request("messages must be a list")
             ids = [ord(c) for turn in messages for c in _turn_text(turn)]
+            # What a chat request carried, for tests comparing clients (bounded).
+            if len(self.stats["chat_requests"]) < 1000:
+                self.stats["chat_requests"].append(
+                    {k: body.get(k) for k in ("messages", "add_generation_prompt",
+                                              "continue_final_message")})
         else:
             ids = body.get("prompt")
             if not isinstance(ids, list) or not all(
@@ -439,7 +446,8 @@ def _turn_text(turn: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        # Parts of other kinds carry "text": null when read from an Arrow struct column.
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
     return ""
 
 

@@ -84,6 +84,8 @@ nb::dict source_stats(const OnlineSourceStats& s) {
   out["generated"] = s.generated;
   out["exhausted"] = s.exhausted;
   out["skipped"] = s.skipped;
+  out["chat_rows"] = s.chat_rows;
+  out["bad_messages"] = s.bad_messages;
   out["round_trips"] = s.round_trips;
   nb::dict request_failures;
   for (std::size_t f = 1; f < s.failures.request.size(); ++f) {
@@ -244,6 +246,9 @@ void init_online(nb::module_& m) {
             if (!transfer.is_none()) {
               options.transfer = make_python_transfer(std::move(transfer), /*generating=*/true);
             }
+            // The rows' messages (chat request for multimodal rows) and the lookahead's token ids.
+            if (!data_path.empty()) options.dataset = TokenDataset::open(data_path);
+            const auto dataset = options.dataset;
             auto online = std::make_shared<OnlineSampleSource>(std::move(options));
             std::string description = "online (" + std::to_string(endpoints.size()) +
                                       " endpoint(s), " + std::to_string(fetch_threads) +
@@ -253,8 +258,7 @@ void init_online(nb::module_& m) {
             if (lookahead > 0) {
               require(!data_path.empty(), ErrorKind::kInvalidArgument,
                       "lookahead needs data_path (the lookahead reads the rows' token ids)");
-              ahead = std::make_shared<LookaheadSource>(online, TokenDataset::open(data_path),
-                                                        fetch_threads, lookahead);
+              ahead = std::make_shared<LookaheadSource>(online, dataset, fetch_threads, lookahead);
               description += ", lookahead " + std::to_string(lookahead) + " rows";
             }
             description += ")";

@@ -27,8 +27,9 @@ constexpr const char* kUsage =
 Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors) from vLLM servers running the
 hidden-states connector, for every row without a valid file (a missing, corrupt, mismatched or
 non-finite file is regenerated). Rows are requested concurrently from the least busy endpoint; a
-failing endpoint is rested and tried again later. Each generated file is checked (token ids, shape,
-finite values) and moved into the cache atomically.
+failing endpoint is rested and tried again later. Multimodal rows (a `messages` column whose turns
+have list content) are sent as chat requests with their messages, others as token ids. Each generated
+file is checked (token ids, shape, finite values) and moved into the cache atomically.
 
 options:
   --endpoint URL                      a server's OpenAI API base, e.g. http://host:8000/v1 (repeat)
@@ -159,6 +160,7 @@ int run_generate(const std::vector<std::string>& argv) {
   const auto dataset = TokenDataset::open(data);
   const RowRange range = parse_rows(args.str("rows", ""), dataset->num_rows());
   const std::int64_t total = range.end - range.begin;
+  options.dataset = dataset;  // multimodal rows: the chat request with their messages
   OnlineSampleSource source(options);
 
   Progress p;
@@ -222,6 +224,8 @@ int run_generate(const std::vector<std::string>& argv) {
   report["seconds"] = seconds;
   report["rows_per_s"] = seconds > 0 ? static_cast<double>(p.generated.load()) / seconds : 0.0;
   report["tokens_per_s"] = seconds > 0 ? static_cast<double>(p.tokens.load()) / seconds : 0.0;
+  report["chat_rows"] = stats.chat_rows;
+  report["bad_messages"] = stats.bad_messages;
   report["requests"] = stats.client.requests;
   report["retries"] = stats.client.retries;
   report["max_in_flight"] = stats.client.max_in_flight;

@@ -72,6 +72,7 @@ int run_loader(const LoaderRunConfig& config) {
   if (online) {
     OnlineSourceOptions online_options;
     online_options.hidden_states_path = hs_path;
+    online_options.dataset = dataset;  // multimodal rows: the chat request
     online_options.server_dir = config.server_dir;
     online_options.on_generate = parse_on_generate(config.on_generate);
     online_options.client.endpoints = config.endpoints;

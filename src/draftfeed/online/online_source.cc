@@ -207,9 +207,41 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
   return generate_row(row, input_ids);
 }
 
+Result<std::optional<std::string>> OnlineSampleSource::chat_messages(std::int64_t row) const {
+  const auto& dataset = options_.dataset;
+  if (!dataset || !dataset->has_messages()) return std::optional<std::string>();
+  Result<std::string> json = dataset->messages_json(row);
+  if (!json.ok()) return json.error();
+  Result<bool> multimodal = has_multimodal_content(json.value());
+  if (!multimodal.ok()) {
+    // A null `messages` value, or one that is not a list of turns: the reference would find no
+    // multimodal turn either, and send the token ids.
+    return std::optional<std::string>();
+  }
+  if (!multimodal.value()) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(json).value());
+}
+
 FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayView& input_ids) {
   std::vector<std::int64_t> ids(static_cast<std::size_t>(input_ids.size()));
   input_ids.copy_to(ids.data());
+  Result<std::optional<std::string>> messages = chat_messages(row);
+  if (!messages.ok()) {
+    // A data problem, not the server's: dropped and counted, no request, no failure streak.
+    std::string message = "row " + std::to_string(row) +
+                          ": cannot build the chat request: " + messages.error().what();
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.bad_messages;
+    }
+    if (options_.log_failures) warn(message);
+    return FetchOutcome::dropped(DropReason::kInvalid, std::move(message),
+                                 options_.fail_on_hidden_state_error);
+  }
+  if (messages.value()) {
+    std::lock_guard lock(mutex_);
+    ++stats_.chat_rows;
+  }
   const int total = options_.generation_validation_retries + 1;
   std::string last_error;
   for (int attempt = 1; attempt <= total; ++attempt) {
@@ -217,7 +249,8 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       std::lock_guard lock(mutex_);
       ++stats_.round_trips;
     }
-    GenerationResult generation = client_.generate(ids);
+    GenerationResult generation =
+        messages.value() ? client_.generate_chat(*messages.value(), ids) : client_.generate(ids);
     if (generation.failure == GenerationResult::Failure::kCancelled) {
       std::lock_guard lock(mutex_);
       if (stats_.fatal) {
