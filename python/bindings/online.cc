@@ -102,6 +102,7 @@ nb::dict source_stats(const OnlineSourceStats& s) {
   out["copied"] = s.copied;
   out["deleted"] = s.deleted;
   out["left_in_place"] = s.left_in_place;
+  out["abandoned"] = s.abandoned;
   out["cleanup_errors"] = s.cleanup_errors;
   out["consecutive_failures"] = s.consecutive_failures;
   out["max_consecutive_failures"] = s.max_consecutive_failures;

@@ -521,3 +521,24 @@ def test_client_retries_with_exponential_backoff(sim):
     failed = short.generate(np.arange(1, 5, dtype=np.int64))
     assert failed["failure"] == "retries exhausted" and failed["attempts"] == 2
     assert "HTTP 503" in failed["message"]
+
+
+def test_a_file_locked_past_the_timeout_is_removed_once_its_writer_lets_go(sim, dataset, folders):
+    _, ids, expected = dataset
+    cache, _ = folders
+    for leftover in sim.server_dir.glob("*"):
+        leftover.unlink()
+    sim.set_faults({"lock_hold": {"first": 2, "seconds": 1.0}})
+    source = make_source(sim, cache, lock_timeout=0.2, generation_validation_retries=2,
+                         fetch_threads=2)
+    check_all_ok(fetch_rows(source, ids, rows=[0, 1], threads=2), expected)
+    stats = source.stats()
+    assert stats["file_failures"]["lock timeout"] == 2 and stats["abandoned"] == 2
+    deadline = time.monotonic() + 30
+    while sim.stats()["pending_writes"] > 0:  # the writers finish and release their locks
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # The next round trip sweeps them first: nothing of the failed requests stays in the folder.
+    check_all_ok(fetch_rows(source, ids, rows=[2], threads=1), expected)
+    assert source.stats()["abandoned"] == 0
+    assert sorted(p.name for p in sim.server_dir.iterdir()) == []

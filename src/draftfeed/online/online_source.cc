@@ -162,6 +162,46 @@ OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
   }
 }
 
+OnlineSampleSource::~OnlineSampleSource() {
+  sweep_abandoned();
+  if (!abandoned_.empty() && options_.log_failures) {
+    warn(std::to_string(abandoned_.size()) +
+         " failed generated file(s) are still locked by their writer and stay in place, e.g. " +
+         abandoned_.front());
+  }
+}
+
+void OnlineSampleSource::sweep_abandoned() {
+  std::vector<std::string> paths;
+  {
+    std::lock_guard lock(mutex_);
+    paths.swap(abandoned_);
+  }
+  if (paths.empty()) return;
+  std::vector<std::string> still_locked;
+  std::int64_t removed = 0;
+  for (const std::string& path : paths) {
+    // One try, no wait: a free lock is removed as the protocol says, then the data file.
+    const auto lock_error =
+        wait_for_lock(path + ".lock", std::chrono::duration<double>(0), options_.lock_poll);
+    if (lock_error) {
+      still_locked.push_back(path);
+      continue;
+    }
+    try {
+      store_->remove(path);
+      ++removed;
+    } catch (const Error& error) {
+      if (options_.log_failures)
+        warn("cannot remove a failed generated file: " + std::string(error.what()));
+    }
+  }
+  std::lock_guard lock(mutex_);
+  stats_.deleted += removed;
+  abandoned_.insert(abandoned_.end(), still_locked.begin(), still_locked.end());
+  stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
+}
+
 void OnlineSampleSource::cancel() { client_.cancel(); }
 
 void OnlineSampleSource::resume() {
@@ -225,6 +265,7 @@ Result<std::optional<std::string>> OnlineSampleSource::chat_messages(std::int64_
 FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayView& input_ids) {
   std::vector<std::int64_t> ids(static_cast<std::size_t>(input_ids.size()));
   input_ids.copy_to(ids.data());
+  sweep_abandoned();
   Result<std::optional<std::string>> messages = chat_messages(row);
   if (!messages.ok()) {
     // A data problem, not the server's: dropped and counted, no request, no failure streak.
@@ -397,7 +438,13 @@ void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
     }
     return;
   }
-  if (file.problem == FileProblem::kLockTimeout) return;  // its writer still holds it
+  if (file.problem == FileProblem::kLockTimeout) {
+    // Its writer still holds it: removed later, once the lock is free.
+    std::lock_guard lock(mutex_);
+    abandoned_.push_back(file.path);
+    stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
+    return;
+  }
   try {
     store_->remove(file.path);
     std::lock_guard lock(mutex_);

@@ -97,6 +97,7 @@ struct OnlineSourceStats {
   std::int64_t adopted = 0;         // generated files moved into the cache
   std::int64_t copied = 0;          // unowned generated files copied into the cache
   std::int64_t deleted = 0;         // generated (or failed) files removed
+  std::int64_t abandoned = 0;       // failed files still locked by their writer, to remove later
   std::int64_t left_in_place = 0;   // unowned files neither moved nor removed
   std::int64_t cleanup_errors = 0;  // a move, copy or removal the OS refused (logged)
   std::int64_t consecutive_failures = 0;
@@ -110,6 +111,10 @@ class OnlineSampleSource : public SampleSource {
  public:
   // Throws kInvalidArgument for bad options (naming them).
   explicit OnlineSampleSource(OnlineSourceOptions options);
+  // Removes the failed files whose writers have let go by now (see sweep_abandoned).
+  ~OnlineSampleSource() override;
+  OnlineSampleSource(const OnlineSampleSource&) = delete;
+  OnlineSampleSource& operator=(const OnlineSampleSource&) = delete;
 
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
 
@@ -132,6 +137,10 @@ class OnlineSampleSource : public SampleSource {
   // Moves/copies/removes a generated file per on_generate; returns nothing, logs problems.
   void finish_generated(std::int64_t row, const GeneratedFile& file);
   void discard_failed(const GeneratedFile& file);
+  // Failed files whose writer held the lock past the timeout cannot be removed then; they are
+  // remembered and removed once their lock is free (tried before each round trip and at
+  // destruction, never waiting), so a slow connector does not leave files in the server folder.
+  void sweep_abandoned();
   // Says once that generated files are left where the server wrote them (a folder it does not own).
   void warn_left_in_place(const std::string& path);
   // The row's messages as JSON when it needs the chat request; nullopt for the completions
@@ -158,6 +167,7 @@ class OnlineSampleSource : public SampleSource {
   std::mutex setup_mutex_;       // serialises options_.transfer->setup(); guards transfer_ready_
   bool transfer_ready_ = false;  // options_.transfer->setup() succeeded
   std::atomic<bool> left_in_place_warned_{false};
+  std::vector<std::string> abandoned_;  // guarded by mutex_: see sweep_abandoned()
 };
 
 }  // namespace draftfeed
