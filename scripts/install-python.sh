@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs draftfeed itself (`pip install .`, which builds the C++ core, the Python module and the
-# `draftfeed` program) and, with --test, the test and benchmark dependencies, including the reference
-# packages used as oracles.
+# `draftfeed` program), what the demo's simulated vLLM server needs and, with --test, the test and
+# benchmark dependencies, including the reference packages used as oracles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 
+# The demo's online epoch runs the simulated vLLM server, which needs these.
+"$python" -m pip install -q --disable-pip-version-check -r requirements-demo.txt
 if [ "${1:-}" = "--test" ]; then
   "$python" -m pip install -q --disable-pip-version-check -r requirements-test.txt
   # The reference trainer's data modules are oracles; their heavy extras (vLLM, torchvision) are not

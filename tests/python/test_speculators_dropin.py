@@ -218,12 +218,19 @@ class CountingTransfer:
         raise AssertionError("offline runs never delete")
 
 
-def test_custom_transfer_is_called_back_and_gives_the_reference_batches(fixture, topology):
+@pytest.mark.parametrize("python_preprocess", [False, True])
+def test_custom_transfer_is_called_back_and_gives_the_reference_batches(fixture, topology,
+                                                                        python_preprocess):
     topology(0, 1, via_env=False)
     root = os.path.join(fixture.path, "hidden_states")
-    ref_train, _ = reference_loaders(base_args(fixture, transfer=CountingTransfer(root)))
+    # A callable the engine does not know takes the per-sample Python path: it reads through the
+    # transfer too.
+    preprocess = (lambda sample: sample) if python_preprocess else None
+    ref_train, _ = reference_loaders(base_args(fixture, transfer=CountingTransfer(root),
+                                               preprocess=preprocess))
     transfer = CountingTransfer(root)
-    train, _ = our_loaders(base_args(fixture, transfer=transfer, num_workers=2))
+    train, _ = our_loaders(base_args(fixture, transfer=transfer, num_workers=2,
+                                     preprocess=preprocess))
     ref = iterate(ref_train)
     got = iterate(train)
     assert transfer.calls == sum(len(b) for b in train.batch_sampler._generate_batches(0))
