@@ -306,6 +306,10 @@ void init_online(nb::module_& m) {
           nb::arg("rows"),
           "the global rows coming next, in order: fetched ahead by the lookahead threads")
       .def_prop_ro("lookahead", [](const PyOnlineSource& s) { return s.lookahead != nullptr; })
+      .def_prop_ro(
+          "reads_messages",
+          [](const PyOnlineSource& s) { return s.online->options().dataset != nullptr; },
+          "whether multimodal rows can be sent as chat requests (the source knows the dataset)")
       .def(
           "cancel",
           [](PyOnlineSource& s) {

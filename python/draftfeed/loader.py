@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -189,6 +190,13 @@ class Loader:
             # An online source's fetch holds an engine thread for its whole round trip: give it one
             # thread per request in flight on top of the assembly threads.
             num_threads += int(getattr(source, "fetch_threads", 0) or 0)
+            if getattr(source, "reads_messages", True) is False and "messages" in dataset.columns:
+                warnings.warn(
+                    f"{data_path} has a messages column but the online source was built without "
+                    "data_path: multimodal rows will be generated from their token ids alone (no "
+                    "images). Pass OnlineSource(..., data_path=...) to send them as chat requests.",
+                    stacklevel=2,
+                )
         self.hidden_states_dtype = _dtype_name(hidden_states_dtype)
         self.data_path = data_path
         self.hidden_states_path = hidden_states_path or os.path.join(data_path, "hidden_states")

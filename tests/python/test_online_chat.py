@@ -169,3 +169,15 @@ def test_unreadable_messages_drop_the_row_without_a_request(tmp_path, sim, run_c
     assert report["bad_messages"] == 6 == report["unfilled"] and report["requests"] == 0
     assert "messages" in proc.stderr and "row 0" in proc.stderr
     assert sim.stats()["chat"] == 0 and sim.stats()["completions"] == 0
+
+
+def test_loader_warns_when_the_online_source_cannot_read_messages(tmp_path, sim):
+    import draftfeed
+
+    data = write_dataset(tmp_path / "data", multimodal_turns)
+    blind = draftfeed.online.OnlineSource(sim.url, hidden_states_path=tmp_path / "cache")
+    assert blind.reads_messages is False
+    with pytest.warns(UserWarning, match="messages column"):
+        draftfeed.Loader(str(data), hidden_size=HIDDEN, total_seq_len=MAX_LEN, split="all",
+                         num_target_layers=LAYERS - 1, source=blind)
+    assert draftfeed.online.OnlineSource(sim.url, data_path=data).reads_messages is True
