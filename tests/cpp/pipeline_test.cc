@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -33,9 +36,30 @@ float expected_value(std::int64_t row, std::int64_t token, std::int64_t layer, s
 class MemorySource : public SampleSource {
  public:
   std::set<std::int64_t> missing, nonfinite, throws;
+  std::set<std::int64_t>
+      blocks;  // rows whose fetch waits until interrupt(), like a stalled request
   bool jitter = true;
+  std::atomic<int> interrupts{0};
+  std::atomic<int> resumes{0};
+
+  void interrupt() override {
+    std::lock_guard lock(mutex_);
+    interrupted_ = true;
+    ++interrupts;
+    changed_.notify_all();
+  }
+  void resume() override {
+    std::lock_guard lock(mutex_);
+    interrupted_ = false;
+    ++resumes;
+  }
 
   FetchOutcome fetch(std::int64_t row, const IntArrayView& ids) override {
+    if (blocks.count(row)) {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return interrupted_; });
+      return FetchOutcome::dropped(DropReason::kGenerationFailed, "interrupted");
+    }
     if (jitter) {
       std::this_thread::sleep_for(std::chrono::microseconds((row * 7919) % 500));
     }
@@ -57,6 +81,11 @@ class MemorySource : public SampleSource {
                      ids.size(), kLayers, kHidden};
     return FetchOutcome::ok(std::move(sample));
   }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool interrupted_ = false;
 };
 
 class PipelineTest : public ::testing::Test {
@@ -245,6 +274,27 @@ TEST_F(PipelineTest, StopMidEpochIsPromptAndRestartable) {
   pipeline->stop();
   EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(5));
   pipeline->start(1, plan());
+  std::int64_t count = 0;
+  while (pipeline->next()) ++count;
+  EXPECT_EQ(count, 10);
+}
+
+TEST_F(PipelineTest, StopFromAnotherThreadInterruptsTheSourceAndWakesTheConsumer) {
+  const auto batches = plan();
+  source_->blocks = {batches[0].rows[0]};  // the first batch never completes by itself
+  auto pipeline = make(true, 2, 2);
+  pipeline->start(0, batches);
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pipeline->stop();  // e.g. the trainer closing its loader from a signal handler's thread
+  });
+  EXPECT_EQ(pipeline->next(), nullptr) << "the consumer waiting for batch 0 is released";
+  watchdog.join();
+  pipeline->stop();  // a second stop (the consumer's own) is harmless
+  EXPECT_EQ(source_->interrupts.load(), 1);
+  EXPECT_EQ(source_->resumes.load(), 1);
+  source_->blocks.clear();
+  pipeline->start(1, batches);
   std::int64_t count = 0;
   while (pipeline->next()) ++count;
   EXPECT_EQ(count, 10);

@@ -67,7 +67,8 @@ std::size_t Pipeline::pool_bytes() const {
 }
 
 void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
-  stop();
+  std::lock_guard control(control_mutex_);
+  stop_locked();
   {
     std::lock_guard lock(mutex_);
     ready_by_sequence_.clear();
@@ -88,6 +89,11 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
 }
 
 void Pipeline::stop() {
+  std::lock_guard control(control_mutex_);
+  stop_locked();
+}
+
+void Pipeline::stop_locked() {
   const bool running = scheduler_.joinable() || workers_ != nullptr;
   stopping_ = true;
   pool_->poke();

@@ -12,7 +12,8 @@
 //   last chunk:       integer tensors, document ids, zero tails; the batch is ready.
 // Tasks carry their batch's sequence number as priority, so the oldest batch finishes first.
 // A fatal error (a source that throws, `on_missing=raise`) stops the epoch and is rethrown by
-// `next()`. Thread safety: `start`, `next`, `stop` and `metrics` are for one consumer thread; the
+// `next()`. Thread safety: `start`, `next` and `metrics` are for one consumer thread, `stop` may
+// come from any thread; the
 // pipeline's own threads never call back into the consumer.
 #pragma once
 
@@ -104,7 +105,9 @@ class Pipeline {
   // The next batch, or nullptr when the epoch is done. Rethrows a fatal error from the workers.
   std::shared_ptr<BatchLease> next();
   // Stops promptly: queued work is discarded, the source is interrupted so running fetches end
-  // (SampleSource::interrupt), threads are joined, then the source is resumed.
+  // (SampleSource::interrupt), threads are joined, then the source is resumed. May be called from
+  // any thread (a watchdog closing the loader while the consumer waits in next(), which then
+  // returns nullptr).
   void stop();
 
   PipelineMetrics metrics() const;
@@ -114,6 +117,7 @@ class Pipeline {
 
  private:
   struct Job;
+  void stop_locked();  // stop() with control_mutex_ held
   void schedule(std::shared_ptr<Job> first);
   void run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches);
   void fetch_sample(const std::shared_ptr<Job>& job, std::size_t i);
@@ -130,6 +134,7 @@ class Pipeline {
   const PipelineOptions options_;
   const std::shared_ptr<BufferPool> pool_;
 
+  std::mutex control_mutex_;  // serialises start() and stop(): they may come from two threads
   std::unique_ptr<ThreadPool> workers_;
   std::thread scheduler_;
   std::atomic<bool> stopping_{false};
