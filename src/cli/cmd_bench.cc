@@ -8,9 +8,9 @@ namespace {
 
 const char* kUsage = R"(usage: draftfeed bench DATA [options]
 
-Streams training epochs and a validation pass of DATA (a `save_to_disk` folder) and its hidden-state
-cache through the engine, with a progress bar, and reports tokens/s, GB/s of hidden states, time to
-first batch, consumer wait and peak memory.
+Streams training epochs of DATA (a `save_to_disk` folder) and its hidden-state cache through the
+engine, each epoch followed by a validation pass as the reference trainer does, with a progress bar,
+and reports tokens/s, GB/s of hidden states, time to first batch, consumer wait and peak memory.
 
 options:
   --hidden-states DIR   cache folder (default DATA/hidden_states)
@@ -29,7 +29,7 @@ options:
   --on-missing POLICY   skip | warn | raise for rows without a cached file (default skip)
   --max-batches N       stop each training epoch after N batches
   --epochs E            training epochs (default 1)
-  --no-val              skip the validation pass
+  --no-val              skip the validation passes
   --no-progress         no progress bar
   --json                print the report as JSON
 

@@ -28,8 +28,8 @@ namespace {
 constexpr const char* kUsage = R"(usage: draftfeed demo [options]
 
 Writes a synthetic token dataset and a matching hidden-state cache (bf16, a few hundred MB by
-default) into a temporary folder, then streams training epochs and a validation pass through the
-engine as a trainer would receive them, with a progress bar and a throughput summary. Then an online
+default) into a temporary folder, then streams training epochs, each followed by a validation pass,
+through the engine as a trainer would receive them, with a progress bar and a throughput summary. Then an online
 epoch: the simulated vLLM server (tools/sim_vllm_server.py, run with python3) is started on
 127.0.0.1 and every row's hidden states are generated on demand through it, with requests in flight
 concurrently (skipped with a note when the server cannot start, e.g. without aiohttp/torch). The
@@ -148,7 +148,8 @@ int run_demo(const std::vector<std::string>& argv) {
               static_cast<long long>(spec.layers), static_cast<long long>(spec.hidden_size),
               seconds_since(start));
   std::printf("3. inspect\n%s\n", summary_text(summarize(*TokenDataset::open(out))).c_str());
-  std::printf("4. stream    training epochs and a validation pass, as the trainer gets them\n");
+  std::printf(
+      "4. stream    training epochs, each with its validation pass, as the trainer gets them\n");
   std::fflush(stdout);
 
   LoaderRunConfig config;

@@ -124,15 +124,16 @@ int run_loader(const LoaderRunConfig& config) {
                                   planned_batches(plan, train), config.progress);
     if (!config.json) print_summary(s);
     report["passes"].push_back(nlohmann::json::parse(summary_json(s)));
-  }
-  if (config.validation) {
-    PlanOptions val_options = plan_options;
-    val_options.max_batches.reset();
-    const RankPlan plan = plan_rank(val.seq_lens(), val_options, config.rank, 0);
-    StreamSummary s =
-        stream_pass(val_pipeline, "val", 0, planned_batches(plan, val), config.progress);
-    if (!config.json) print_summary(s);
-    report["passes"].push_back(nlohmann::json::parse(summary_json(s)));
+    if (config.validation) {
+      // As the reference trainer: a validation pass after each epoch, its sampler set to the epoch.
+      PlanOptions val_options = plan_options;
+      val_options.max_batches.reset();
+      const RankPlan val_plan = plan_rank(val.seq_lens(), val_options, config.rank, epoch);
+      StreamSummary v = stream_pass(val_pipeline, "val " + std::to_string(epoch), epoch,
+                                    planned_batches(val_plan, val), config.progress);
+      if (!config.json) print_summary(v);
+      report["passes"].push_back(nlohmann::json::parse(summary_json(v)));
+    }
   }
   if (online_source) {
     const OnlineSourceStats online_stats = online_source->stats();

@@ -81,7 +81,7 @@ def test_bench_json_counts_every_token_of_the_plan(run_cli, tmp_path):
     assert train_pass["batches"] == len(plan)
     assert train_pass["tokens"] == expected_tokens
     assert train_pass["hidden_bytes"] == expected_tokens * 4 * 32 * 2  # 3 target layers + last, bf16
-    assert report["passes"][1]["label"] == "val"
+    assert report["passes"][1]["label"] == "val 0"
 
 
 def test_bench_without_a_cache_is_a_clear_error(run_cli, tmp_path):
