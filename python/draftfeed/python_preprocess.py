@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -89,6 +90,13 @@ def collate(samples: list[dict], max_len: int, dtype, planned: int, empty_sample
     return out, locally_empty
 
 
+@dataclass(frozen=True)
+class _GenerationFailed:
+    """A sample the online source could not generate (counted in the batch's recovery metadata)."""
+
+    message: str
+
+
 class PythonPreprocessLoader(Loader):
     """A Loader that runs an arbitrary per-sample `preprocess` callable in Python (slower)."""
 
@@ -129,6 +137,8 @@ class PythonPreprocessLoader(Loader):
         if not got["ok"]:
             if got["fatal"]:
                 raise RuntimeError(got["message"])
+            if got["reason"] == "generation_failed":
+                return _GenerationFailed(got["message"])
             return None
         dtype = getattr(torch, got["dtype"])
         hs = torch.frombuffer(bytearray(got["hidden_bytes"]), dtype=dtype).reshape(got["shape"])
@@ -138,8 +148,8 @@ class PythonPreprocessLoader(Loader):
         import torch
 
         loaded = self._load(row)
-        if loaded is None:
-            return None
+        if loaded is None or isinstance(loaded, _GenerationFailed):
+            return loaded
         ids, hs = loaded
         target = hs[:, :-1].flatten(1)
         if self.noise_std > 0:
@@ -180,9 +190,12 @@ class PythonPreprocessLoader(Loader):
         with ThreadPoolExecutor(max_workers=max(1, self.num_threads)) as pool:
             for index in todo:
                 rows = [int(r) + self.split_begin for r in batches[index]]
-                samples = [s for s in pool.map(lambda r: self._sample(epoch, r), rows) if s is not None]
+                results = list(pool.map(lambda r: self._sample(epoch, r), rows))
+                failed = [s.message for s in results if isinstance(s, _GenerationFailed)]
+                samples = [s for s in results if s is not None and not isinstance(s, _GenerationFailed)]
                 out, empty = collate(samples, self.total_seq_len, dtype, len(rows), self._empty_sample)
-                if empty:
-                    out[_recovery_key()] = _recovery_metadata(0, True, [])
+                if failed or empty:
+                    # As the native path: the trainer's recovery logic sees generation failures.
+                    out[_recovery_key()] = _recovery_metadata(len(failed), empty, failed)
                 self._delivered.add(index)
                 yield out

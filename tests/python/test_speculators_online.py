@@ -207,3 +207,45 @@ def test_a_failing_transfer_is_retried_then_dropped_and_counted(fixture, sim, to
     assert transfer.calls["get_generated"] == n + 1 and transfer.calls["delete"] == n + 1
     assert planned > dropped
     assert not any(Path(sim.server_dir).glob("*.safetensors")), "failed samples are deleted too"
+
+
+class FailingRowsTransfer(RecordingTransfer):
+    """get_generated raises for the rows whose first token id is in `failing` (the same rows on both
+    sides, whatever the order of requests)."""
+
+    def __init__(self, root, failing):
+        super().__init__(root)
+        self.failing = failing
+
+    def get_generated(self, params):
+        loaded = super().get_generated(params)
+        if int(loaded["token_ids"][0]) in self.failing:
+            raise ConnectionError("the store lost this sample")
+        return loaded
+
+
+@pytest.mark.parametrize("python_preprocess", [False, True])
+def test_generation_failures_reach_the_batch_as_the_references(fixture, sim, topology,
+                                                              python_preprocess):
+    """A sample whose generation fails is dropped with the reference's error_records and recovery
+    metadata, on the native path and the per-sample Python path."""
+    from datasets import load_from_disk
+
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    rows = load_from_disk(fixture.path).with_format(None)
+    failing = {rows[4]["input_ids"][0], rows[30]["input_ids"][0]}
+    preprocess = (lambda sample: sample) if python_preprocess else None
+    common = dict(generation_validation_retries=1, max_consecutive_generation_failures=10,
+                  preprocess=preprocess)
+    ref_train, _ = reference_loaders(online_args(
+        fixture, sim, transfer=FailingRowsTransfer(root, failing), **common))
+    ours, _ = our_loaders(online_args(
+        fixture, sim, transfer=FailingRowsTransfer(root, failing), num_workers=2, **common))
+    got, expected = iterate(ours), iterate(ref_train)
+    assert len(got) == len(expected)
+    from speculators.train.recovery import RECOVERY_METADATA_KEY
+
+    assert any(RECOVERY_METADATA_KEY in b for b in expected), "the fixture makes a generation fail"
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert_same(a, b, f"failed generation batch {k}")
