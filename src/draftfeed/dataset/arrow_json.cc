@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "draftfeed/common/int_load.h"
+#include "draftfeed/common/json_escape.h"
 
 namespace draftfeed::arrow {
 
@@ -119,7 +120,6 @@ std::size_t utf8_sequence_length(std::span<const std::uint8_t> s) {
 
 // Appends `text` as a JSON string. Returns the offset of the first invalid UTF-8 byte, or -1.
 std::int64_t append_json_string(std::string& out, std::span<const std::uint8_t> text) {
-  static constexpr char kHex[] = "0123456789abcdef";
   out += '"';
   std::size_t i = 0;
   while (i < text.size()) {
@@ -131,37 +131,7 @@ std::int64_t append_json_string(std::string& out, std::span<const std::uint8_t> 
       i += length;
       continue;
     }
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
+    append_json_escaped(out, c);
     ++i;
   }
   out += '"';

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/json_escape.h"
 #include "draftfeed/hidden/safetensors.h"
 
 namespace draftfeed {
@@ -57,42 +58,8 @@ bool valid_utf8(const std::string& text) {
 
 // A JSON string literal escaped the way serde_json does it.
 void append_json_string(std::string& out, const std::string& text) {
-  static const char* const kHex = "0123456789abcdef";
   out += '"';
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 0xF];
-        } else {
-          out += ch;
-        }
-    }
-  }
+  for (const char ch : text) append_json_escaped(out, static_cast<unsigned char>(ch));
   out += '"';
 }
 
