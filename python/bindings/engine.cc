@@ -216,20 +216,9 @@ void init_engine(nb::module_& m) {
       .def_ro("description", &PySampleSource::description)
       .def(
           "fetch_native",
-          [](const PySampleSource& s, std::int64_t row,
-             nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> ids) {
-            const IntArrayView view{reinterpret_cast<const std::uint8_t*>(ids.data()),
-                                    static_cast<std::int64_t>(ids.shape(0)), 8, true};
-            FetchOutcome outcome;
-            {
-              nb::gil_scoped_release release;
-              outcome = s.source->fetch(row, view);
-            }
+          [](const PySampleSource& s, std::int64_t row, Int64Input ids) {
             nb::dict out;
-            out["ok"] = outcome.sample.has_value();
-            out["reason"] = outcome.sample ? "ok" : drop_reason_name(outcome.reason);
-            out["message"] = outcome.message;
-            out["fatal"] = outcome.fatal;
+            const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
             if (outcome.sample) {
               const HiddenStatesView& hs = outcome.sample->hidden;
               out["dtype"] = hidden_dtype_name(hs.dtype);

@@ -31,8 +31,6 @@
 namespace draftfeed::python {
 namespace {
 
-using Int64Input = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
 struct PyOnlineSource : PySampleSource {
   std::shared_ptr<OnlineSampleSource> online;
   std::shared_ptr<LookaheadSource> lookahead;  // null when off; else `source` is this
@@ -324,18 +322,8 @@ void init_online(nb::module_& m) {
       .def(
           "fetch",
           [](PyOnlineSource& s, std::int64_t row, Int64Input ids) {
-            const IntArrayView view{reinterpret_cast<const std::uint8_t*>(ids.data()),
-                                    static_cast<std::int64_t>(ids.shape(0)), 8, true};
-            FetchOutcome outcome;
-            {
-              nb::gil_scoped_release release;
-              outcome = s.source->fetch(row, view);
-            }
             nb::dict out;
-            out["ok"] = outcome.sample.has_value();
-            out["reason"] = outcome.sample ? "ok" : drop_reason_name(outcome.reason);
-            out["message"] = outcome.message;
-            out["fatal"] = outcome.fatal;
+            const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
             if (outcome.sample) out["hidden_states"] = hidden_as_float(outcome.sample->hidden);
             return out;
           },

@@ -3,6 +3,11 @@
 // binding knowing them.
 #pragma once
 
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -10,9 +15,31 @@
 
 namespace draftfeed::python {
 
+namespace nb = nanobind;
+
 struct PySampleSource {
   std::shared_ptr<SampleSource> source;
   std::string description;
 };
+
+using Int64Input = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// One row through `source` with the GIL released (the per-sample paths and tests): the outcome, and
+// `out` filled with {ok, reason, message, fatal}.
+inline FetchOutcome fetch_one(SampleSource& source, std::int64_t row, const Int64Input& ids,
+                              nb::dict& out) {
+  const IntArrayView view{reinterpret_cast<const std::uint8_t*>(ids.data()),
+                          static_cast<std::int64_t>(ids.shape(0)), 8, true};
+  FetchOutcome outcome;
+  {
+    nb::gil_scoped_release release;
+    outcome = source.fetch(row, view);
+  }
+  out["ok"] = outcome.sample.has_value();
+  out["reason"] = outcome.sample ? "ok" : drop_reason_name(outcome.reason);
+  out["message"] = outcome.message;
+  out["fatal"] = outcome.fatal;
+  return outcome;
+}
 
 }  // namespace draftfeed::python
