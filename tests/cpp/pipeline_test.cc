@@ -289,8 +289,8 @@ TEST_F(PipelineTest, StopFromAnotherThreadInterruptsTheSourceAndWakesTheConsumer
     pipeline->stop();  // e.g. the trainer closing its loader from a signal handler's thread
   });
   EXPECT_EQ(pipeline->next(), nullptr) << "the consumer waiting for batch 0 is released";
+  pipeline->stop();  // the consumer's own stop, while the watchdog's may still be joining threads
   watchdog.join();
-  pipeline->stop();  // a second stop (the consumer's own) is harmless
   EXPECT_EQ(source_->interrupts.load(), 1);
   EXPECT_EQ(source_->resumes.load(), 1);
   source_->blocks.clear();
