@@ -146,16 +146,16 @@ def create_train_val_loaders(
     data_path: str,
     total_seq_len: int,
     hidden_states_dtype: Any,
-    noise_std: float,
+    noise_std: float = 0.0,
     transfer: Any = None,
     vllm_endpoint: str,
     on_missing: Literal["generate", "skip", "warn", "raise"],
-    on_generate: Literal["cache", "delete"],
+    on_generate: Literal["cache", "delete"] = "delete",
     verifier_name_or_path: str,
     request_timeout: float | None,
     max_retries: int,
-    generation_validation_retries: int,
-    max_consecutive_generation_failures: int,
+    generation_validation_retries: int = 2,
+    max_consecutive_generation_failures: int = 20,
     hidden_size: int,
     num_target_layers: int,
     num_workers: int,
@@ -167,6 +167,7 @@ def create_train_val_loaders(
     dataloader_in_order: bool = True,
     vllm_http_keepalive: bool = True,
     max_train_batches: int | None = None,
+    seed: int = 0,
 ) -> tuple[SpeculatorsLoader, SpeculatorsLoader]:
     """Create the training and validation loaders (see the module docstring)."""
     if not (0.0 < train_data_ratio < 1.0):
@@ -213,7 +214,9 @@ def create_train_val_loaders(
                 generation_validation_retries=generation_validation_retries,
                 max_consecutive_generation_failures=max_consecutive_generation_failures,
                 fail_on_hidden_state_error=fail_on_hidden_state_error,
-                fetch_threads=fetch_threads,
+                # Each of the reference's workers holds its own copy of the dataset and of its
+                # fetch_threads pool: num_workers x fetch_threads requests are in flight.
+                fetch_threads=max(1, num_workers) * fetch_threads,
                 vllm_http_keepalive=vllm_http_keepalive,
                 transfer=python_transfer,
                 # Not in the reference's signature: where the servers write, so that generated files
@@ -236,9 +239,14 @@ def create_train_val_loaders(
             num_target_layers=num_target_layers,
             hidden_states_dtype=dtype,
             noise_std=noise_std if split == "train" else 0.0,
-            rank=topology.rank,
-            world_size=topology.world_size,
-            sp_size=topology.sp_size,
+            # As speculators 0.9.0: `seed` orders the training split; validation keeps seed 0 so
+            # runs with different seeds are validated on the same batches.
+            seed=seed if split == "train" else 0,
+            # The seed's loaders plan by data-parallel rank and every rank of a sequence-parallel
+            # group loads its group's batches itself: so does every rank here.
+            rank=topology.dp_rank,
+            world_size=topology.dp_size,
+            sp_size=1,
             num_threads=threads,
             prefetch=max(2, prefetch_factor or 2),
             in_order=dataloader_in_order,

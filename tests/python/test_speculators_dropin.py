@@ -22,7 +22,7 @@ SEED_SIGNATURE_KWARGS = [
     "generation_validation_retries", "max_consecutive_generation_failures", "hidden_size",
     "num_target_layers", "num_workers", "prefetch_factor", "preprocess", "train_data_ratio",
     "fail_on_hidden_state_error", "fetch_threads", "dataloader_in_order", "vllm_http_keepalive",
-    "max_train_batches",
+    "max_train_batches", "seed",
 ]
 
 
@@ -68,9 +68,11 @@ def test_signature_is_the_reference_entry_points():
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
     defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
     assert defaults == {
-        "transfer": None, "train_data_ratio": 0.9, "fail_on_hidden_state_error": False,
+        "noise_std": 0.0, "transfer": None, "on_generate": "delete",
+        "generation_validation_retries": 2, "max_consecutive_generation_failures": 20,
+        "train_data_ratio": 0.9, "fail_on_hidden_state_error": False,
         "fetch_threads": 1, "dataloader_in_order": True, "vllm_http_keepalive": True,
-        "max_train_batches": None,
+        "max_train_batches": None, "seed": 0,
     }
 
 
