@@ -1,9 +1,9 @@
 // Python bindings of the batch planner and of numpy's permutation:
 //   draftfeed.permutation(seed, n_or_array)
 //   draftfeed.plan_batches(lengths, max_len, world_size, rank, *, epoch, seed, truncate,
-//   max_batches) draftfeed.plan_all_ranks(lengths, max_len, world_size, *, epoch, seed, truncate,
-//   max_batches,
-//                            with_counts)
+//                          max_batches, window_order)
+//   draftfeed.plan_all_ranks(lengths, max_len, world_size, *, epoch, seed, truncate, max_batches,
+//                            with_counts, window_order)
 // Batches come back as numpy int64 arrays that are views of one buffer per rank (each view keeps
 // the buffer alive). The GIL is released while shuffling and planning.
 #include <nanobind/nanobind.h>
@@ -12,9 +12,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,6 +123,36 @@ nb::dict counts_to_python(const PlanCounts& counts) {
   return out;
 }
 
+// The order of ties in each batch's final window (multipack.h): "numpy" calls numpy.argsort, as the
+// reference does, on the machine that runs (its tie order depends on numpy's build and the CPU);
+// "native" keeps the planner's own; a callable is called as numpy.argsort would be. The planner
+// runs without the GIL: the callback takes it for each window that has ties. `argsort` is borrowed
+// (the caller's argument outlives the planning), so no reference count changes without the GIL.
+WindowOrder window_order_of(nb::handle order, nb::object& numpy_argsort) {
+  if (nb::isinstance<nb::str>(order)) {
+    const auto name = nb::cast<std::string>(order);
+    if (name == "native") return {};
+    require(name == "numpy", ErrorKind::kInvalidArgument,
+            "window_order must be 'numpy', 'native' or a callable, got '" + name + "'");
+    numpy_argsort = nb::module_::import_("numpy").attr("argsort");
+    order = numpy_argsort;
+  }
+  require(PyCallable_Check(order.ptr()) != 0, ErrorKind::kInvalidArgument,
+          "window_order must be 'numpy', 'native' or a callable, got " + text_of(order));
+  PyObject* argsort = order.ptr();
+  return [argsort](std::span<const std::int64_t> lengths, std::span<std::int64_t> out) {
+    nb::gil_scoped_acquire gil;
+    nb::object window =
+        nb::cast(to_numpy(std::vector<std::int64_t>(lengths.begin(), lengths.end())));
+    nb::object result = nb::borrow(argsort)(window);
+    const Int64Input ascending = int64_array_of(result, "window_order's result");
+    require(static_cast<std::size_t>(ascending.shape(0)) == out.size(), ErrorKind::kRuntime,
+            "plan: window_order gave " + std::to_string(ascending.shape(0)) + " positions for " +
+                std::to_string(out.size()) + " lengths");
+    std::copy(ascending.data(), ascending.data() + out.size(), out.begin());
+  };
+}
+
 PlanOptions options_of(std::int64_t max_len, int world_size, nb::handle seed, bool truncate,
                        std::optional<std::int64_t> max_batches) {
   PlanOptions options;
@@ -166,9 +198,11 @@ Int64Array interval_draws(nb::handle seed, const std::vector<std::uint64_t>& max
 
 nb::list plan_batches(nb::handle lengths, std::int64_t max_len, int world_size, int rank,
                       std::int64_t epoch, nb::handle seed, bool truncate,
-                      std::optional<std::int64_t> max_batches) {
+                      std::optional<std::int64_t> max_batches, nb::handle window_order) {
   const Int64Input input = int64_array_of(lengths, "lengths");
-  const PlanOptions options = options_of(max_len, world_size, seed, truncate, max_batches);
+  PlanOptions options = options_of(max_len, world_size, seed, truncate, max_batches);
+  nb::object numpy_argsort;
+  options.window_order = window_order_of(window_order, numpy_argsort);
   RankPlan plan;
   {
     nb::gil_scoped_release release;
@@ -179,9 +213,11 @@ nb::list plan_batches(nb::handle lengths, std::int64_t max_len, int world_size, 
 
 nb::object plan_all(nb::handle lengths, std::int64_t max_len, int world_size, std::int64_t epoch,
                     nb::handle seed, bool truncate, std::optional<std::int64_t> max_batches,
-                    bool with_counts) {
+                    bool with_counts, nb::handle window_order) {
   const Int64Input input = int64_array_of(lengths, "lengths");
-  const PlanOptions options = options_of(max_len, world_size, seed, truncate, max_batches);
+  PlanOptions options = options_of(max_len, world_size, seed, truncate, max_batches);
+  nb::object numpy_argsort;
+  options.window_order = window_order_of(window_order, numpy_argsort);
   AllRanksPlan plan;
   {
     nb::gil_scoped_release release;
@@ -203,16 +239,21 @@ void init_sampler(nb::module_& m) {
         "default_rng(seed)'s PCG64 (int64 array; draws above 2^63 wrap).");
   m.def("plan_batches", &plan_batches, "lengths"_a, "max_len"_a, "world_size"_a, "rank"_a,
         nb::kw_only(), "epoch"_a = 0, "seed"_a = nb::int_(0), "truncate"_a = true,
-        "max_batches"_a = nb::none(),
+        "max_batches"_a = nb::none(), "window_order"_a = "numpy",
         "This rank's batches for the epoch, as speculators' MultipackDistributedBatchSamplerV2\n"
         "plans them: a list of int64 arrays of positions in `lengths`, in packing order.\n"
-        "`truncate=False` drops samples longer than max_len instead of clipping their length.");
+        "`truncate=False` drops samples longer than max_len instead of clipping their length.\n"
+        "`window_order`: how samples of equal length are ordered in each batch: 'numpy' (the\n"
+        "reference's numpy.argsort, called once per batch that has ties), 'native' (ours, no\n"
+        "Python calls; tied samples may land on other ranks than the reference's), or a\n"
+        "callable with numpy.argsort's contract.");
   m.def("plan_all_ranks", &plan_all, "lengths"_a, "max_len"_a, "world_size"_a, nb::kw_only(),
         "epoch"_a = 0, "seed"_a = nb::int_(0), "truncate"_a = true, "max_batches"_a = nb::none(),
-        "with_counts"_a = false,
+        "with_counts"_a = false, "window_order"_a = "numpy",
         "Every rank's batches for the epoch in one pass: a list (index = rank) of lists of int64\n"
         "arrays. With `with_counts=True`, returns (batches, counts) where counts is a dict with\n"
-        "num_samples, num_long, dropped_long, dropped_tail, cut_by_max_batches and planned.");
+        "num_samples, num_long, dropped_long, dropped_tail, cut_by_max_batches and planned.\n"
+        "`window_order` as in plan_batches.");
 }
 
 const BindingRegistration registration(100, &init_sampler);

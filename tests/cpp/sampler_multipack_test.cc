@@ -230,6 +230,53 @@ void expect_invalid(const std::function<void()>& call, const std::string& needle
   }
 }
 
+// The window order decides only which of several equal-length samples a rank gets: reversing the
+// order of ties changes the indices, never the batch count or any batch's lengths, and the order
+// is asked once per batch whose final window has ties.
+TEST(SamplerMultipack, WindowOrderChoosesAmongTiesOnly) {
+  std::vector<std::int64_t> lengths(3000);
+  std::mt19937_64 gen(5);
+  for (auto& length : lengths) length = 64 * static_cast<std::int64_t>(1 + gen() % 20);
+  const PlanOptions native{.max_len = 4096, .world_size = 3, .seed = 1};
+  PlanOptions reversed_ties = native;
+  int calls = 0;
+  // Ascending by length, ties by descending position: the opposite of the native order.
+  reversed_ties.window_order = [&](std::span<const std::int64_t> window,
+                                   std::span<std::int64_t> order) {
+    ++calls;
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      const auto la = window[static_cast<std::size_t>(a)];
+      const auto lb = window[static_cast<std::size_t>(b)];
+      return la != lb ? la < lb : a > b;
+    });
+  };
+  const AllRanksPlan a = plan_all_ranks(lengths, native, 0);
+  const AllRanksPlan b = plan_all_ranks(lengths, reversed_ties, 0);
+  ASSERT_EQ(a.num_batches, b.num_batches);
+  EXPECT_GT(calls, 0);
+  EXPECT_LE(calls, b.num_batches);
+  bool some_differ = false;
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    for (std::int64_t batch = 0; batch < a.num_batches; ++batch) {
+      const auto x = a.ranks[r].batch(batch);
+      const auto y = b.ranks[r].batch(batch);
+      std::vector<std::int64_t> lx, ly;
+      for (const auto s : x) lx.push_back(lengths[static_cast<std::size_t>(s)]);
+      for (const auto s : y) ly.push_back(lengths[static_cast<std::size_t>(s)]);
+      EXPECT_EQ(lx, ly) << "rank " << r << " batch " << batch;  // same lengths, same order
+      some_differ = some_differ || !std::equal(x.begin(), x.end(), y.begin(), y.end());
+    }
+  }
+  EXPECT_TRUE(some_differ);
+
+  PlanOptions broken = native;
+  broken.window_order = [](std::span<const std::int64_t>, std::span<std::int64_t> order) {
+    std::fill(order.begin(), order.end(), 0);  // not a permutation
+  };
+  EXPECT_THROW(plan_all_ranks(lengths, broken, 0), Error);
+}
+
 TEST(SamplerMultipack, BadArgumentsNameTheirValues) {
   const std::vector<std::int64_t> lengths{1, 2, -4};
   const std::vector<std::int64_t> good{1, 2};

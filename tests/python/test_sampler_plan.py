@@ -1,9 +1,8 @@
 """draftfeed.plan_batches / plan_all_ranks against speculators' MultipackDistributedBatchSamplerV2.
 
-With distinct lengths the batches must be identical (indices and order); with repeated lengths the
-reference orders ties by numpy's unstable argsort, so batch counts and the multiset of lengths in each
-batch must agree. Properties (capacity, disjointness, coverage, balance) are checked on lognormal
-lengths.
+The batches must be identical (indices and order), with distinct lengths and with many ties (which
+the reference orders by numpy's unstable argsort; draftfeed asks numpy too). Properties (capacity,
+disjointness, coverage, balance) are checked on lognormal lengths.
 """
 
 from __future__ import annotations
@@ -97,21 +96,68 @@ def test_max_batches_matches(max_batches):
 
 
 @pytest.mark.parametrize("truncate", [True, False])
-@pytest.mark.parametrize("world_size", [1, 3, 8])
-def test_repeated_lengths_give_the_same_counts_and_length_multisets(truncate, world_size):
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_repeated_lengths_give_identical_batches(truncate, world_size):
+    """Ties everywhere (as in real tokenized data): the reference orders them with numpy's unstable
+    argsort, whose order depends on numpy's build and this CPU; draftfeed asks numpy for each batch's
+    final window, so every rank gets exactly the reference's samples, in the reference's order."""
     gen = np.random.default_rng(world_size)
     lengths = gen.integers(1, 300, size=3000) * 20  # many ties, some longer than max_len
-    clipped = np.minimum(lengths, MAX_LEN)
-    for epoch in range(2):
+    for epoch in range(3):
         everyone = draftfeed.plan_all_ranks(lengths, MAX_LEN, world_size, epoch=epoch,
-                                            truncate=truncate)
+                                            truncate=truncate, seed=42)
         for rank in range(world_size):
+            context = f"R={world_size} truncate={truncate} epoch={epoch} rank={rank}"
             ref = reference_batches(lengths, MAX_LEN, world_size, rank, epoch=epoch,
-                                    truncate=truncate)
-            ours = everyone[rank]
-            assert len(ours) == len(ref)
-            for b, (x, y) in enumerate(zip(ours, ref)):
-                assert sorted(clipped[x]) == sorted(clipped[y]), f"rank {rank} batch {b}"
+                                    truncate=truncate, seed=42)
+            assert_same_batches(draftfeed.plan_batches(lengths, MAX_LEN, world_size, rank,
+                                                       epoch=epoch, truncate=truncate, seed=42),
+                                ref, context)
+            assert_same_batches(everyone[rank], ref, context + " (plan_all_ranks)")
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+def test_native_tie_order_differs_but_packs_the_same_lengths(world_size):
+    """window_order='native' (no Python calls, what the CLI uses) keeps the batch count and every
+    batch's multiset of lengths; only which of several equal-length samples a rank gets may differ.
+    That it does differ here shows the numpy test above can fail."""
+    gen = np.random.default_rng(world_size)
+    lengths = gen.integers(1, 30, size=2000) * 64
+    differ = 0
+    for rank in range(world_size):
+        ref = reference_batches(lengths, MAX_LEN, world_size, rank, epoch=1)
+        ours = draftfeed.plan_batches(lengths, MAX_LEN, world_size, rank, epoch=1,
+                                      window_order="native")
+        assert len(ours) == len(ref)
+        for b, (x, y) in enumerate(zip(ours, ref)):
+            assert sorted(lengths[x]) == sorted(lengths[y]), f"rank {rank} batch {b}"
+            differ += not np.array_equal(x, y)
+    assert differ > 0
+
+
+def test_window_order_is_called_once_per_batch_with_ties_and_checked():
+    lengths = np.random.default_rng(0).integers(1, 10, size=600) * 100
+    calls = []
+
+    def argsort(window):
+        calls.append(window.copy())
+        assert window.dtype == np.int64
+        return np.argsort(window)
+
+    batches = draftfeed.plan_batches(lengths, MAX_LEN, 2, 0, window_order=argsort)
+    assert 0 < len(calls) <= len(batches)
+    distinct = distinct_lengths(600, MAX_LEN, seed=3)
+    calls.clear()
+    draftfeed.plan_batches(distinct, MAX_LEN, 2, 0, window_order=argsort)
+    assert calls == []  # no ties, nothing to ask
+    with pytest.raises(RuntimeError, match="ascending"):
+        draftfeed.plan_batches(lengths, MAX_LEN, 2, 0, window_order=lambda w: np.argsort(-w))
+    with pytest.raises(RuntimeError, match="positions for"):
+        draftfeed.plan_batches(lengths, MAX_LEN, 2, 0, window_order=lambda w: np.argsort(w)[1:])
+    with pytest.raises(ZeroDivisionError):
+        draftfeed.plan_batches(lengths, MAX_LEN, 2, 0, window_order=lambda w: 1 / 0)
+    with pytest.raises(ValueError, match="window_order"):
+        draftfeed.plan_batches(lengths, MAX_LEN, 2, 0, window_order="stable")
 
 
 def lognormal_lengths(n, seed):

@@ -256,17 +256,54 @@ class Planner {
     heap[hole] = key;
   }
 
+  // The window's positions [0, count) in LPT's visiting order: `options_.window_order`'s when
+  // given, else ours (sorted_pos_ without the positions past `count`).
+  const std::vector<std::int64_t>& visiting_order(const EpochOrder& order, std::int64_t ind,
+                                                  std::int64_t count) {
+    const std::span<const std::int64_t> window(order.lengths.data() + ind,
+                                               static_cast<std::size_t>(count));
+    visit_.clear();
+    bool ties = false;
+    for (const std::int64_t pos : sorted_pos_) {
+      if (pos >= count) continue;
+      ties = ties || (!visit_.empty() && window[static_cast<std::size_t>(visit_.back())] ==
+                                             window[static_cast<std::size_t>(pos)]);
+      visit_.push_back(pos);
+    }
+    // Without equal lengths every sort gives this order: no need to ask.
+    if (!options_.window_order || !ties) return visit_;
+    visit_.clear();
+    ascending_.assign(static_cast<std::size_t>(count), -1);
+    options_.window_order(window, ascending_);
+    // Any order of equal lengths packs the same sizes in the same sequence, so the slots found
+    // with our order hold; anything else would silently misassign samples, so it is checked.
+    seen_.assign(static_cast<std::size_t>(count), 0);
+    for (std::size_t t = ascending_.size(); t-- > 0;) {
+      const std::int64_t pos = ascending_[t];
+      const bool valid = pos >= 0 && pos < count && seen_[static_cast<std::size_t>(pos)] == 0;
+      const bool descending = visit_.empty() || window[static_cast<std::size_t>(visit_.back())] >=
+                                                    window[static_cast<std::size_t>(pos)];
+      if (!valid || !descending) {
+        throw Error(ErrorKind::kRuntime,
+                    "plan: window_order did not give an ascending order of the window's " +
+                        std::to_string(count) + " lengths (position " + std::to_string(t) +
+                        " holds " + std::to_string(pos) + ")");
+      }
+      seen_[static_cast<std::size_t>(pos)] = 1;
+      visit_.push_back(pos);
+    }
+    return visit_;
+  }
+
   // Appends the accepted packing of `count` samples starting at shuffled position `ind` as batch
   // `batch_no`: slot s goes to rank (s + batch_no) mod world_size, in packing order.
   void emit(const EpochOrder& order, std::int64_t ind, std::int64_t count, std::int64_t batch_no,
             std::vector<RankPlan>& ranks) {
     const std::int64_t rotation = batch_no % world_size_;
-    std::size_t visited = 0;
-    for (std::size_t t = 0; t < sorted_pos_.size(); ++t) {
-      const std::int64_t pos = sorted_pos_[t];
-      if (pos >= count) continue;
-      const std::int64_t rank = (accepted_slots_[visited++] + rotation) % world_size_;
-      const std::int64_t sample = order.indices[static_cast<std::size_t>(ind + pos)];
+    const std::vector<std::int64_t>& visit = visiting_order(order, ind, count);
+    for (std::size_t t = 0; t < visit.size(); ++t) {
+      const std::int64_t rank = (accepted_slots_[t] + rotation) % world_size_;
+      const std::int64_t sample = order.indices[static_cast<std::size_t>(ind + visit[t])];
       if (only_rank_ < 0) {
         ranks[static_cast<std::size_t>(rank)].samples.push_back(sample);
       } else if (rank == only_rank_) {
@@ -289,6 +326,9 @@ class Planner {
   std::vector<std::int64_t> probe_len_;
   std::vector<int> trial_slots_;
   std::vector<int> accepted_slots_;
+  std::vector<std::int64_t> visit_;      // the final window's visiting order
+  std::vector<std::int64_t> ascending_;  // window_order's answer
+  std::vector<std::uint8_t> seen_;
 };
 
 void reserve_for(std::vector<RankPlan>& ranks, std::int64_t samples_each) {

@@ -7,21 +7,32 @@
 // `max_len`) can pack; bin `slot` of batch `b` goes to rank `(slot + b) mod world_size`. Fewer than
 // `world_size` samples left at the end are dropped. Every rank gets the same number of batches.
 //
-// Ties: the reference orders equal lengths by numpy's unstable argsort, so its output is defined
-// only for distinct lengths. Here equal lengths are ordered by their position in the shuffled
-// order, later position first (what a stable ascending sort, reversed, gives); with ties the batch
-// count and each batch's multiset of lengths match the reference, the exact indices may not.
+// Ties: the reference visits each window by `numpy.argsort(lengths)[::-1]`, numpy's default
+// (unstable) sort, whose order of equal lengths depends on numpy's build and the CPU's SIMD sort:
+// only numpy itself reproduces it. Whether a window packs does not depend on the order of equal
+// lengths (the same sizes arrive in the same order), only which rank gets which of them does. So
+// the binary search runs on an order of our own, and the final window of each batch is visited in
+// the order `PlanOptions::window_order` gives (the Python bindings pass numpy's argsort: one call
+// per batch). Without it, equal lengths go later position first (a stable ascending sort,
+// reversed): the batch count and each rank's multiset of lengths match the reference, the exact
+// indices of tied samples may not.
 //
 // Indices are positions in the `lengths` span given (local to a split; the caller maps them to
 // global rows). Thread safety: the functions are pure and may run concurrently.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
 
 namespace draftfeed {
+
+// Fills `order` with the positions of `lengths` in ascending length order (numpy.argsort's
+// contract); the planner visits them backwards. Must be a permutation of [0, lengths.size()).
+using WindowOrder =
+    std::function<void(std::span<const std::int64_t> lengths, std::span<std::int64_t> order)>;
 
 struct PlanOptions {
   std::int64_t max_len = 8192;  // token capacity of one rank's batch (total_seq_len)
@@ -29,6 +40,7 @@ struct PlanOptions {
   std::uint64_t seed = 0;       // the epoch's shuffle uses numpy's default_rng(seed + epoch)
   bool truncate = true;         // long samples: clip their length to max_len (true) or drop (false)
   std::optional<std::int64_t> max_batches;  // keep only the first max_batches batches per rank
+  WindowOrder window_order;  // how each batch's final window orders ties (see above); may be empty
 };
 
 // One rank's batches, stored back to back: batch b is samples[batch_offsets[b] ..
@@ -63,7 +75,9 @@ struct AllRanksPlan {
 
 // Every rank's batches for `epoch`, in one pass (the packing is shared by all ranks).
 // Throws Error(kInvalidArgument) for a negative length, max_len < 1, world_size < 1, epoch < 0,
-// max_batches < 0, or sizes whose token capacity (max_len * world_size) overflows.
+// max_batches < 0, or sizes whose token capacity (max_len * world_size) overflows, and
+// Error(kRuntime) when `window_order` gives something other than an ascending permutation.
+// Whatever `window_order` throws passes through.
 AllRanksPlan plan_all_ranks(std::span<const std::int64_t> lengths, const PlanOptions& options,
                             std::int64_t epoch);
 
