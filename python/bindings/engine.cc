@@ -176,8 +176,8 @@ PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::str
                      const std::string& dtype, const std::string& preprocess,
                      const std::string& noise, double noise_std, std::uint64_t seed,
                      bool apply_noise, const std::string& on_missing, int num_threads, int prefetch,
-                     bool in_order, bool pin_memory, double lock_timeout,
-                     std::int64_t chunk_bytes) {
+                     bool in_order, bool pin_memory, double lock_timeout, std::int64_t chunk_bytes,
+                     bool fatal_failures_in_batch) {
   BatchSpec spec;
   spec.max_len = total_seq_len;
   spec.hidden_size = hidden_size;
@@ -200,6 +200,7 @@ PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::str
   options.in_order = in_order;
   options.try_pin = pin_memory;
   options.noise = apply_noise;
+  options.fatal_failures_in_batch = fatal_failures_in_batch;
   if (chunk_bytes > 0) options.chunk_bytes = chunk_bytes;
 
   PyEngine engine;
@@ -243,8 +244,21 @@ void init_engine(nb::module_& m) {
       .def_prop_ro("used_samples", [](const PyBatch& b) { return b.lease->used_samples; })
       .def_prop_ro("locally_empty", [](const PyBatch& b) { return b.lease->locally_empty; })
       .def_prop_ro("failure_count", [](const PyBatch& b) { return b.lease->failure_count; })
+      .def_prop_ro(
+          "fatal", [](const PyBatch& b) { return b.lease->fatal; },
+          "a fatal generation failure (Engine(fatal_failures_in_batch=True)): the run must stop")
+      .def_prop_ro("fatal_message", [](const PyBatch& b) { return b.lease->fatal_message; })
       .def_prop_ro("dropped", &PyBatch::dropped, "samples dropped from this batch, by reason")
-      .def_prop_ro("drop_messages", [](const PyBatch& b) { return b.lease->drop_messages; })
+      .def_prop_ro(
+          "drop_messages",
+          [](const PyBatch& b) {
+            nb::list out;
+            for (const BatchLease::Drop& drop : b.lease->drop_messages) {
+              out.append(nb::make_tuple(drop_reason_name(drop.reason), drop.message));
+            }
+            return out;
+          },
+          "(reason, message) of the first drops of this batch (PipelineOptions::max_drop_examples)")
       .def_prop_ro(
           "address",
           [](const PyBatch& b) { return reinterpret_cast<std::uintptr_t>(b.lease->data); },
@@ -265,12 +279,12 @@ void init_engine(nb::module_& m) {
              const std::string& dtype, const std::string& preprocess, const std::string& noise,
              double noise_std, std::uint64_t seed, bool apply_noise, const std::string& on_missing,
              int num_threads, int prefetch, bool in_order, bool pin_memory, double lock_timeout,
-             std::int64_t chunk_bytes, const PySampleSource* source) {
-            new (self) PyEngine(make_engine(source != nullptr ? source->source : nullptr, data_path,
-                                            hidden_states_path, total_seq_len, hidden_size,
-                                            num_target_layers, dtype, preprocess, noise, noise_std,
-                                            seed, apply_noise, on_missing, num_threads, prefetch,
-                                            in_order, pin_memory, lock_timeout, chunk_bytes));
+             std::int64_t chunk_bytes, const PySampleSource* source, bool fatal_failures_in_batch) {
+            new (self) PyEngine(make_engine(
+                source != nullptr ? source->source : nullptr, data_path, hidden_states_path,
+                total_seq_len, hidden_size, num_target_layers, dtype, preprocess, noise, noise_std,
+                seed, apply_noise, on_missing, num_threads, prefetch, in_order, pin_memory,
+                lock_timeout, chunk_bytes, fatal_failures_in_batch));
           },
           nb::arg("data_path"), nb::arg("hidden_states_path"), nb::arg("total_seq_len"),
           nb::arg("hidden_size"), nb::arg("num_target_layers") = 3,
@@ -279,7 +293,7 @@ void init_engine(nb::module_& m) {
           nb::arg("apply_noise") = false, nb::arg("on_missing") = "skip",
           nb::arg("num_threads") = 2, nb::arg("prefetch") = 4, nb::arg("in_order") = true,
           nb::arg("pin_memory") = true, nb::arg("lock_timeout") = 10.0, nb::arg("chunk_bytes") = 0,
-          nb::arg("source").none() = nb::none())
+          nb::arg("source").none() = nb::none(), nb::arg("fatal_failures_in_batch") = false)
       .def("start", &PyEngine::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
            "start delivering `batches` (arrays of global rows) with their plan `indices`")
       .def("next", &PyEngine::next, "the next batch, or None at the end of the epoch")

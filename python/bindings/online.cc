@@ -34,6 +34,7 @@ namespace {
 struct PyOnlineSource : PySampleSource {
   std::shared_ptr<OnlineSampleSource> online;
   std::shared_ptr<LookaheadSource> lookahead;  // null when off; else `source` is this
+  bool log_failures = true;                    // the loader logs take_messages() through Python
 };
 
 nb::dict client_stats(const VllmClientStats& c) {
@@ -241,7 +242,10 @@ void init_online(nb::module_& m) {
             options.lock_timeout = std::chrono::duration<double>(lock_timeout);
             options.lock_poll = std::chrono::duration<double>(lock_poll);
             options.max_file_bytes = max_file_bytes;
-            options.log_failures = log_failures;
+            // Python reports the source's warnings through `logging`: the loader drains them with
+            // take_messages() when log_failures is set. Printed to stderr too, they would be said
+            // twice, and past any logging configuration.
+            options.log_failures = false;
             if (!transfer.is_none()) {
               options.transfer = make_python_transfer(std::move(transfer), /*generating=*/true);
             }
@@ -263,7 +267,8 @@ void init_online(nb::module_& m) {
             description += ")";
             std::shared_ptr<SampleSource> engine_source = ahead;
             if (!engine_source) engine_source = online;
-            new (self) PyOnlineSource{{engine_source, std::move(description)}, online, ahead};
+            new (self) PyOnlineSource{
+                {engine_source, std::move(description)}, online, ahead, log_failures};
           },
           nb::arg("hidden_states_path"), nb::arg("endpoints"), nb::arg("on_missing") = "generate",
           nb::arg("on_generate") = "delete", nb::arg("model") = "",
@@ -303,6 +308,15 @@ void init_online(nb::module_& m) {
           },
           nb::arg("rows"),
           "the global rows coming next, in order: fetched ahead by the lookahead threads")
+      .def(
+          "take_messages",
+          [](PyOnlineSource& s) {
+            MessageLog::Drained drained = s.online->take_messages();
+            return nb::make_tuple(drained.messages, drained.overflowed);
+          },
+          "(warnings logged since the last call, how many more were dropped unread): failed "
+          "round trips, exhausted rows, recoveries, files left in place")
+      .def_ro("log_failures", &PyOnlineSource::log_failures)
       .def_prop_ro("lookahead", [](const PyOnlineSource& s) { return s.lookahead != nullptr; })
       .def_prop_ro(
           "reads_messages",

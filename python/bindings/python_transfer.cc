@@ -116,9 +116,10 @@ class PythonTransfer : public HiddenStatesTransfer {
                                        ? DropReason::kMismatch
                                        : DropReason::kInvalid,
                                    sample.error().what());
-    } catch (const nb::python_error& e) {
-      return FetchOutcome::dropped(DropReason::kInvalid,
-                                   where + ": transfer.get_cached raised: " + e.what());
+    } catch (const nb::python_error&) {
+      // The reference lets an exception from get_cached end the run: it reaches the trainer as
+      // the transfer raised it (the pipeline carries it to next(), which re-raises it in Python).
+      throw;
     }
   }
 

@@ -12,6 +12,7 @@ delivery order) and `load_state_dict()` makes the next iteration yield exactly t
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import warnings
 import weakref
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from .reporting import Reporter
 
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
 
@@ -161,6 +163,7 @@ class Loader:
         pin_memory: bool = True,
         lock_timeout: float = 10.0,
         source: _core.SampleSource | None = None,
+        fatal_failures_in_batch: bool = False,
     ) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
@@ -227,12 +230,14 @@ class Loader:
             pin_memory=pin_memory,
             lock_timeout=lock_timeout,
             source=source,
+            fatal_failures_in_batch=fatal_failures_in_batch,
         )
         _LIVE_ENGINES.add(self._engine)
         self._delivered: set[int] = set()
         self._state_epoch: int | None = None  # the epoch `_delivered` refers to
         self._resume: tuple[int, set[int]] | None = None
         self.last_batch: _core.Batch | None = None
+        self._reporter = Reporter(self._emit_report)
 
     # -- the DataLoader surface the reference trainer uses --
     def __len__(self) -> int:
@@ -273,17 +278,61 @@ class Loader:
         self._engine.start(epoch, todo, rows)
         try:
             while True:
-                batch = self._engine.next()
+                try:
+                    batch = self._engine.next()
+                finally:
+                    self._report_source()  # what went wrong reaches the log before any error
                 if batch is None:
                     break
                 self._delivered.add(batch.index)
                 self.last_batch = batch
+                self._report_drops(batch)
                 yield self._make_batch(batch)
         finally:
             self._engine.stop()
+            self._report_source()
+            self._reporter.flush()
 
     def _make_batch(self, batch: _core.Batch) -> dict[str, Any]:
         return batch.torch()
+
+    # -- what went wrong, said once (rate-limited: see reporting.py) --
+    def _report_drops(self, batch: _core.Batch) -> None:
+        """The batch's dropped samples, each with its reason. Missing files under on_missing="skip"
+        are silent (as in the reference), and generation failures are said by the source."""
+        notes: dict[str, list[str]] = {}
+        for reason, message in batch.drop_messages:
+            notes.setdefault(reason, []).append(message)
+        for reason, count in batch.dropped.items():
+            if count == 0 or reason in self._silent_drops():
+                continue
+            messages = notes.get(reason) or [
+                f"batch {batch.index}: {count} sample(s) dropped ({reason})"
+            ]
+            for i, message in enumerate(messages):
+                extra = count - len(messages) if i == len(messages) - 1 else 0
+                self._reporter.report(reason, message, count=1 + max(0, extra))
+
+    def _silent_drops(self) -> tuple[str, ...]:
+        silent = ("missing",) if self.on_missing == "skip" else ()
+        if hasattr(self._source, "take_messages"):
+            silent += ("generation_failed",)
+        return silent
+
+    def _report_source(self) -> None:
+        take = getattr(self._source, "take_messages", None)
+        if take is None or not getattr(self._source, "log_failures", True):
+            return
+        messages, overflowed = take()
+        for message in messages:
+            self._reporter.report("generation", message)
+        if overflowed:
+            self._reporter.report(
+                "generation", f"{overflowed} earlier warning(s) of the online source were lost "
+                "(its queue is bounded)", count=overflowed)
+
+    def _emit_report(self, kind: str, message: str) -> None:
+        logging.getLogger("draftfeed").warning("%s", message)
 
     # -- exact resume --
     def state_dict(self) -> dict[str, Any]:

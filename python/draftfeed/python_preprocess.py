@@ -95,6 +95,7 @@ class _GenerationFailed:
     """A sample the online source could not generate (counted in the batch's recovery metadata)."""
 
     message: str
+    fatal: bool = False
 
 
 class PythonPreprocessLoader(Loader):
@@ -135,10 +136,11 @@ class PythonPreprocessLoader(Loader):
         ids = np.ascontiguousarray(self._dataset.row(row)["input_ids"], dtype=np.int64)
         got = self._source.fetch_native(row, ids)
         if not got["ok"]:
+            if got["reason"] == "generation_failed":
+                # Fatal or not, as on the native path: the batch's recovery metadata says so.
+                return _GenerationFailed(got["message"], got["fatal"])
             if got["fatal"]:
                 raise RuntimeError(got["message"])
-            if got["reason"] == "generation_failed":
-                return _GenerationFailed(got["message"])
             return None
         dtype = getattr(torch, got["dtype"])
         hs = torch.frombuffer(bytearray(got["hidden_bytes"]), dtype=dtype).reshape(got["shape"])
@@ -191,11 +193,14 @@ class PythonPreprocessLoader(Loader):
             for index in todo:
                 rows = [int(r) + self.split_begin for r in batches[index]]
                 results = list(pool.map(lambda r: self._sample(epoch, r), rows))
-                failed = [s.message for s in results if isinstance(s, _GenerationFailed)]
+                failed = [s for s in results if isinstance(s, _GenerationFailed)]
+                fatal = next((s.message for s in failed if s.fatal), None)
                 samples = [s for s in results if s is not None and not isinstance(s, _GenerationFailed)]
                 out, empty = collate(samples, self.total_seq_len, dtype, len(rows), self._empty_sample)
                 if failed or empty:
                     # As the native path: the trainer's recovery logic sees generation failures.
-                    out[_recovery_key()] = _recovery_metadata(len(failed), empty, failed)
+                    out[_recovery_key()] = _recovery_metadata(
+                        len(failed), empty, fatal is not None, fatal or ""
+                    )
                 self._delivered.add(index)
                 yield out

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +51,7 @@ _ON_MISSING = ("generate", "skip", "warn", "raise")
 _ON_GENERATE = ("cache", "delete")
 
 
-def _recovery_metadata(failure_count: int, locally_empty: bool, messages: list[str]):
+def _recovery_metadata(failure_count: int, locally_empty: bool, fatal: bool, error: str):
     """The reference's `RecoveryMetadata` when speculators is importable (the trainer checks its type),
     else an equivalent frozen dataclass of ours."""
     try:
@@ -65,7 +66,9 @@ def _recovery_metadata(failure_count: int, locally_empty: bool, messages: list[s
             fatal: bool = False
             error: str = ""
 
-    return RecoveryMetadata(failure_count=failure_count, locally_empty=locally_empty, fatal=False, error="")
+    return RecoveryMetadata(
+        failure_count=failure_count, locally_empty=locally_empty, fatal=fatal, error=error
+    )
 
 
 def _recovery_key() -> str:
@@ -119,17 +122,28 @@ def _hidden_states_path(data_path: str, transfer: Any) -> tuple[str, Any]:
 
 class SpeculatorsLoader(Loader):
     """A `Loader` whose batches carry the reference's extra keys: `error_records` (samples dropped from
-    the batch) and, when a sample failed generation or every sample failed, the recovery metadata."""
+    the batch) and, when a sample failed generation or every sample failed, the recovery metadata,
+    with `fatal=True` once the online source has failed for good (too many rows failed in a row,
+    or fail_on_hidden_state_error): the trainer's recovery coordinator then stops every rank
+    together, as with the reference. Drops and failed attempts are reported as the reference
+    reports them: sample drops through `warnings`, generation failures on the "speculators"
+    logger (both rate-limited)."""
 
     def _make_batch(self, batch: _core.Batch) -> BatchType:
         out = batch.torch()
         # The reference counts the samples that failed, not valid ones cut off at total_seq_len.
         out["error_records"] = int(sum(batch.dropped.values()))
-        if batch.failure_count or batch.locally_empty:
+        if batch.failure_count or batch.locally_empty or batch.fatal:
             out[_recovery_key()] = _recovery_metadata(
-                batch.failure_count, batch.locally_empty, batch.drop_messages
+                batch.failure_count, batch.locally_empty, batch.fatal, batch.fatal_message
             )
         return out
+
+    def _emit_report(self, kind: str, message: str) -> None:
+        if kind == "generation":
+            logging.getLogger("speculators").warning("%s", message)
+        else:
+            warnings.warn(message, stacklevel=2)
 
 
 def _check_dtype(hidden_states_dtype: Any) -> str:
@@ -253,6 +267,7 @@ def create_train_val_loaders(
             max_batches=max_batches,
             on_missing="skip" if on_missing == "generate" else on_missing,
             source=source,
+            fatal_failures_in_batch=True,
         )
         if native is not None:
             return SpeculatorsLoader(data_path, preprocess=native, **common)

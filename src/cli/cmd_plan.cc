@@ -25,7 +25,10 @@ constexpr const char* kUsage = R"(usage: draftfeed plan DATA --world-size R --ma
 Plans one epoch of DATA (a `save_to_disk` folder) for all R data-parallel ranks with the multipack
 planner (identical to speculators' MultipackDistributedBatchSamplerV2; lengths from the seq_len
 column) and reports batches per rank, token fill per batch (percent of max_len), samples dropped and
-the balance across ranks.
+the balance across ranks. Samples of equal length are ordered by the planner's own rule, not by
+numpy's unstable argsort as in the reference and the Python API: batch counts, fills and every
+batch's lengths are the reference's, but which of several equal-length samples a rank gets may
+differ.
 
 options:
   --world-size R      data-parallel ranks (required)

@@ -184,12 +184,22 @@ def test_wrong_values_fail_like_the_reference(fixture, override, error, match):
         our_loaders(base_args(fixture, **override))
 
 
-def test_generate_without_a_server_fails_the_run_naming_the_server(fixture):
-    # Rows 4 and 17 of the training split have no file; 127.0.0.1:9 refuses connections. Two
-    # exhausted samples in a row reach max_consecutive_generation_failures: the run stops.
+def test_generate_without_a_server_stops_the_trainer_naming_the_server(fixture):
+    """Rows 4 and 17 of the training split have no file; 127.0.0.1:9 refuses connections. Two
+    exhausted samples in a row reach max_consecutive_generation_failures: as with the reference, the
+    batch carries fatal recovery metadata (the loader does not raise on this rank alone), and the
+    trainer's own recovery coordinator stops the run with the server named."""
+    from speculators.train.recovery import RECOVERY_METADATA_KEY, BatchRecoveryCoordinator
+
     train, _ = our_loaders(base_args(fixture, on_missing="generate", max_consecutive_generation_failures=2))
-    with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:9"):
-        iterate(train)
+    coordinator = BatchRecoveryCoordinator("training", device="cpu")
+    fatal_seen = False
+    with pytest.raises(RuntimeError, match=r"circuit breaker.*127\.0\.0\.1:9"):
+        for batch in iterate(train):
+            metadata = batch.get(RECOVERY_METADATA_KEY)
+            fatal_seen = fatal_seen or bool(metadata and metadata.fatal)
+            coordinator.consume(batch)  # not distributed: synchronises at every batch
+    assert fatal_seen
 
 
 class CountingTransfer:

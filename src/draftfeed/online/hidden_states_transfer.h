@@ -26,7 +26,8 @@ class HiddenStatesTransfer {
   virtual void setup() {}
 
   // The row's cached sample: ok, a kMissing drop when nothing is cached, or a drop naming the
-  // problem (token ids that differ from the row: kMismatch). Must not throw.
+  // problem (token ids that differ from the row: kMismatch). May throw only what the transfer
+  // itself raised (the reference lets that end the run); the pipeline carries it to the consumer.
   virtual FetchOutcome get_cached(std::int64_t row, const IntArrayView& input_ids) = 0;
 
   // The generated sample named by the response's kv_transfer_params (JSON text), with its

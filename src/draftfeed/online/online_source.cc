@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "draftfeed/common/finite.h"
 #include "draftfeed/pipeline/cache_source.h"
@@ -20,10 +21,6 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<std::uint64_t> copy_counter{0};
-
-void warn(const std::string& message) {
-  std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
-}
 
 // Writes `bytes` (a validated file's mapping) to `target` atomically: a temporary file in the same
 // folder, fsync, rename. Throws Error(kIo) naming the file.
@@ -156,7 +153,8 @@ OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
     : options_(checked(options)),
       store_(make_store(options_)),
       reader_(store_, reader_options(options_)),
-      client_(options_.client) {
+      client_(options_.client),
+      log_(options_.log_failures) {
   if (options_.on_missing != "generate" && options_.transfer == nullptr) {
     offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing));
   }
@@ -164,10 +162,11 @@ OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
 
 OnlineSampleSource::~OnlineSampleSource() {
   sweep_abandoned();
-  if (!abandoned_.empty() && options_.log_failures) {
-    warn(std::to_string(abandoned_.size()) +
-         " failed generated file(s) are still locked by their writer and stay in place, e.g. " +
-         abandoned_.front());
+  if (!abandoned_.empty()) {
+    log_.warn(
+        std::to_string(abandoned_.size()) +
+        " failed generated file(s) are still locked by their writer and stay in place, e.g. " +
+        abandoned_.front());
   }
 }
 
@@ -192,8 +191,7 @@ void OnlineSampleSource::sweep_abandoned() {
       store_->remove(path);
       ++removed;
     } catch (const Error& error) {
-      if (options_.log_failures)
-        warn("cannot remove a failed generated file: " + std::string(error.what()));
+      log_.warn("cannot remove a failed generated file: " + std::string(error.what()));
     }
   }
   std::lock_guard lock(mutex_);
@@ -275,7 +273,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       std::lock_guard lock(mutex_);
       ++stats_.bad_messages;
     }
-    if (options_.log_failures) warn(message);
+    log_.warn(message);
     return FetchOutcome::dropped(DropReason::kInvalid, std::move(message),
                                  options_.fail_on_hidden_state_error);
   }
@@ -286,6 +284,12 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
   const int total = options_.generation_validation_retries + 1;
   std::string last_error;
   for (int attempt = 1; attempt <= total; ++attempt) {
+    if (attempt > 1) {
+      // As the reference's recovery guard: every failed attempt but the last is reported as it
+      // happens; the last is reported with the row's outcome below.
+      log_.warn("hidden-state round trip failed for row " + std::to_string(row) + " (attempt " +
+                std::to_string(attempt - 1) + "/" + std::to_string(total) + "): " + last_error);
+    }
     {
       std::lock_guard lock(mutex_);
       ++stats_.round_trips;
@@ -323,11 +327,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       std::optional<FetchedSample> sample = load_through_transfer(row, ids, generation, last_error);
       if (!sample) continue;
       finish_through_transfer(row, generation.handle);
-      {
-        std::lock_guard lock(mutex_);
-        ++stats_.generated;
-        stats_.consecutive_failures = 0;
-      }
+      record_success();
       return FetchOutcome::ok(std::move(*sample));
     }
     GeneratedFile file = reader_.read(generation.handle, RowIds(ids), row);
@@ -341,11 +341,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       continue;
     }
     finish_generated(row, file);
-    {
-      std::lock_guard lock(mutex_);
-      ++stats_.generated;
-      stats_.consecutive_failures = 0;
-    }
+    record_success();
     return CacheSampleSource::check(row, input_ids, *file.sample);
   }
 
@@ -372,8 +368,21 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     stats_.fatal_message = message;
   }
   if (fatal) client_.cancel();  // the run ends: other rows' requests end now too
-  if (options_.log_failures) warn(message);
+  log_.warn(message);
   return FetchOutcome::dropped(DropReason::kGenerationFailed, message, fatal);
+}
+
+void OnlineSampleSource::record_success() {
+  std::int64_t recovered = 0;
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.generated;
+    recovered = std::exchange(stats_.consecutive_failures, 0);
+  }
+  if (recovered > 0) {
+    log_.warn("hidden-state generation recovered after " + std::to_string(recovered) +
+              " consecutive failure(s)");
+  }
 }
 
 void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile& file) {
@@ -406,25 +415,23 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
     }
   } catch (const Error& error) {
     // The sample itself is good and stays mapped: use it, report the cache problem.
-    if (options_.log_failures) {
-      warn("row " + std::to_string(row) + ": generated hidden states used but not " +
-           (options_.on_generate == OnGenerate::kCache ? "cached" : "removed") + ": " +
-           error.what());
-    }
+    log_.warn("row " + std::to_string(row) + ": generated hidden states used but not " +
+              (options_.on_generate == OnGenerate::kCache ? "cached" : "removed") + ": " +
+              error.what());
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
   }
 }
 
 void OnlineSampleSource::warn_left_in_place(const std::string& path) {
-  if (!options_.log_failures || left_in_place_warned_.exchange(true)) return;
-  warn(path + ": generated files outside the cache folder are left in place, not " +
-       (options_.on_generate == OnGenerate::kCache ? "moved" : "deleted") +
-       (options_.server_dir.empty()
-            ? ": name the folder the servers write into (server_dir=, --server-dir, or "
-              "DRAFTFEED_SERVER_DIR for the speculators drop-in) to let draftfeed remove them"
-            : ": the file is outside server_dir " + options_.server_dir) +
-       " (warned once; counted in left_in_place)");
+  if (left_in_place_warned_.exchange(true)) return;
+  log_.warn(path + ": generated files outside the cache folder are left in place, not " +
+            (options_.on_generate == OnGenerate::kCache ? "moved" : "deleted") +
+            (options_.server_dir.empty()
+                 ? ": name the folder the servers write into (server_dir=, --server-dir, or "
+                   "DRAFTFEED_SERVER_DIR for the speculators drop-in) to let draftfeed remove them"
+                 : ": the file is outside server_dir " + options_.server_dir) +
+            " (warned once; counted in left_in_place)");
 }
 
 void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
@@ -450,8 +457,7 @@ void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
     std::lock_guard lock(mutex_);
     ++stats_.deleted;
   } catch (const Error& error) {
-    if (options_.log_failures)
-      warn("cannot remove a failed generated file: " + std::string(error.what()));
+    log_.warn("cannot remove a failed generated file: " + std::string(error.what()));
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
   }
@@ -512,10 +518,8 @@ void OnlineSampleSource::finish_through_transfer(std::int64_t row, const std::st
         return;
       }
     } catch (const std::exception& e) {
-      if (options_.log_failures) {
-        warn("row " + std::to_string(row) +
-             ": generated hidden states used but not cached: " + e.what());
-      }
+      log_.warn("row " + std::to_string(row) +
+                ": generated hidden states used but not cached: " + e.what());
       std::lock_guard lock(mutex_);
       ++stats_.cleanup_errors;
       return;
@@ -530,9 +534,7 @@ void OnlineSampleSource::remove_through_transfer(const std::string& handle) {
     std::lock_guard lock(mutex_);
     ++stats_.deleted;
   } catch (const std::exception& e) {
-    if (options_.log_failures) {
-      warn("cannot clean up generated hidden states " + handle + ": " + e.what());
-    }
+    log_.warn("cannot clean up generated hidden states " + handle + ": " + e.what());
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
   }

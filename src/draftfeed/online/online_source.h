@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "draftfeed/batch/sample.h"
+#include "draftfeed/common/message_log.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/online/generated_file.h"
 #include "draftfeed/online/hidden_states_transfer.h"
@@ -69,7 +70,9 @@ struct OnlineSourceOptions {
   std::chrono::duration<double> lock_timeout{10.0};
   std::chrono::duration<double> lock_poll{0.1};
   std::uint64_t max_file_bytes = std::uint64_t{64} << 30;
-  bool log_failures = true;  // one warning per dropped row on stderr
+  // Warnings (each failed round trip, each exhausted row, files left in place) are kept in the
+  // source's MessageLog (take_messages); with log_failures they are also printed to stderr.
+  bool log_failures = true;
   // Replaces the cache store and the generated-file reader when set (needs on_missing generate).
   std::shared_ptr<HiddenStatesTransfer> transfer;
   // The rows' dataset, for its `messages` column: a row whose turns have list content (images...)
@@ -130,6 +133,8 @@ class OnlineSampleSource : public SampleSource {
   void resume() override;
 
   OnlineSourceStats stats() const;
+  // The warnings logged since the last call (see OnlineSourceOptions::log_failures).
+  MessageLog::Drained take_messages() { return log_.drain(); }
   const OnlineSourceOptions& options() const { return options_; }
   const std::shared_ptr<const CacheStore>& store() const { return store_; }
 
@@ -137,6 +142,8 @@ class OnlineSampleSource : public SampleSource {
   // Moves/copies/removes a generated file per on_generate; returns nothing, logs problems.
   void finish_generated(std::int64_t row, const GeneratedFile& file);
   void discard_failed(const GeneratedFile& file);
+  // Counts a generated row and resets the failure streak (saying so when it ends one).
+  void record_success();
   // Failed files whose writer held the lock past the timeout cannot be removed then; they are
   // remembered and removed once their lock is free (tried before each round trip and at
   // destruction, never waiting), so a slow connector does not leave files in the server folder.
@@ -161,6 +168,7 @@ class OnlineSampleSource : public SampleSource {
   std::shared_ptr<SampleSource> offline_;  // for skip / warn / raise
   GeneratedFileReader reader_;
   VllmClient client_;
+  MessageLog log_;
 
   mutable std::mutex mutex_;  // guards stats_
   OnlineSourceStats stats_;

@@ -170,7 +170,9 @@ void Pipeline::fetch_sample(const std::shared_ptr<Job>& job, std::size_t i) {
     job->ids[i] = dataset_->input_ids(row);
     job->masks[i] = dataset_->loss_mask(row);
     FetchOutcome outcome = source_->fetch(row, job->ids[i]);
-    if (outcome.fatal) throw Error(ErrorKind::kRuntime, outcome.message);
+    const bool fatal_in_batch =
+        options_.fatal_failures_in_batch && outcome.reason == DropReason::kGenerationFailed;
+    if (outcome.fatal && !fatal_in_batch) throw Error(ErrorKind::kRuntime, outcome.message);
     if (outcome.sample) {
       const HiddenStatesView& hs = outcome.sample->hidden;
       const bool mtp = layout_.spec.preprocess == Preprocess::kMtp;
@@ -274,9 +276,13 @@ void Pipeline::finish(const std::shared_ptr<Job>& job) {
     const FetchOutcome& outcome = job->outcomes[i];
     ++lease->dropped[index_of(outcome.reason)];
     if (outcome.reason == DropReason::kGenerationFailed) ++lease->failure_count;
+    if (outcome.fatal && !lease->fatal) {
+      lease->fatal = true;
+      lease->fatal_message = outcome.message;
+    }
     if (static_cast<int>(lease->drop_messages.size()) < options_.max_drop_examples &&
         !outcome.message.empty()) {
-      lease->drop_messages.push_back(outcome.message);
+      lease->drop_messages.push_back({outcome.reason, outcome.message});
     }
   }
   lease->buffer = std::move(job->buffer);

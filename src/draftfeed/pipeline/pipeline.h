@@ -11,10 +11,10 @@
 //   copy chunks:      the one fused copy (cast, noise, finiteness) of a slice of a sample's rows;
 //   last chunk:       integer tensors, document ids, zero tails; the batch is ready.
 // Tasks carry their batch's sequence number as priority, so the oldest batch finishes first.
-// A fatal error (a source that throws, `on_missing=raise`) stops the epoch and is rethrown by
-// `next()`. Thread safety: `start`, `next` and `metrics` are for one consumer thread, `stop` may
-// come from any thread; the
-// pipeline's own threads never call back into the consumer.
+// A fatal error (a source that throws, `on_missing=raise`, a fatal generation failure unless
+// `fatal_failures_in_batch`) stops the epoch and is rethrown by `next()`. Thread safety: `start`,
+// `next` and `metrics` are for one consumer thread, `stop` may come from any thread; the pipeline's
+// own threads never call back into the consumer.
 #pragma once
 
 #include <array>
@@ -54,6 +54,11 @@ struct PipelineOptions {
   bool noise = false;                  // apply the spec's noise (the training split)
   std::int64_t chunk_bytes = 4 << 20;  // bytes of hidden states per copy task
   int max_drop_examples = 8;           // drop messages kept per batch
+  // A fatal generation failure (online: too many rows failed in a row, fail_on_hidden_state_error)
+  // marks its batch (BatchLease::fatal) instead of ending the epoch, as the reference's recovery
+  // metadata does: the trainer then stops every rank together at its next synchronisation. Other
+  // fatal outcomes (on_missing=raise, a source that throws) still end the epoch.
+  bool fatal_failures_in_batch = false;
 };
 
 using DropCounts = std::array<std::int64_t, static_cast<std::size_t>(DropReason::kCount)>;
@@ -69,8 +74,14 @@ class BatchLease {
   std::int64_t tokens = 0;         // rows holding data
   bool locally_empty = false;      // every sample failed: the reference's all-padding batch
   std::int64_t failure_count = 0;  // drops that count as generation failures (online)
+  bool fatal = false;              // a fatal generation failure (fatal_failures_in_batch)
+  std::string fatal_message;       // the first fatal failure's message
   DropCounts dropped{};
-  std::vector<std::string> drop_messages;
+  struct Drop {
+    DropReason reason;
+    std::string message;
+  };
+  std::vector<Drop> drop_messages;  // the first max_drop_examples drops, for the logs
 
   std::unique_ptr<BufferPool::Handle> buffer;
 };

@@ -1,0 +1,74 @@
+"""Telling people what went wrong with samples, without flooding the log.
+
+The engine's threads never call into Python: a dropped sample travels with its batch
+(`Batch.drop_messages`, `Batch.dropped`) and an online source keeps its warnings (failed round trips,
+exhausted rows, recoveries) until the loader takes them (`take_messages()`). The loader reports both
+from the consumer's thread through a `Reporter`: at most `burst` messages of one kind per `period`
+seconds, the rest counted and summed up once the kind may speak again (or at `flush()`), so a cache
+that is bad throughout or a server that is down for an hour costs a few lines a minute, not one per
+sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class _Window:
+    start: float
+    said: int = 0
+    held: int = 0  # messages of this kind not said in this window
+
+
+class Reporter:
+    """Rate-limited reporting per kind; `emit(kind, message)` says one line."""
+
+    def __init__(
+        self,
+        emit: Callable[[str, str], None],
+        *,
+        burst: int = 5,
+        period: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if burst < 1 or period <= 0:
+            raise ValueError(f"burst must be >= 1 and period > 0, got {burst} and {period}")
+        self._emit = emit
+        self._burst = burst
+        self._period = period
+        self._clock = clock
+        self._windows: dict[str, _Window] = {}
+
+    def report(self, kind: str, message: str, count: int = 1) -> None:
+        """One message of `kind` (standing for `count` events: an overflowed queue says how many
+        it lost)."""
+        now = self._clock()
+        window = self._windows.get(kind)
+        if window is None or now - window.start >= self._period:
+            if window is not None:
+                self._summarise(kind, window)
+            window = self._windows[kind] = _Window(start=now)
+        if window.said < self._burst:
+            window.said += 1
+            window.held += count - 1
+            self._emit(kind, message)
+        else:
+            window.held += count
+
+    def flush(self) -> None:
+        """Says how many messages each kind held back, and starts afresh."""
+        for kind, window in self._windows.items():
+            self._summarise(kind, window)
+        self._windows.clear()
+
+    def _summarise(self, kind: str, window: _Window) -> None:
+        if window.held:
+            self._emit(
+                kind,
+                f"{window.held} more {kind} message(s) not shown (at most {self._burst} per "
+                f"{self._period:g} s)",
+            )
+            window.held = 0
