@@ -1,20 +1,72 @@
-"""Running the reference entry point and ours on the same arguments, and comparing their batches."""
+"""Running the reference entry point and ours on the same arguments, and comparing their batches.
+
+The reference is called exactly as a real trainer calls it, never with arguments filtered or adapted
+to what it accepts (that is how a drop-in that crashed on first contact passed every test once). The
+installed reference is speculators 0.9.0, so `reference_loaders` takes exactly the keywords 0.9.0's
+trainer passes; a test that needs an argument of another version gives it to draftfeed only.
+"""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import warnings
 
 import torch
 
+# The keyword arguments each trainer in circulation passes to create_train_val_loaders, exactly.
+# speculators 0.9.0 (PyPI), speculators/train/cli.py; test_speculators_signatures.py checks this
+# list against the installed trainer's source.
+SPECULATORS_090_CALL = (
+    "data_path", "total_seq_len", "hidden_states_dtype", "transfer", "vllm_endpoint", "on_missing",
+    "verifier_name_or_path", "request_timeout", "max_retries", "generation_validation_retries",
+    "max_consecutive_generation_failures", "hidden_size", "num_target_layers", "num_workers",
+    "prefetch_factor", "preprocess", "train_data_ratio", "seed",
+)
+# The newest entry point (speculators' main branch, src/speculators/train/dataloader.py, as
+# ../shared/seeds/ holds it): its trainer passes every parameter.
+SEED_CALL = (
+    "data_path", "total_seq_len", "hidden_states_dtype", "noise_std", "transfer", "vllm_endpoint",
+    "on_missing", "on_generate", "verifier_name_or_path", "request_timeout", "max_retries",
+    "generation_validation_retries", "max_consecutive_generation_failures", "hidden_size",
+    "num_target_layers", "num_workers", "prefetch_factor", "preprocess", "train_data_ratio",
+    "fail_on_hidden_state_error", "fetch_threads", "dataloader_in_order", "vllm_http_keepalive",
+    "max_train_batches",
+)
+# The speculators repository's older scripts/train.py (no retries or failure-breaker arguments).
+REPOSITORY_SCRIPT_CALL = (
+    "data_path", "total_seq_len", "hidden_states_dtype", "noise_std", "transfer", "vllm_endpoint",
+    "on_missing", "on_generate", "verifier_name_or_path", "request_timeout", "max_retries",
+    "hidden_size", "num_target_layers", "num_workers", "prefetch_factor", "preprocess",
+    "train_data_ratio",
+)
+
+
+def installed_trainer_call() -> set[str]:
+    """The keywords of the create_train_val_loaders call in the installed speculators trainer."""
+    import speculators.train.cli as cli
+
+    tree = ast.parse(inspect.getsource(cli))
+    calls = [
+        node for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "create_train_val_loaders"
+    ]
+    assert len(calls) == 1, f"expected one create_train_val_loaders call, found {len(calls)}"
+    return {keyword.arg for keyword in calls[0].keywords}
+
 
 def reference_loaders(args):
+    """The installed reference's loaders, called with `args` as speculators 0.9.0's trainer would."""
     from speculators.train.dataloader import create_train_val_loaders
 
-    accepted = inspect.signature(create_train_val_loaders).parameters
+    assert set(args) == set(SPECULATORS_090_CALL), (
+        "the reference takes exactly its trainer's arguments: "
+        f"extra {sorted(set(args) - set(SPECULATORS_090_CALL))}, "
+        f"missing {sorted(set(SPECULATORS_090_CALL) - set(args))}"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return create_train_val_loaders(**{k: v for k, v in args.items() if k in accepted})
+        return create_train_val_loaders(**args)
 
 
 def our_loaders(args):

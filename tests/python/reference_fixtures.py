@@ -33,21 +33,26 @@ def write_fixture(
     mismatched: tuple[int, ...] = (),
     long_rows: tuple[int, ...] = (),
     seed: int = 7,
+    distinct: bool = True,
 ) -> Fixture:
     """A torch-format dataset (as speculators' preprocessing saves it) and its hidden-state cache.
 
-    Lengths are distinct (so the reference's unstable argsort has no ties), `long_rows` are longer than
-    `max_len`, `missing` rows have no file, `mismatched` rows have a file whose token ids differ."""
+    Lengths are distinct, or with `distinct=False` drawn from a few values so that most rows tie (as
+    in real tokenized data; the reference orders ties with numpy's unstable argsort). `long_rows` are
+    longer than `max_len`, `missing` rows have no file, `mismatched` rows have a file whose token
+    ids differ."""
     from datasets import Dataset
     from safetensors.torch import save_file
 
     rng = np.random.default_rng(seed)
     pool = rng.permutation(np.arange(2, max_len - 1))
     lengths = [int(pool[i % len(pool)]) + (i // len(pool)) * max_len for i in range(rows)]
+    if not distinct:
+        lengths = [int(x) for x in rng.choice([5, 9, 12, 20, 31], size=rows)]
     for k, row in enumerate(long_rows):
         lengths[row] = max_len + 5 + k
     lengths = [int(x) for x in lengths]
-    assert len(set(lengths)) == len(lengths), "lengths must be distinct"
+    assert not distinct or len(set(lengths)) == len(lengths), "lengths must be distinct"
     input_ids = [rng.integers(0, 32000, size=n).tolist() for n in lengths]
     loss_mask = [(rng.random(n) < 0.7).astype(np.int64).tolist() for n in lengths]
     ds = Dataset.from_dict({"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": lengths})

@@ -1,5 +1,6 @@
 """`draftfeed.speculators.create_train_val_loaders` against the real speculators entry point (PyPI,
-num_workers=0 on its side): same batches on every rank, the same sampler surface and fast-skip."""
+num_workers=0 on its side), both called with speculators 0.9.0's trainer's arguments: same batches
+on every rank, the same sampler surface and fast-skip."""
 
 from __future__ import annotations
 
@@ -16,14 +17,6 @@ from reference_fixtures import write_fixture
 pytestmark = pytest.mark.timeout(600)
 
 MAX_LEN = 96
-SEED_SIGNATURE_KWARGS = [
-    "data_path", "total_seq_len", "hidden_states_dtype", "noise_std", "transfer", "vllm_endpoint",
-    "on_missing", "on_generate", "verifier_name_or_path", "request_timeout", "max_retries",
-    "generation_validation_retries", "max_consecutive_generation_failures", "hidden_size",
-    "num_target_layers", "num_workers", "prefetch_factor", "preprocess", "train_data_ratio",
-    "fail_on_hidden_state_error", "fetch_threads", "dataloader_in_order", "vllm_http_keepalive",
-    "max_train_batches", "seed",
-]
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +32,9 @@ def base_args(fx, **overrides):
         data_path=fx.path,
         total_seq_len=MAX_LEN,
         hidden_states_dtype=torch.bfloat16,
-        noise_std=0.0,
         transfer=None,
         vllm_endpoint="http://127.0.0.1:9/v1",
         on_missing="skip",
-        on_generate="cache",
         verifier_name_or_path="unused",
         request_timeout=5.0,
         max_retries=0,
@@ -55,25 +46,10 @@ def base_args(fx, **overrides):
         prefetch_factor=4,
         preprocess=None,
         train_data_ratio=0.8,
+        seed=42,  # the trainer's default
     )
     args.update(overrides)
     return args
-
-
-def test_signature_is_the_reference_entry_points():
-    from draftfeed.speculators import create_train_val_loaders
-
-    params = inspect.signature(create_train_val_loaders).parameters
-    assert list(params) == SEED_SIGNATURE_KWARGS
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
-    defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
-    assert defaults == {
-        "noise_std": 0.0, "transfer": None, "on_generate": "delete",
-        "generation_validation_retries": 2, "max_consecutive_generation_failures": 20,
-        "train_data_ratio": 0.9, "fail_on_hidden_state_error": False,
-        "fetch_threads": 1, "dataloader_in_order": True, "vllm_http_keepalive": True,
-        "max_train_batches": None, "seed": 0,
-    }
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -50,12 +50,11 @@ def clean_server(sim):
 
 def online_args(fx, sim, **overrides):
     args = dict(
-        data_path=fx.path, total_seq_len=MAX_LEN, hidden_states_dtype=torch.bfloat16, noise_std=0.0,
-        transfer=None, vllm_endpoint=sim.url, on_missing="generate", on_generate="delete",
-        verifier_name_or_path=None, request_timeout=30.0, max_retries=1,
+        data_path=fx.path, total_seq_len=MAX_LEN, hidden_states_dtype=torch.bfloat16,
+        transfer=None, vllm_endpoint=sim.url, on_missing="generate", verifier_name_or_path=None, request_timeout=30.0, max_retries=1,
         generation_validation_retries=0, max_consecutive_generation_failures=5, hidden_size=HIDDEN,
         num_target_layers=LAYERS - 1, num_workers=0, prefetch_factor=4, preprocess=None,
-        train_data_ratio=0.8,
+        train_data_ratio=0.8, seed=42,
     )
     args.update(overrides)
     return args
