@@ -31,6 +31,12 @@ std::optional<HiddenDType> hidden_dtype_of(const std::string& name) {
 // str(object), as Python prints it.
 std::string text_of(const nb::handle& object) { return nb::str(object).c_str(); }
 
+// "ConnectionError: the store lost this sample", as the reference logs an exception (what() would
+// add the whole traceback). Needs the GIL.
+std::string exception_text(const nb::python_error& error) {
+  return text_of(error.type().attr("__name__")) + ": " + text_of(error.value());
+}
+
 const std::uint8_t* data_of(const nb::object& tensor) {
   return reinterpret_cast<const std::uint8_t*>(nb::cast<std::uintptr_t>(tensor.attr("data_ptr")()));
 }
@@ -97,7 +103,7 @@ class PythonTransfer : public HiddenStatesTransfer {
     try {
       object().attr("setup")();
     } catch (const nb::python_error& e) {
-      throw Error(ErrorKind::kRuntime, std::string("transfer.setup(): ") + e.what());
+      throw Error(ErrorKind::kRuntime, "transfer.setup(): " + exception_text(e));
     }
   }
 
@@ -137,7 +143,8 @@ class PythonTransfer : public HiddenStatesTransfer {
       }
       return sample_from(result, RowIds(ids), where);
     } catch (const nb::python_error& e) {
-      return Error(ErrorKind::kRuntime, where + ": transfer.get_generated raised: " + e.what());
+      return Error(ErrorKind::kRuntime,
+                   where + ": transfer.get_generated raised " + exception_text(e));
     }
   }
 
@@ -148,7 +155,7 @@ class PythonTransfer : public HiddenStatesTransfer {
       object().attr("cache")(handle, row);
       return true;
     } catch (const nb::python_error& e) {
-      throw Error(ErrorKind::kRuntime, "transfer.cache(" + handle + "): " + e.what());
+      throw Error(ErrorKind::kRuntime, "transfer.cache(" + handle + "): " + exception_text(e));
     }
   }
 
@@ -157,7 +164,7 @@ class PythonTransfer : public HiddenStatesTransfer {
     try {
       object().attr("delete")(handle);
     } catch (const nb::python_error& e) {
-      throw Error(ErrorKind::kRuntime, "transfer.delete(" + handle + "): " + e.what());
+      throw Error(ErrorKind::kRuntime, "transfer.delete(" + handle + "): " + exception_text(e));
     }
   }
 

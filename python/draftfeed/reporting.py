@@ -30,7 +30,7 @@ class Reporter:
         self,
         emit: Callable[[str, str], None],
         *,
-        burst: int = 5,
+        burst: int = 20,
         period: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -241,3 +241,34 @@ def test_overfull_batch_cut_at_total_seq_len_counts_only_failed_samples(fixture,
     (ours,), (ref,) = iterate(train), iterate(ref_train)
     assert ref["error_records"] == 1
     assert_same(ours, ref, "overfull batch")
+
+
+class RaisingTransfer(CountingTransfer):
+    """get_cached raises for one row, as a store that lost its connection would."""
+
+    def __init__(self, root, row):
+        super().__init__(root)
+        self.row = row
+
+    def get_cached(self, file_idx):
+        if file_idx == self.row:
+            raise KeyError(f"the store has no entry {file_idx}")
+        return super().get_cached(file_idx)
+
+
+def test_an_exception_from_a_transfer_reaches_the_trainer_as_with_the_reference(fixture, topology):
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    ref_train, _ = reference_loaders(base_args(fixture, transfer=RaisingTransfer(root, 7)))
+    train, _ = our_loaders(base_args(fixture, transfer=RaisingTransfer(root, 7), num_workers=2))
+    planned = {int(r) for b in train.batch_sampler._generate_batches(0) for r in b}
+    assert 7 in planned
+    errors = []
+    for loader in (ref_train, train):
+        with pytest.raises(KeyError) as caught:
+            iterate(loader)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1] == "'the store has no entry 7'"
+    # The loader is still usable: a later epoch runs to the same error, not a hang.
+    with pytest.raises(KeyError):
+        iterate(train)

@@ -249,3 +249,50 @@ def test_generation_failures_reach_the_batch_as_the_references(fixture, sim, top
     assert any(RECOVERY_METADATA_KEY in b for b in expected), "the fixture makes a generation fail"
     for k, (a, b) in enumerate(zip(got, expected)):
         assert_same(a, b, f"failed generation batch {k}")
+
+
+def test_failed_attempts_and_exhausted_rows_are_logged_as_the_reference_logs_them(
+        fixture, sim, topology, caplog):
+    """Each failed round trip but the last is logged as it happens ("attempt k/n"), the last with
+    the row's outcome, on the "speculators" logger: as many warnings as the reference gives."""
+    import logging
+
+    from datasets import load_from_disk
+
+    topology(0, 1, via_env=False)
+    root = os.path.join(fixture.path, "hidden_states")
+    rows = load_from_disk(fixture.path).with_format(None)
+    failing = {rows[4]["input_ids"][0], rows[30]["input_ids"][0]}
+    common = dict(generation_validation_retries=2, max_consecutive_generation_failures=10)
+    counts = {}
+    for side, make in (("reference", reference_loaders), ("draftfeed", our_loaders)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="speculators"):
+            train, _ = make(online_args(fixture, sim, transfer=FailingRowsTransfer(root, failing),
+                                        **common))
+            iterate(train)
+        records = [r.getMessage() for r in caplog.records if r.name == "speculators"]
+        counts[side] = (sum("attempt 1/3" in m for m in records),
+                        sum("attempt 2/3" in m for m in records),
+                        sum("consecutive failures" in m.lower() for m in records))
+    failed_rows = len({4, 30} & {int(r) for b in train.batch_sampler._generate_batches(0) for r in b})
+    assert failed_rows > 0
+    assert counts["draftfeed"] == counts["reference"] == (failed_rows, failed_rows, failed_rows)
+
+
+@pytest.mark.parametrize(("num_workers", "fetch_threads"), [(3, 2), (12, 1)])
+def test_requests_in_flight_are_workers_times_fetch_threads(tmp_path, sim, topology, num_workers,
+                                                            fetch_threads):
+    """The reference copies its dataset and its fetch_threads pool into each of num_workers workers:
+    num_workers x fetch_threads requests in flight (12 with its defaults). Every request takes a
+    second here, so all of them overlap."""
+    topology(0, 1, via_env=False)
+    fx = write_fixture(str(tmp_path / "data"), rows=60, max_len=MAX_LEN, hidden_size=HIDDEN,
+                       layers=LAYERS, missing=tuple(range(60)))
+    sim.set_faults({"latency": {"median": 1.0, "p99": 1.0}})
+    train, _ = our_loaders(dict(online_args(fx, sim, num_workers=num_workers),
+                                fetch_threads=fetch_threads))
+    iterate(train)
+    expected = num_workers * fetch_threads
+    assert train._source.fetch_threads == expected
+    assert sim.stats()["max_in_flight"] == expected
