@@ -45,6 +45,8 @@ Faults are tried in the order below; a request gets at most one.
   outside       a valid file outside --server-dir: "mode" dotdot (DIR/../DIR.outside/f, default),
                 symlink (a link in DIR to DIR.outside/f) or absolute (DIR.outside/f)
   missing_file  a handle to a file that is never written
+  fixed_handle  a handle naming "path" as it is, writing nothing: a file the request did not produce
+                (another sample, the cache's own file, a link: whatever the test put there)
   nan / inf     a file with NaN / +Inf at [position 0, "layer" (default 0), h 0]
   lock_hold     answer at once, hold the file's lock "seconds" (default 30), then write it
 The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal with that median and
@@ -94,6 +96,7 @@ FAULT_ORDER = [
     "no_handle",
     "outside",
     "missing_file",
+    "fixed_handle",
     "nan",
     "inf",
     "lock_hold",
@@ -270,6 +273,8 @@ class SimServer:
         name = self.new_name()
         if fault is not None and fault.name == "missing_file":
             return str(self.server_dir / ("missing_" + name))
+        if fault is not None and fault.name == "fixed_handle":
+            return str(fault.params["path"])
         if fault is not None and fault.name == "outside":
             self.outside_dir.mkdir(parents=True, exist_ok=True)
             target = self.outside_dir / name

@@ -98,7 +98,6 @@ nb::dict source_stats(const OnlineSourceStats& s) {
   }
   out["file_failures"] = file_failures;
   out["adopted"] = s.adopted;
-  out["copied"] = s.copied;
   out["deleted"] = s.deleted;
   out["left_in_place"] = s.left_in_place;
   out["abandoned"] = s.abandoned;

@@ -159,7 +159,7 @@ def test_generates_the_documented_values_and_caches_them(sim, dataset, folders):
     assert stats["client"]["model"] == MODEL and stats["client"]["model_checks"] == 1
     assert sim.stats()["models"] == 1
     # The server folder is empty: files moved into the cache, lock files removed by the reader.
-    assert os.listdir(sim.server_dir) == []
+    assert os.listdir(sim.server_dir) == [], (stats, source.take_messages())
     # The draftfeed synthetic formula with the token id in place of the row agrees.
     t, layer, h = 2, 1, 5
     assert draftfeed.synthetic_hidden_value(SEED, int(ids[0][t]), t, layer, h) == expected[0][t, layer, h]
@@ -349,21 +349,46 @@ def test_handles_outside_the_server_dir_are_refused_and_left_alone(sim, dataset,
         assert draftfeed.validate_hidden_states(str(f), draftfeed.load_safetensors(str(f))["token_ids"])["ok"]
 
 
-def test_without_server_dir_foreign_files_are_copied_never_moved(sim, dataset, folders):
+@pytest.mark.parametrize("on_generate", ["cache", "delete"])
+def test_without_server_dir_proven_files_are_moved_or_deleted_as_the_reference(sim, dataset,
+                                                                             folders, on_generate):
+    """No folder named: every handle is foreign, yet a file that proved to be the request's output
+    (a regular file, under the lock protocol, with the prompt's token ids) goes where the reference
+    puts it: into the cache, or away. Its lock file goes too; nothing else is touched."""
     _, ids, expected = dataset
-    cache, _ = folders
+    cache, foreign = folders
+    before = listing(foreign)
     sim.set_faults({"outside": {"first": K, "mode": "absolute"}})
-    source = make_source(sim, cache, server_dir=None)
+    source = make_source(sim, cache, server_dir=None, on_generate=on_generate)
     outside = sim.server_dir.parent / (sim.server_dir.name + ".outside")
     check_all_ok(fetch_rows(source, ids), expected)
-    check_cache(cache, ids, range(ROWS))
     stats = source.stats()
-    # Every handle is foreign now (the server folder was not given): all copied, none moved.
-    assert stats["copied"] == ROWS and stats["adopted"] == 0
+    if on_generate == "cache":
+        check_cache(cache, ids, range(ROWS))
+        assert stats["adopted"] == ROWS and stats["deleted"] == 0
+    else:
+        assert not list(cache.glob("*")) if cache.exists() else True
+        assert stats["deleted"] == ROWS and stats["adopted"] == 0
+    assert stats["left_in_place"] == 0
+    for folder in (sim.server_dir, outside):
+        assert sorted(p.name for p in folder.iterdir()) == [], f"{folder} still holds files"
+    assert listing(foreign) == before
+
+
+def test_without_server_dir_a_linked_handle_is_read_but_never_removed(sim, dataset, folders):
+    _, ids, expected = dataset
+    cache, _ = folders
+    sim.set_faults({"outside": {"first": K, "mode": "symlink"}})
+    source = make_source(sim, cache, server_dir=None, on_generate="delete")
+    outside = sim.server_dir.parent / (sim.server_dir.name + ".outside")
+    check_all_ok(fetch_rows(source, ids), expected)
+    stats = source.stats()
+    assert stats["left_in_place"] == K and stats["deleted"] == ROWS - K
+    links = [p for p in sim.server_dir.iterdir() if p.is_symlink()]
+    assert len(links) == K and all(p.resolve().exists() for p in links), "links and targets stay"
     assert len(list(outside.glob("*.safetensors"))) == K
-    assert len(list(sim.server_dir.glob("*.safetensors"))) == ROWS - K
-    # Their lock files are not the loader's to remove.
-    assert len(list(sim.server_dir.glob("*.lock"))) == ROWS - K
+    said = source.take_messages()[0]
+    assert sum("symbolic link" in m for m in said) == K
 
 
 def test_mixed_faults_counts_match_the_injections(sim, dataset, folders, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
+from dropin_helpers import SEED_CALL, assert_same, iterate, our_loaders, reference_loaders
 from reference_fixtures import write_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -114,25 +114,100 @@ def assert_same_epochs(ours, ref, context):
         assert_same(a, b, f"{context} batch {k}")
 
 
+def folder_state(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())} if Path(folder).exists() else {}
+
+
+@pytest.mark.parametrize("call", ["speculators 0.9.0", "seed, on_generate=delete"])
 @pytest.mark.parametrize("server_dir_known", [True, False])
-def test_generated_rows_give_the_reference_batches(fixture, sim, topology, monkeypatch, caplog,
-                                                   server_dir_known):
+def test_generated_rows_give_the_reference_batches_and_files(fixture, sim, topology, monkeypatch,
+                                                             call, server_dir_known):
+    """The server writes into its own folder, not the cache (as upstream's launch_vllm.py does).
+    Both sides generate each missing row once, give the same batches, and leave the same files:
+    the reference deletes every generated file after reading it (and its lock file), and so does
+    the drop-in, with or without DRAFTFEED_SERVER_DIR."""
     topology(0, 1, via_env=False)
     if server_dir_known:
         monkeypatch.setenv("DRAFTFEED_SERVER_DIR", str(sim.server_dir))
-    ref_train, _ = reference_loaders(online_args(fixture, sim))
-    ours, _ = our_loaders(online_args(fixture, sim, num_workers=2))
-    assert_same_epochs(ours, ref_train, "online")
+    cache = Path(fixture.path) / "hidden_states"
+    cache_before = folder_state(cache)
+    # A call without `seed` plans with seed 0: the reference's trainer run with --seed 0.
+    seed = 42 if call == "speculators 0.9.0" else 0
+    ref_train, _ = reference_loaders(online_args(fixture, sim, seed=seed))
+    expected = iterate(ref_train)
+    left_by_reference = (folder_state(sim.server_dir), folder_state(cache))
+    ours_args = online_args(fixture, sim, num_workers=2)
+    if call.startswith("seed"):
+        # The newest trainer's exact call (upstream's online example: --on-generate delete).
+        ours_args = {k: v for k, v in ours_args.items() if k != "seed"}
+        ours_args.update(noise_std=0.0, on_generate="delete", fail_on_hidden_state_error=False,
+                         fetch_threads=1, dataloader_in_order=True, vllm_http_keepalive=True,
+                         max_train_batches=None)
+        assert set(ours_args) == set(SEED_CALL)
+    ours, _ = our_loaders(ours_args)
+    got = iterate(ours)
+    assert len(got) == len(expected) > 0
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert_same(a, b, f"{call} batch {k}")
     n = generated_rows(ours)
-    assert n > 0 and sim.stats()["completions"] == 2 * n, "each side generated each missing row once"
-    left = list(Path(sim.server_dir).glob("*.safetensors"))
-    if server_dir_known:
-        assert not left, "both sides deleted what they loaded"
+    assert n > 0 and sim.stats()["completions"] >= 2 * n
+    assert left_by_reference == ({}, cache_before), "the reference leaves nothing behind"
+    assert (folder_state(sim.server_dir), folder_state(cache)) == left_by_reference
+    assert ours._source.stats()["deleted"] == n and ours._source.stats()["left_in_place"] == 0
+
+
+def test_on_generate_cache_moves_every_generated_row_into_the_cache(fixture, sim, topology):
+    topology(0, 1, via_env=False)
+    cache = Path(fixture.path) / "hidden_states"
+    ours, _ = our_loaders(online_args(fixture, sim, num_workers=2, on_generate="cache"))
+    first = iterate(ours)
+    rows = {int(r) for b in ours.batch_sampler._generate_batches(0) for r in b} & set(MISSING)
+    assert rows and all((cache / f"hs_{r}.safetensors").exists() for r in rows)
+    assert folder_state(sim.server_dir) == {}, "no sample file and no lock file stay behind"
+    before = sim.stats()["completions"]
+    again = iterate(ours)
+    assert sim.stats()["completions"] == before, "the second pass reads the cache"
+    for k, (a, b) in enumerate(zip(again, first, strict=True)):
+        assert_same(a, b, f"cached pass batch {k}")
+
+
+@pytest.mark.parametrize("foreign", ["another sample", "symbolic link", "cache file"])
+def test_a_handle_naming_a_foreign_file_never_removes_it(fixture, sim, topology, tmp_path,
+                                                         foreign):
+    """A server answering with the path of a file it did not write for this request: another
+    sample's file, a link, the cache's own file. The drop-in never removes it (the reference
+    would delete the first and the last); the row is generated again and the run goes on."""
+    from safetensors.torch import save_file
+
+    topology(0, 1, via_env=False)
+    cache = Path(fixture.path) / "hidden_states"
+    if foreign == "another sample":
+        target = tmp_path / "elsewhere" / "other.safetensors"
+        target.parent.mkdir()
+        save_file({"token_ids": torch.arange(7), "hidden_states": torch.zeros(7, LAYERS, HIDDEN)},
+                  str(target))
+        sim.set_faults({"fixed_handle": {"first": 1, "path": str(target)}})
+        watched = [target]
+    elif foreign == "cache file":
+        target = cache / "hs_0.safetensors"
+        sim.set_faults({"fixed_handle": {"first": 1, "path": str(target)}})
+        watched = [target]
     else:
-        # Not knowing the server's folder, draftfeed never deletes there, and says so once.
-        assert len(left) == n
-        said = [r for r in caplog.records if "left in place" in r.getMessage()]
-        assert len(said) == 1 and said[0].name == "speculators"
+        sim.set_faults({"outside": {"first": 1, "mode": "symlink"}})
+        watched = []
+    snapshot = {p: p.read_bytes() for p in watched}
+    ours, _ = our_loaders(online_args(fixture, sim, num_workers=2, generation_validation_retries=1))
+    batches = iterate(ours)
+    assert sim.stats()["injected"]["fixed_handle" if watched else "outside"] == 1
+    assert sum(b["error_records"] for b in batches) == len(
+        {9, 33} & {int(r) for b in ours.batch_sampler._generate_batches(0) for r in b}
+    ), "the row whose first answer was foreign is generated again: only the mismatched rows drop"
+    for path, data in snapshot.items():
+        assert path.read_bytes() == data, f"{path} was touched"
+    if foreign == "symbolic link":
+        links = [p for p in sim.server_dir.iterdir() if p.is_symlink()]
+        assert len(links) == 1 and links[0].resolve().exists(), "the link and its target stay"
+        assert ours._source.stats()["left_in_place"] == 1
 
 
 @pytest.mark.parametrize("python_preprocess", [False, True])

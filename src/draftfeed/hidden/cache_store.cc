@@ -207,7 +207,10 @@ Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& pat
 }
 
 void CacheStore::adopt(std::int64_t row, const std::string& source) const {
-  const std::string from = confine(source).value();
+  adopt_unconfined(row, confine(source).value());
+}
+
+void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) const {
   struct stat st {};
   if (::stat(from.c_str(), &st) != 0) throw os_error("cannot adopt", from, errno);
   if (!S_ISREG(st.st_mode))

@@ -79,6 +79,9 @@ class CacheStore {
   // kInvalidArgument for a source outside the allowed folders, kNotFound for a missing source, kIo
   // otherwise.
   void adopt(std::int64_t row, const std::string& source) const;
+  // The same for a source anywhere, which the caller proved to be the row's sample (a generated
+  // file that passed validation, see online/generated_file.h): the confinement is the caller's.
+  void adopt_unconfined(std::int64_t row, const std::string& source) const;
 
   // Deletes `path`, which must lie inside the allowed folders (kInvalidArgument otherwise).
   // A missing file is not an error. Throws Error(kIo) when the OS refuses.

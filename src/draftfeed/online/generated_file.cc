@@ -133,10 +133,14 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
                                         std::int64_t row) const {
   const std::string where = "row " + std::to_string(row) + ": handle " + handle;
   std::error_code ec;
-  fs::path resolved = fs::absolute(handle, ec);
+  const fs::path named = fs::absolute(handle, ec);
+  fs::path resolved = named;
   if (!ec) resolved = fs::weakly_canonical(resolved, ec);
   if (ec) return problem(FileProblem::kUnreadable, where + ": cannot resolve: " + ec.message());
   const std::string path = resolved.string();
+  // A link is followed for reading, but neither it nor its target is ever moved or removed.
+  struct stat named_st {};
+  const bool is_link = ::lstat(named.c_str(), &named_st) == 0 && S_ISLNK(named_st.st_mode);
 
   if (server_) {
     auto inside = server_->confine(handle);
@@ -153,7 +157,7 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
     return problem(FileProblem::kCacheFile,
                    where + " names " + path + ", a file of the hidden-state cache itself", path);
   }
-  const bool owned = cache_->confine(path).ok();
+  const bool owned = !is_link && cache_->confine(path).ok();
 
   // The lock protocol first: the file may still be being written (or not exist yet).
   const std::string lock_path = path + ".lock";
@@ -200,8 +204,48 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
   GeneratedFile out;
   out.path = path;
   out.owned = owned;
+  out.proven = !is_link;
+  out.device = static_cast<std::uint64_t>(st.st_dev);
+  out.inode = static_cast<std::uint64_t>(st.st_ino);
   out.sample = std::move(sample);
   return out;
+}
+
+void release_generated(const CacheStore& cache, const GeneratedFile& file,
+                       std::optional<std::int64_t> cache_row) {
+  if (file.path.empty() || !(file.proven || file.owned)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                file.path + ": not proven to be this request's output: left in place");
+  }
+  // The path must still name the file that was read (not a file put there since).
+  struct stat st {};
+  if (::lstat(file.path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;  // already gone
+    throw Error(ErrorKind::kIo, file.path + ": cannot stat: " + std::strerror(errno));
+  }
+  if (file.proven && (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != file.device ||
+                      static_cast<std::uint64_t>(st.st_ino) != file.inode)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                file.path + ": replaced since it was read: left in place");
+  }
+  if (cache_row) {
+    if (file.owned) {
+      cache.adopt(*cache_row, file.path);
+    } else {
+      cache.adopt_unconfined(*cache_row, file.path);
+    }
+  } else if (file.owned) {
+    cache.remove(file.path);
+  } else if (::unlink(file.path.c_str()) != 0 && errno != ENOENT) {
+    throw Error(ErrorKind::kIo, file.path + ": cannot remove: " + std::strerror(errno));
+  }
+  // Its lock file, released by its writer before the file was read, goes too (the protocol's
+  // last step, which an unowned read skipped). A lock still held is left to its holder.
+  const std::string lock_path = file.path + ".lock";
+  struct stat lock_st {};
+  if (::lstat(lock_path.c_str(), &lock_st) == 0 && S_ISREG(lock_st.st_mode)) {
+    (void)wait_for_lock(lock_path, std::chrono::duration<double>(0), std::chrono::duration<double>(0));
+  }
 }
 
 }  // namespace draftfeed

@@ -5,11 +5,16 @@
 //   * a handle naming one of the cache's own files (`hs_*` / `.hs_*` directly in the cache root)
 //     is refused (kCacheFile): a server must not make the loader validate, move or delete them;
 //   * only a regular file of at most `max_file_bytes` is opened;
+//   * a handle that is itself a symbolic link is read through, but never owned nor proven;
 //   * the lock protocol applies; the lock file is removed (as the reference does) only when the
 //     file is *owned*, i.e. inside the cache root or the server folder; for any other file the
 //     reader waits for the writer's lock without removing anything;
 //   * then the sample is validated against the row (validate.h: keys, ids, shape, finiteness).
-// Owned files may later be moved into the cache or deleted; others are never touched.
+// A file that passed is *proven*: a regular file (not a link) that parsed as a hidden-state file
+// whose token ids equal the prompt that was sent, read under the lock protocol: this request's
+// output, wherever the server put it. The reference deletes (or caches) every generated file it
+// read; draftfeed does so with proven files (release_generated below), and with failed files only
+// when they are owned. Anything else a handle names is never moved or removed.
 //
 // Thread safety: `read` may be called from any number of threads.
 #pragma once
@@ -59,6 +64,8 @@ struct GeneratedFile {
   std::string message;  // names the handle, what it resolves to and the numbers that disagree
   std::string path;     // the handle resolved (empty when it could not be)
   bool owned = false;   // inside the cache root or the server folder: may be moved or deleted
+  bool proven = false;  // this request's output (see above): may be moved or deleted
+  std::uint64_t device = 0, inode = 0;      // what `path` was when read (checked before removal)
   std::optional<HiddenStateSample> sample;  // when problem == kNone
   bool ok() const { return problem == FileProblem::kNone; }
 };
@@ -75,6 +82,14 @@ class GeneratedFileReader {
   std::optional<CacheStore> server_;  // confinement to the server folder
   GeneratedFileOptions options_;
 };
+
+// Moves a proven generated file into the cache as `row`'s file (on_generate = cache: a rename on
+// one file system, else copy, fsync, rename and removal of the source) or removes it (delete), with
+// its released lock file, as the reference does. Refuses (kInvalidArgument) a file that is neither
+// proven nor owned, or whose path now names another file than the one read. Throws Error (kIo)
+// when the OS refuses.
+void release_generated(const CacheStore& cache, const GeneratedFile& file,
+                       std::optional<std::int64_t> cache_row);
 
 // Waits (polling a shared, non-blocking flock) until no writer holds `lock_path`, never creating
 // or removing it: for files the loader does not own. Returns kTimeout after `timeout`.

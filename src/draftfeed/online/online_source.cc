@@ -20,45 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::atomic<std::uint64_t> copy_counter{0};
-
-// Writes `bytes` (a validated file's mapping) to `target` atomically: a temporary file in the same
-// folder, fsync, rename. Throws Error(kIo) naming the file.
-void write_atomically(std::span<const std::uint8_t> bytes, const std::string& folder,
-                      const std::string& target, std::int64_t row) {
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  if (ec) throw Error(ErrorKind::kIo, folder + ": cannot create the folder: " + ec.message());
-  const std::string temp = (fs::path(folder) / (".hs_" + std::to_string(row) +
-                                                ".safetensors.copy-" + std::to_string(::getpid()) +
-                                                "-" + std::to_string(copy_counter.fetch_add(1))))
-                               .string();
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(ErrorKind::kIo, temp + ": cannot create: " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      throw Error(ErrorKind::kIo, temp + ": cannot write: " + std::strerror(err));
-    }
-    done += static_cast<std::size_t>(put);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    throw Error(ErrorKind::kIo, temp + ": cannot fsync: " + std::strerror(err));
-  }
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    throw Error(ErrorKind::kIo,
-                "cannot move " + temp + " to " + target + ": " + std::strerror(err));
-  }
-}
 
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
   CacheStoreOptions store;
@@ -386,63 +347,49 @@ void OnlineSampleSource::record_success() {
 }
 
 void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile& file) {
-  try {
-    if (options_.on_generate == OnGenerate::kCache) {
-      if (file.owned) {
-        store_->adopt(row, file.path);
-        std::lock_guard lock(mutex_);
-        ++stats_.adopted;
-      } else {
-        write_atomically(file.sample->file->mapping()->bytes(), store_->root(),
-                         store_->path_for(row), row);
-        {
-          std::lock_guard lock(mutex_);
-          ++stats_.copied;
-          ++stats_.left_in_place;
-        }
-        warn_left_in_place(file.path);
-      }
-    } else if (file.owned) {
-      store_->remove(file.path);
+  const bool cache = options_.on_generate == OnGenerate::kCache;
+  if (!file.proven && !file.owned) {
+    // A symbolic link: read through, never moved or removed (nor its target).
+    {
       std::lock_guard lock(mutex_);
-      ++stats_.deleted;
-    } else {
-      {
-        std::lock_guard lock(mutex_);
-        ++stats_.left_in_place;
-      }
-      warn_left_in_place(file.path);
+      ++stats_.left_in_place;
     }
+    warn_left_in_place(file.path, "it is a symbolic link");
+    return;
+  }
+  try {
+    release_generated(*store_, file, cache ? std::optional<std::int64_t>(row) : std::nullopt);
+    std::lock_guard lock(mutex_);
+    ++(cache ? stats_.adopted : stats_.deleted);
   } catch (const Error& error) {
     // The sample itself is good and stays mapped: use it, report the cache problem.
     log_.warn("row " + std::to_string(row) + ": generated hidden states used but not " +
-              (options_.on_generate == OnGenerate::kCache ? "cached" : "removed") + ": " +
-              error.what());
+              (cache ? "cached" : "removed") + ": " + error.what());
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
   }
 }
 
-void OnlineSampleSource::warn_left_in_place(const std::string& path) {
-  if (left_in_place_warned_.exchange(true)) return;
-  log_.warn(path + ": generated files outside the cache folder are left in place, not " +
-            (options_.on_generate == OnGenerate::kCache ? "moved" : "deleted") +
-            (options_.server_dir.empty()
-                 ? ": name the folder the servers write into (server_dir=, --server-dir, or "
-                   "DRAFTFEED_SERVER_DIR for the speculators drop-in) to let draftfeed remove them"
-                 : ": the file is outside server_dir " + options_.server_dir) +
-            " (warned once; counted in left_in_place)");
+void OnlineSampleSource::warn_left_in_place(const std::string& path, const std::string& why) {
+  log_.warn(path + ": generated file left in place, not " +
+            (options_.on_generate == OnGenerate::kCache ? "moved into the cache" : "deleted") +
+            ": " + why);
 }
 
 void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
-  // Files the loader does not own, the cache's own files and missing ones are left alone.
-  if (file.path.empty() || !file.owned || file.problem == FileProblem::kCacheFile ||
-      file.problem == FileProblem::kMissing || file.problem == FileProblem::kOutsideServerDir ||
-      file.problem == FileProblem::kNotRegular) {
-    if (!file.path.empty() && !file.owned && file.problem != FileProblem::kMissing) {
+  // As the reference, a failed file is deleted, but only where the loader owns the folder (the
+  // cache, the server folder): a file that failed validation was not proven to be this request's
+  // output, so anywhere else it stays, said once with its path. The cache's own files, links and
+  // things that are not regular files are never touched.
+  if (file.path.empty() || file.problem == FileProblem::kMissing) return;
+  if (!file.owned || file.problem == FileProblem::kCacheFile ||
+      file.problem == FileProblem::kOutsideServerDir || file.problem == FileProblem::kNotRegular) {
+    {
       std::lock_guard lock(mutex_);
       ++stats_.left_in_place;
     }
+    warn_left_in_place(file.path, std::string("it failed (") + file_problem_name(file.problem) +
+                                      ") and is not in a folder draftfeed owns");
     return;
   }
   if (file.problem == FileProblem::kLockTimeout) {

@@ -8,12 +8,14 @@
 //      with the row's `messages` when some turn has list content, see `dataset`) -> read the
 //      handle's file (generated_file.h: confinement, lock protocol, bounded regular file) ->
 //      validate, up to 1 + generation_validation_retries times. A failed file is deleted when owned
-//      (inside the cache root or the server folder), never otherwise. skip / warn / raise behave as
-//      offline.
-//   3. success: `on_generate` = cache moves the file to hs_<row>.safetensors atomically (a file the
-//      loader does not own is copied in instead: temporary file, fsync, rename), delete removes it
-//      (an unowned file is left alone). The sample stays mapped either way, so the pipeline copies
-//      from it after fetch() returns (a mapping survives unlink and rename on Linux).
+//      (inside the cache root or the server folder), otherwise left in place and reported. skip /
+//      warn / raise behave as offline.
+//   3. success: the file proved to be this request's output (generated_file.h), wherever the server
+//      wrote it: `on_generate` = cache moves it to hs_<row>.safetensors atomically (a rename, or
+//      across file systems a copy, fsync, rename and removal), delete removes it, with its lock
+//      file, as the reference does. A handle that is a symbolic link is read but never moved or
+//      removed. The sample stays mapped either way, so the pipeline copies from it after fetch()
+//      returns (a mapping survives unlink and rename on Linux).
 //   With `transfer` set (hidden_states_transfer.h: a Mooncake store, a custom Python object), steps
 //   1-3 go through it instead: get_cached, then get_generated with the response's
 //   kv_transfer_params (values checked for NaN/Inf here), then cache or remove; a failed load is
@@ -98,10 +100,10 @@ struct OnlineSourceStats {
   std::int64_t round_trips = 0;     // round trips started
   RoundTripCounts failures;         // failed round trips by cause
   std::int64_t adopted = 0;         // generated files moved into the cache
-  std::int64_t copied = 0;          // unowned generated files copied into the cache
   std::int64_t deleted = 0;         // generated (or failed) files removed
   std::int64_t abandoned = 0;       // failed files still locked by their writer, to remove later
-  std::int64_t left_in_place = 0;   // unowned files neither moved nor removed
+  std::int64_t left_in_place = 0;   // generated files neither moved nor removed (links, failed
+                                    // files outside the folders draftfeed owns)
   std::int64_t cleanup_errors = 0;  // a move, copy or removal the OS refused (logged)
   std::int64_t consecutive_failures = 0;
   std::int64_t max_consecutive_failures = 0;
@@ -148,8 +150,8 @@ class OnlineSampleSource : public SampleSource {
   // remembered and removed once their lock is free (tried before each round trip and at
   // destruction, never waiting), so a slow connector does not leave files in the server folder.
   void sweep_abandoned();
-  // Says once that generated files are left where the server wrote them (a folder it does not own).
-  void warn_left_in_place(const std::string& path);
+  // Says that a generated file stays where the server wrote it, and why.
+  void warn_left_in_place(const std::string& path, const std::string& why);
   // The row's messages as JSON when it needs the chat request; nullopt for the completions
   // request; an error when its messages cannot be read.
   Result<std::optional<std::string>> chat_messages(std::int64_t row) const;
@@ -174,7 +176,6 @@ class OnlineSampleSource : public SampleSource {
   OnlineSourceStats stats_;
   std::mutex setup_mutex_;       // serialises options_.transfer->setup(); guards transfer_ready_
   bool transfer_ready_ = false;  // options_.transfer->setup() succeeded
-  std::atomic<bool> left_in_place_warned_{false};
   std::vector<std::string> abandoned_;  // guarded by mutex_: see sweep_abandoned()
 };
 
