@@ -133,9 +133,6 @@ def _cpu_patches() -> None:
     torch.accelerator.is_available = lambda: available
     # maybe_setup_distributed calls set_device_index(LOCAL_RANK); there is no device to select on CPU.
     torch.accelerator.set_device_index = lambda index: None
-    # speculators.utils.util.get_current_device() (checkpoint loading: safe_open / torch.load
-    # map_location) reads the device index: the CPU has one device, index 0 -> "cpu:0".
-    torch.accelerator.current_device_index = lambda: 0
     # _StepTimer.mark()/now() synchronize the accelerator before each timestamp (log_freq=1 profiles
     # every step); CPU work is synchronous, so there is nothing to wait for.
     torch.accelerator.synchronize = lambda device=None: None
@@ -144,6 +141,12 @@ def _cpu_patches() -> None:
     # `.to(self.local_rank)`, i.e. to cuda:<local_rank>. On CPU the target is the CPU device.
     # (DistributedDataParallel is built without device_ids, which is the CPU/gloo form already.)
     trainer_mod.get_local_rank = lambda: torch.device("cpu")
+
+    # The single-process checkpointer loads a checkpoint (resume) onto get_current_device(), which is
+    # "cuda:0" without an accelerator (safe_open / torch.load map_location): load onto the CPU.
+    import speculators.train.checkpointer as checkpointer_mod
+
+    checkpointer_mod.get_current_device = lambda: "cpu"
 
     # init_process_group(backend, device_id=local_rank) binds the process group to an accelerator
     # device; gloo on CPU has none, so device_id is dropped (the backend is gloo from the patch above).
@@ -162,8 +165,9 @@ class _MetricRecorder(logging.Handler):
     """Writes the trainer's metric records (dict messages of `speculators.metrics`) as JSON lines.
     Optionally SIGKILLs the process right after the first mid-epoch checkpoint has been written."""
 
-    def __init__(self, path: str, kill_after_mid_epoch_checkpoint: bool):
+    def __init__(self, path: str, kill_after_mid_epoch_checkpoint: bool, rank: int):
         super().__init__(logging.INFO)
+        self.rank = rank
         self.file = open(path, "w", buffering=1)  # noqa: SIM115 - closed by the process exit
         self.kill = kill_after_mid_epoch_checkpoint
         self.pending_batches: list[list] = []  # what the model saw since the last metric record
@@ -205,7 +209,8 @@ class _MetricRecorder(logging.Handler):
             self.file.flush()
             return
         text = record.getMessage()
-        if record.name == "speculators" and text.startswith("Checkpoint saved to "):
+        # training_state.json is written by rank 0 only (other ranks may log before it exists).
+        if record.name == "speculators" and text.startswith("Checkpoint saved to ") and self.rank == 0:
             ckpt = Path(text[len("Checkpoint saved to "):])
             state_file = ckpt / "training_state.json"
             state = json.loads(state_file.read_text()) if state_file.exists() else {}
@@ -229,7 +234,7 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
     from speculators.train.config import TrainConfig
 
     rank = int(os.environ.get("RANK", "0"))
-    recorder = _MetricRecorder(f"{args.metrics}.{rank}.jsonl", args.kill_after_mid_epoch_checkpoint)
+    recorder = _MetricRecorder(f"{args.metrics}.{rank}.jsonl", args.kill_after_mid_epoch_checkpoint, rank)
     # On the root logger: speculators' setup_metric_logger (dictConfig) replaces the handlers of
     # `speculators.metrics` and `speculators` but leaves the root's alone; their records propagate here.
     # (A root handler also makes setup_root_logger's basicConfig a no-op: no rich console output.)
