@@ -96,8 +96,8 @@ class Run:
     """One bounded training subprocess (in its own process group, so that the reference's DataLoader
     workers and torchrun's children go with it)."""
 
-    def __init__(self, name: str, workdir: Path, cmd: list[str], timeout: float):
-        self.name, self.workdir, self.timeout = name, workdir, timeout
+    def __init__(self, name: str, workdir: Path, cmd: list[str], timeout: float, loader: str):
+        self.name, self.workdir, self.timeout, self.loader = name, workdir, timeout, loader
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
@@ -147,13 +147,22 @@ def start_training(
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size),
             "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *harness,
         ]
-    return Run(name, workdir, cmd, timeout)
+    return Run(name, workdir, cmd, timeout, loader)
+
+
+EXPECTED_FUNCTION = {
+    "reference": "speculators.train.dataloader.create_train_val_loaders",
+    "draftfeed": "draftfeed.speculators.create_train_val_loaders",
+}
 
 
 def finish(run: Run, expect_rc: int = 0) -> None:
     rc = run.wait()
     if rc != expect_rc:
         pytest.fail(f"{run.name}: exit status {rc}, expected {expect_rc}\n{run.tail()}")
+    meta = [r for r in metrics(run.workdir, run.name) if r["kind"] == "meta"]
+    assert meta and meta[0]["create_train_val_loaders"] == EXPECTED_FUNCTION[run.loader], (run.name, meta)
+    assert meta[0]["speculators"] == "0.9.0", f"this test targets speculators 0.9.0's trainer: {meta[0]}"
 
 
 def metrics(workdir: Path, name: str, rank: int = 0) -> list[dict]:
@@ -260,8 +269,12 @@ def batch_differences(ref: dict, ours: dict, rows: Rows, label: str) -> list[str
                         )
     total_train = len(ref["train"][0])
     summary = ", ".join(f"{n} {kind} batch(es): {verdict}" for (kind, verdict), n in sorted(kinds.items()))
-    out.append(f"{label}: batches the draft model was called with differ: {summary or 'none'} "
-               f"(of {total_train} training steps)")
+    if kinds:
+        out.append(f"{label}: batches the draft model was called with differ: {summary} "
+                   f"(of {total_train} training steps)")
+    else:
+        out.append(f"{label}: the draft model was called with the same rows in the same order at every step: "
+                   "the difference is in the batches' values (hidden states, masks, positions) or elsewhere")
     out.extend(examples)
     if kinds and all(verdict == "tie order" for _, verdict in kinds):
         out.append(f"{label}: every differing batch differs only in the order of rows of equal length "

@@ -259,6 +259,15 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
     elif args.loader != "reference":
         raise SystemExit(f"unknown loader {args.loader}")
 
+    from importlib.metadata import version
+
+    fn = cli.create_train_val_loaders
+    meta = {"kind": "meta", "create_train_val_loaders": f"{fn.__module__}.{fn.__qualname__}",
+            "speculators": version("speculators"), "torch": torch.__version__}
+    if args.loader == "draftfeed":
+        meta["draftfeed"] = os.path.dirname(draftfeed.speculators.__file__)
+    recorder.file.write(json.dumps(meta) + "\n")
+
     cfg = TrainConfig.resolve(trainer_flags)
     cli.main(cfg)
 
@@ -273,21 +282,24 @@ def read_metrics(path: str) -> list[dict]:
 
 def summarize(records: list[dict]) -> dict:
     """Median fetch_ms and step_ms over the training steps, and the data-wait share (sum of fetch_ms
-    over sum of step_ms). The first step of each epoch (worker start-up, first batch) is reported
-    apart: it is not the steady state."""
+    over sum of step_ms), all over the steady state: the first step of each epoch (worker start-up,
+    first batch) is reported apart, and in data_wait_share_all_steps (every step)."""
     train = [r for r in records if r["kind"] == "train" and r.get("profile")]
     steady = [r for i, r in enumerate(train) if i > 0 and r["epoch"] == train[i - 1]["epoch"]]
     firsts = [r for r in train if r not in steady]
     if not steady:
         return {}
-    fetch = [r["profile"]["fetch_ms"]["f"] for r in steady]
-    step = [r["profile"]["step_ms"]["f"] for r in steady]
+    def ms(rs, key):
+        return [r["profile"][key]["f"] for r in rs]
+
+    fetch, step = ms(steady, "fetch_ms"), ms(steady, "step_ms")
     return {
         "steps": len(train),
         "median_fetch_ms": round(statistics.median(fetch), 3),
         "median_step_ms": round(statistics.median(step), 3),
         "data_wait_share": round(sum(fetch) / sum(step), 4),
-        "first_step_of_epoch_fetch_ms": [round(r["profile"]["fetch_ms"]["f"], 1) for r in firsts],
+        "first_step_of_epoch_fetch_ms": [round(x, 1) for x in ms(firsts, "fetch_ms")],
+        "data_wait_share_all_steps": round(sum(ms(train, "fetch_ms")) / sum(ms(train, "step_ms")), 4),
     }
 
 
