@@ -9,6 +9,15 @@ and per-epoch validation metrics must be equal bit for bit:
   - world size 2 (`torchrun --nproc-per-node 2`, gloo on 127.0.0.1);
   - a run SIGKILLed right after its first mid-epoch checkpoint, then restarted (the trainer's resume
     with the sampler fast-skip), against the reference's run killed and restarted the same way.
+After the restart the losses are compared with the reference's restarted run, not with the
+uninterrupted run: the trainer saves checkpoints in bf16, so a resumed run continues from rounded
+weights with either loader (the test checks instead that the restarted runs see exactly the
+uninterrupted run's batches, and prints how many metric records still match: none).
+Loader arguments: num_workers=1 at world size 1 (the reference's spawned, persistent DataLoader workers,
+as a real trainer has them; the timing comparison comes from these runs), num_workers=0 for world size 2
+and the resume (worker start-up costs ~7 s per loader and process on 2 cores); the same values for both
+loaders, since both go through the same trainer flags. Runs go two at a time (two cores, one torch
+thread each), except the world-size-1 pair, which runs one after the other for undisturbed timings.
 The data has many equal lengths, as real tokenized data has. When losses differ, the message says at
 which step, and classifies every batch that differs (the batches the model was called with are
 recorded): "tie order" (the same rows, equal lengths in the same places, tied rows in another order or
