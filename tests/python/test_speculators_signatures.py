@@ -124,3 +124,26 @@ def test_arguments_a_call_leaves_out_take_the_references_defaults():
     params = inspect.signature(create_train_val_loaders).parameters
     assert set(params) == union
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+
+
+def test_sequence_parallel_ranks_get_their_groups_batches(ties):
+    """With sequence parallelism (sp=2 over 4 ranks) the reference's loaders plan by data-parallel
+    rank on every rank: both ranks of a group get the group's batches, and so do ours."""
+    from speculators.train import distributed as dist_state
+
+    names = ("_rank", "_world_size", "_sp_size", "_sp_rank", "_dp_size", "_dp_rank")
+    saved = {name: getattr(dist_state, name) for name in names}
+    try:
+        for rank in range(4):
+            dist_state._rank, dist_state._world_size = rank, 4
+            dist_state._sp_size, dist_state._sp_rank = 2, rank % 2
+            dist_state._dp_size, dist_state._dp_rank = 2, rank // 2
+            ref_train, _ = reference_loaders(values(ties, SPECULATORS_090_CALL))
+            train, _ = our_loaders(values(ties, SPECULATORS_090_CALL))
+            got, expected = iterate(train), iterate(ref_train)
+            assert len(got) == len(expected) > 0
+            for k, (a, b) in enumerate(zip(got, expected)):
+                assert_same(a, b, f"sp rank {rank} batch {k}")
+    finally:
+        for name, value in saved.items():
+            setattr(dist_state, name, value)
