@@ -1,27 +1,18 @@
-// Each binding file (`<area>.cc`) registers an init function here through a static
-// `BindingRegistration`, so adding an area touches no other file. `module.cc` runs them in order of
-// their `order` value (types used by later areas first).
+// The binding areas of `draftfeed._core`, one file each (`<area>.cc`). module.cc calls their init
+// functions in this order: an area's types are registered before the areas that use them.
 #pragma once
 
 #include <nanobind/nanobind.h>
-
-#include <vector>
 
 namespace draftfeed::python {
 
 namespace nb = nanobind;
 
-using BindingInit = void (*)(nb::module_& m);
-
-struct BindingEntry {
-  int order;
-  BindingInit init;
-};
-
-std::vector<BindingEntry>& binding_registry();
-
-struct BindingRegistration {
-  BindingRegistration(int order, BindingInit init) { binding_registry().push_back({order, init}); }
-};
+void init_dataset(nb::module_& m);          // dataset.cc: datasets, splits, writers
+void init_hidden(nb::module_& m);           // hidden.cc: safetensors, the cache store, validation
+void init_engine(nb::module_& m);           // engine.cc: sample sources, batches, the engine
+void init_transfer_source(nb::module_& m);  // transfer_source.cc: a Python transfer as a source
+void init_online(nb::module_& m);           // online.cc: the vLLM client and the online source
+void init_sampler(nb::module_& m);          // sampler.cc: numpy's permutation, the planner
 
 }  // namespace draftfeed::python

@@ -355,14 +355,12 @@ void write_arrow_stream(const std::string& path, const std::vector<ColumnTuple>&
   if (std::fclose(file) != 0) throw Error(ErrorKind::kIo, path + ": cannot write");
 }
 
+}  // namespace
+
 void init_dataset(nb::module_& m) {
   m.def("_write_arrow_stream", &write_arrow_stream, "path"_a, "columns"_a, "batches"_a);
   bind_dataset(m);
   bind_writer(m);
 }
-
-const BindingRegistration kDatasetBindings(10, init_dataset);
-
-}  // namespace
 
 }  // namespace draftfeed::python

@@ -209,6 +209,8 @@ PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::str
   return engine;
 }
 
+}  // namespace
+
 void init_engine(nb::module_& m) {
   nb::class_<PySampleSource>(
       m, "SampleSource",
@@ -314,7 +316,4 @@ void init_engine(nb::module_& m) {
   });
 }
 
-const BindingRegistration registration(50, init_engine);
-
-}  // namespace
 }  // namespace draftfeed::python

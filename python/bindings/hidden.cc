@@ -161,6 +161,8 @@ nb::dict check_dict(const SampleCheck& check) {
   return out;
 }
 
+}  // namespace
+
 void init_hidden(nb::module_& m) {
   m.def(
       "load_safetensors", [](const std::string& path) { return tensors_of(open_file(path)); },
@@ -355,9 +357,5 @@ void init_hidden(nb::module_& m) {
       },
       "bits"_a, "op"_a);
 }
-
-const BindingRegistration kHiddenBindings(30, init_hidden);
-
-}  // namespace
 
 }  // namespace draftfeed::python

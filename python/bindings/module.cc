@@ -1,19 +1,8 @@
 // The compiled module `draftfeed._core`. Python code imports it through `draftfeed/__init__.py`.
 #include <nanobind/nanobind.h>
 
-#include <algorithm>
-
 #include "bindings.h"
 #include "draftfeed/common/error.h"
-
-namespace draftfeed::python {
-
-std::vector<BindingEntry>& binding_registry() {
-  static std::vector<BindingEntry> entries;
-  return entries;
-}
-
-}  // namespace draftfeed::python
 
 NB_MODULE(_core, m) {
   namespace nb = nanobind;
@@ -54,8 +43,11 @@ NB_MODULE(_core, m) {
     }
   });
 
-  auto entries = draftfeed::python::binding_registry();
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const auto& a, const auto& b) { return a.order < b.order; });
-  for (const auto& entry : entries) entry.init(m);
+  namespace py = draftfeed::python;
+  py::init_dataset(m);
+  py::init_hidden(m);
+  py::init_engine(m);
+  py::init_transfer_source(m);
+  py::init_online(m);
+  py::init_sampler(m);
 }

@@ -156,6 +156,8 @@ std::span<const std::int64_t> span_of(const Int64Input& ids) {
   return {ids.data(), static_cast<std::size_t>(ids.shape(0))};
 }
 
+}  // namespace
+
 void init_online(nb::module_& m) {
   nb::class_<VllmClient>(m, "VllmClient",
                          "The vLLM hidden-state client alone: /models check, completions or chat "
@@ -345,7 +347,4 @@ void init_online(nb::module_& m) {
           "copy)}");
 }
 
-const BindingRegistration registration(70, init_online);
-
-}  // namespace
 }  // namespace draftfeed::python

@@ -229,6 +229,8 @@ nb::object plan_all(nb::handle lengths, std::int64_t max_len, int world_size, st
   return nb::make_tuple(ranks, counts_to_python(plan.counts));
 }
 
+}  // namespace
+
 void init_sampler(nb::module_& m) {
   m.def("permutation", &permutation, "seed"_a, "x"_a,
         "numpy.random.default_rng(seed).permutation(x), bit for bit, as an int64 array.\n\n"
@@ -255,9 +257,5 @@ void init_sampler(nb::module_& m) {
         "num_samples, num_long, dropped_long, dropped_tail, cut_by_max_batches and planned.\n"
         "`window_order` as in plan_batches.");
 }
-
-const BindingRegistration registration(100, &init_sampler);
-
-}  // namespace
 
 }  // namespace draftfeed::python

@@ -34,6 +34,8 @@ class PythonTransferSource : public SampleSource {
   OnMissing on_missing_;
 };
 
+}  // namespace
+
 void init_transfer_source(nb::module_& m) {
   m.def(
       "python_transfer_source",
@@ -47,7 +49,4 @@ void init_transfer_source(nb::module_& m) {
       "A SampleSource calling transfer.get_cached(file_idx) (hs-connectors interface) per sample.");
 }
 
-const BindingRegistration registration(60, init_transfer_source);
-
-}  // namespace
 }  // namespace draftfeed::python
