@@ -14,5 +14,6 @@ void init_engine(nb::module_& m);           // engine.cc: sample sources, batche
 void init_transfer_source(nb::module_& m);  // transfer_source.cc: a Python transfer as a source
 void init_online(nb::module_& m);           // online.cc: the vLLM client and the online source
 void init_sampler(nb::module_& m);          // sampler.cc: numpy's permutation, the planner
+void init_pack(nb::module_& m);             // pack.cc: the collate for a preprocess callable
 
 }  // namespace draftfeed::python

@@ -39,8 +39,10 @@ Preprocess parse_preprocess(const std::string& text) {
   if (text == "none" || text.empty()) return Preprocess::kNone;
   if (text == "eagle3" || text == "peagle" || text == "shift") return Preprocess::kEagle3Shift;
   if (text == "mtp") return Preprocess::kMtp;
-  throw Error(ErrorKind::kInvalidArgument,
-              "preprocess must be 'none', 'eagle3', 'peagle' or 'mtp', got '" + text + "'");
+  if (text == "custom") return Preprocess::kCustom;
+  throw Error(
+      ErrorKind::kInvalidArgument,
+      "preprocess must be 'none', 'eagle3', 'peagle', 'mtp' or 'custom', got '" + text + "'");
 }
 
 NoiseKind parse_noise(const std::string& text) {
@@ -102,7 +104,78 @@ struct PyBatch {
   }
 
   nb::dict dropped() const { return drop_counts(lease->dropped); }
+
+  // Preprocess::kCustom: each usable sample as the reference's dataset gives it to a preprocess
+  // (hidden_states, input_ids, verifier_last_hidden_states, loss_mask, lengths, position_ids),
+  // torch views of the batch's staging rows, in plan order. The views keep the lease alive.
+  nb::list samples() const {
+    require(lease->layout->spec.preprocess == Preprocess::kCustom, ErrorKind::kInvalidArgument,
+            "samples(): the engine packs its batches itself (preprocess is not 'custom')");
+    struct Owner {
+      std::shared_ptr<BatchLease> lease;
+      std::vector<std::int64_t> lengths;
+    };
+    auto* holder = new Owner{lease, {}};
+    for (const SamplePlacement& p : lease->placement.samples) holder->lengths.push_back(p.rows);
+    nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<Owner*>(p); });
+    const BatchLayout& layout = *lease->layout;
+    nb::list out;
+    for (std::size_t k = 0; k < lease->placement.samples.size(); ++k) {
+      const SamplePlacement& p = lease->placement.samples[k];
+      nb::dict sample;
+      auto view = [&](const char* name, std::int64_t width) {
+        const TensorSlot& slot = *layout.find(name);
+        const std::size_t row_bytes =
+            static_cast<std::size_t>(width) * tensor_dtype_size(slot.dtype);
+        std::vector<std::size_t> shape{static_cast<std::size_t>(p.rows)};
+        if (slot.shape.size() == 3) shape.push_back(static_cast<std::size_t>(width));
+        sample[name] = nb::ndarray<nb::pytorch>(
+            lease->data + slot.offset + static_cast<std::size_t>(p.dst_row) * row_bytes,
+            shape.size(), shape.data(), owner, nullptr, dlpack_dtype(slot.dtype));
+      };
+      view("hidden_states", layout.target_row_width());
+      view("input_ids", 1);
+      view("verifier_last_hidden_states", layout.last_row_width());
+      view("loss_mask", 1);
+      const std::size_t one = 1;
+      sample["lengths"] = nb::ndarray<nb::pytorch>(&holder->lengths[k], 1, &one, owner, nullptr,
+                                                   nb::dtype<std::int64_t>());
+      view("position_ids", 1);
+      out.append(sample);
+    }
+    return out;
+  }
 };
+
+// The reference's empty sample (speculators' create_empty_sample) for an all-failed batch under
+// Preprocess::kCustom: zero rows, a bool loss mask, hidden tensors in the batch dtype.
+nb::dict empty_sample(const BatchLayout& layout) {
+  struct Owner {
+    std::int64_t lengths[1] = {0};
+    std::uint8_t nothing[8] = {};
+  };
+  auto* holder = new Owner;
+  nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<Owner*>(p); });
+  const nb::dlpack::dtype hidden = layout.spec.dtype == HiddenDType::kBF16
+                                       ? dlpack_dtype(TensorDType::kBF16)
+                                       : dlpack_dtype(TensorDType::kF32);
+  auto tensor = [&](std::vector<std::size_t> shape, nb::dlpack::dtype dtype) {
+    return nb::ndarray<nb::pytorch>(holder->nothing, shape.size(), shape.data(), owner, nullptr,
+                                    dtype);
+  };
+  nb::dict sample;
+  sample["hidden_states"] =
+      tensor({0, static_cast<std::size_t>(layout.target_row_width())}, hidden);
+  sample["input_ids"] = tensor({0}, nb::dtype<std::int64_t>());
+  sample["verifier_last_hidden_states"] =
+      tensor({0, static_cast<std::size_t>(layout.last_row_width())}, hidden);
+  sample["loss_mask"] = tensor({0}, nb::dtype<bool>());
+  const std::size_t one = 1;
+  sample["lengths"] =
+      nb::ndarray<nb::pytorch>(holder->lengths, 1, &one, owner, nullptr, nb::dtype<std::int64_t>());
+  sample["position_ids"] = tensor({0}, nb::dtype<std::int64_t>());
+  return sample;
+}
 
 struct PyEngine {
   std::shared_ptr<const TokenDataset> dataset;
@@ -267,6 +340,12 @@ void init_engine(nb::module_& m) {
           "address of the batch buffer (for zero-copy checks)")
       .def("torch", &PyBatch::views<nb::pytorch>, nb::arg("bf16_as_uint16") = false,
            "dict of torch tensors viewing the buffer (no copy)")
+      .def("samples", &PyBatch::samples,
+           "preprocess 'custom': each usable sample, unpacked, as dicts of torch views (plan "
+           "order), for the user's callable; pack what it returns with pack_samples()")
+      .def(
+          "empty_sample", [](const PyBatch& b) { return empty_sample(*b.lease->layout); },
+          "the reference's empty sample (zero rows), for a batch whose samples all failed")
       .def(
           "numpy", [](const PyBatch& b) { return b.views<nb::numpy>(true); },
           "dict of numpy arrays viewing the buffer (bf16 as uint16 bits)");

@@ -50,4 +50,5 @@ NB_MODULE(_core, m) {
   py::init_transfer_source(m);
   py::init_online(m);
   py::init_sampler(m);
+  py::init_pack(m);
 }

@@ -16,7 +16,7 @@ import logging
 import os
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +147,7 @@ class Loader:
         hidden_states_path: str | None = None,
         num_target_layers: int = 3,
         hidden_states_dtype: Any = "bfloat16",
-        preprocess: str = "none",
+        preprocess: str | Callable[[dict[str, Any]], dict[str, Any]] = "none",
         noise_std: float = 0.0,
         noise: str = "uniform",
         seed: int = 0,
@@ -201,6 +201,10 @@ class Loader:
                     stacklevel=2,
                 )
         self.hidden_states_dtype = _dtype_name(hidden_states_dtype)
+        # A callable the engine does not know runs in Python on each sample the engine validated,
+        # cast and noised; the engine packs what it returns (see _tensors).
+        self._preprocess_fn = preprocess if callable(preprocess) else None
+        self.pin_memory = pin_memory
         self.data_path = data_path
         self.hidden_states_path = hidden_states_path or os.path.join(data_path, "hidden_states")
         self.hidden_size = hidden_size
@@ -218,7 +222,7 @@ class Loader:
             hidden_size,
             num_target_layers=num_target_layers,
             hidden_states_dtype=self.hidden_states_dtype,
-            preprocess=preprocess,
+            preprocess="custom" if callable(preprocess) else preprocess,
             noise=noise,
             noise_std=noise_std,
             seed=seed,
@@ -294,7 +298,23 @@ class Loader:
             self._reporter.flush()
 
     def _make_batch(self, batch: _core.Batch) -> dict[str, Any]:
-        return batch.torch()
+        return self._tensors(batch)
+
+    def _tensors(self, batch: _core.Batch) -> dict[str, Any]:
+        """The batch's tensors: views of the engine's buffer, or, with a preprocess callable, what
+        the callable made of each sample, packed by the engine as the reference's collate packs."""
+        if self._preprocess_fn is None:
+            return batch.torch()
+        samples = [self._preprocess_fn(sample) for sample in batch.samples()]
+        if not samples:  # every sample failed: the reference's empty sample, preprocessed too
+            samples = [self._preprocess_fn(batch.empty_sample())]
+        samples = [
+            {k: v.contiguous() if hasattr(v, "contiguous") else v for k, v in s.items()}
+            if isinstance(s, dict) else s
+            for s in samples
+        ]
+        return _core.pack_samples(samples, self.total_seq_len, self.hidden_states_dtype,
+                                  self.pin_memory)
 
     # -- what went wrong, said once (rate-limited: see reporting.py) --
     def _report_drops(self, batch: _core.Batch) -> None:

@@ -18,7 +18,8 @@ How the reference's arguments map:
   parallelises inside a batch, so it needs far fewer buffers.
 - `dataloader_in_order` -> delivery order (`False` needs `num_workers > 0`, as in the reference).
 - `preprocess`: speculators' own `shift_batch` (EAGLE-3, P-EAGLE) and `shift_batch_mtp` run natively in
-  the copy; any other callable runs per sample in Python (a slower path, see `_PythonPreprocessLoader`).
+  the copy; any other callable runs in Python on each sample the engine fetched, validated, cast and
+  noised (views of the engine's buffer), and the engine packs what it returns (`_core.pack_samples`).
 - `transfer`: None or an hs-connectors `FileTransfer` use the native cache store (its folder); any other
   object with the transfer interface (an `FP8Transfer`, a Mooncake transfer, a custom one) is called back
   from C++ per sample (slower: it holds the GIL per call): `get_cached` offline, and with
@@ -130,7 +131,7 @@ class SpeculatorsLoader(Loader):
     logger (both rate-limited)."""
 
     def _make_batch(self, batch: _core.Batch) -> BatchType:
-        out = batch.torch()
+        out = self._tensors(batch)
         # The reference counts the samples that failed, not valid ones cut off at total_seq_len.
         out["error_records"] = int(sum(batch.dropped.values()))
         if batch.failure_count or batch.locally_empty or batch.fatal:
@@ -269,11 +270,9 @@ def create_train_val_loaders(
             source=source,
             fatal_failures_in_batch=True,
         )
-        if native is not None:
-            return SpeculatorsLoader(data_path, preprocess=native, **common)
-        from .python_preprocess import PythonPreprocessLoader
-
-        return PythonPreprocessLoader(data_path, preprocess=preprocess, **common)
+        # speculators' own preprocess functions run natively inside the copy; any other callable
+        # runs in Python on each sample the engine prepared, and the engine packs its results.
+        return SpeculatorsLoader(data_path, preprocess=native or preprocess, **common)
 
     return make("train", max_train_batches), make("val", None)
 

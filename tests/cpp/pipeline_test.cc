@@ -36,6 +36,7 @@ float expected_value(std::int64_t row, std::int64_t token, std::int64_t layer, s
 class MemorySource : public SampleSource {
  public:
   std::set<std::int64_t> missing, nonfinite, throws;
+  std::set<std::int64_t> unknown_dtype;  // rows served in a dtype the copy does not know
   std::set<std::int64_t>
       blocks;  // rows whose fetch waits until interrupt(), like a stalled request
   bool jitter = true;
@@ -79,6 +80,7 @@ class MemorySource : public SampleSource {
     sample.owner = values;
     sample.hidden = {reinterpret_cast<const std::uint8_t*>(values->data()), HiddenDType::kBF16,
                      ids.size(), kLayers, kHidden};
+    if (unknown_dtype.count(row)) sample.hidden.dtype = static_cast<HiddenDType>(77);
     return FetchOutcome::ok(std::move(sample));
   }
 
@@ -122,8 +124,10 @@ class PipelineTest : public ::testing::Test {
     return batches;
   }
 
-  std::unique_ptr<Pipeline> make(bool in_order, int threads = 3, int prefetch = 3) {
+  std::unique_ptr<Pipeline> make(bool in_order, int threads = 3, int prefetch = 3,
+                                 Preprocess preprocess = Preprocess::kNone) {
     BatchSpec spec;
+    spec.preprocess = preprocess;
     spec.max_len = 48;
     spec.hidden_size = kHidden;
     spec.num_target_layers = kLayers - 1;
@@ -310,6 +314,94 @@ TEST_F(PipelineTest, KeptBatchesGrowThePoolInsteadOfDeadlocking) {
   const auto batches = plan();
   for (const auto& lease : kept)
     check_batch(*lease, batches[static_cast<std::size_t>(lease->index)]);
+}
+
+}  // namespace
+}  // namespace draftfeed
+
+namespace draftfeed {
+namespace {
+
+// A failure in the assembly steps (here a sample in a dtype the copy does not know) ends the epoch
+// through next(), naming the batch, instead of reaching std::terminate from a worker thread; the
+// pipeline stays stoppable and restartable.
+TEST_F(PipelineTest, AnExceptionWhileAssemblingIsRethrownByNextNamingTheBatch) {
+  const auto batches = plan();
+  source_->unknown_dtype = {batches[2].rows[0]};
+  auto pipeline = make(true);
+  pipeline->start(0, batches);
+  try {
+    while (pipeline->next()) {
+    }
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dtype"), std::string::npos) << e.what();
+  }
+  pipeline->stop();
+  source_->unknown_dtype.clear();
+  pipeline->start(1, batches);
+  int delivered = 0;
+  while (pipeline->next()) ++delivered;
+  EXPECT_EQ(delivered, 10);
+}
+
+// A batch kept after its pipeline is gone still has its layout (it owns it) and its buffer.
+TEST_F(PipelineTest, AKeptBatchOutlivesItsPipeline) {
+  std::shared_ptr<BatchLease> kept;
+  const auto batches = plan();
+  {
+    auto pipeline = make(true);
+    pipeline->start(0, batches);
+    kept = pipeline->next();
+    ASSERT_NE(kept, nullptr);
+    pipeline->stop();
+  }
+  check_batch(*kept, batches[0]);
+}
+
+// Preprocess::kCustom: every usable sample unpacked with all its rows (for a callable), values
+// and integer tensors in place; a batch whose samples need more rows than max_len gets a buffer of
+// its own.
+TEST_F(PipelineTest, CustomPreprocessDeliversEverySampleUnpacked) {
+  std::vector<PlannedBatch> batches = plan();
+  PlannedBatch overfull{10, {}};
+  for (std::int64_t row = 0; row < 12; ++row) overfull.rows.push_back(row);  // far past 48 rows
+  batches.push_back(overfull);
+  source_->missing = {batches[1].rows[1]};
+  auto pipeline = make(false, 3, 3, Preprocess::kCustom);
+  pipeline->start(0, batches);
+  int delivered = 0;
+  while (auto lease = pipeline->next()) {
+    ++delivered;
+    const PlannedBatch& planned = batches[static_cast<std::size_t>(lease->index)];
+    const BatchLayout& layout = *lease->layout;
+    std::int64_t expected_rows = 0;
+    for (const std::int64_t row : planned.rows) {
+      if (!source_->missing.count(row)) expected_rows += dataset_->input_ids(row).size();
+    }
+    ASSERT_EQ(lease->placement.used_rows, expected_rows);
+    EXPECT_EQ(lease->overflow != nullptr, expected_rows > 48) << "batch " << lease->index;
+    EXPECT_GE(layout.spec.max_len, expected_rows);
+    const auto* hs =
+        reinterpret_cast<const std::uint16_t*>(lease->data + layout.find("hidden_states")->offset);
+    const auto* ids =
+        reinterpret_cast<const std::int64_t*>(lease->data + layout.find("input_ids")->offset);
+    const auto* positions =
+        reinterpret_cast<const std::int64_t*>(lease->data + layout.find("position_ids")->offset);
+    const std::int64_t width = (kLayers - 1) * kHidden;
+    for (const SamplePlacement& p : lease->placement.samples) {
+      const std::int64_t row = lease->rows[p.sample];
+      ASSERT_EQ(p.rows, dataset_->input_ids(row).size()) << "nothing truncated";
+      for (std::int64_t r = 0; r < p.rows; ++r) {
+        ASSERT_EQ(ids[p.dst_row + r], row * 1000 + r);
+        ASSERT_EQ(positions[p.dst_row + r], r);
+        ASSERT_EQ(bf16_to_float(hs[(p.dst_row + r) * width + width - 1]),
+                  expected_value(row, r, kLayers - 2, kHidden - 1));
+      }
+    }
+  }
+  EXPECT_EQ(delivered, 11);
 }
 
 }  // namespace

@@ -65,3 +65,13 @@ def topology():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(params=["native", "python"])
+def both_paths(request):
+    """Runs a drop-in test on the native path and on the Python-preprocess path (dropin_helpers)."""
+    import dropin_helpers
+
+    dropin_helpers.PATH["mode"] = request.param
+    yield request.param
+    dropin_helpers.PATH["mode"] = "native"

@@ -69,9 +69,24 @@ def reference_loaders(args):
         return create_train_val_loaders(**args)
 
 
+# Which of the drop-in's two paths our_loaders takes (set by the `both_paths` fixture): "native"
+# (speculators' own preprocess functions, or none, run inside the engine's copy) or "python" (the
+# same preprocess wrapped in a callable the engine does not know: it runs in Python on each sample
+# the engine prepared, and the engine packs the results). Both must give the same batches.
+PATH = {"mode": "native"}
+
+
+def _as_python_callable(preprocess):
+    if preprocess is None:
+        return lambda sample: sample
+    return lambda sample: preprocess(sample)
+
+
 def our_loaders(args):
     from draftfeed.speculators import create_train_val_loaders
 
+    if PATH["mode"] == "python":
+        args = dict(args, preprocess=_as_python_callable(args.get("preprocess")))
     return create_train_val_loaders(**args)
 
 

@@ -17,7 +17,7 @@ from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from sim_vllm_process import SimServerProcess  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("both_paths")]
 
 LAYERS, HIDDEN, MAX_LEN, ROWS = 4, 16, 160, 40
 

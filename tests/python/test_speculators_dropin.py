@@ -14,7 +14,7 @@ import torch
 from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
 from reference_fixtures import write_fixture
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("both_paths")]
 
 MAX_LEN = 96
 
@@ -272,3 +272,16 @@ def test_an_exception_from_a_transfer_reaches_the_trainer_as_with_the_reference(
     # The loader is still usable: a later epoch runs to the same error, not a hang.
     with pytest.raises(KeyError):
         iterate(train)
+
+
+def test_batches_whose_samples_all_failed_are_the_references(tmp_path, topology):
+    """No row has a file: every batch is the reference's all-padding batch (its empty sample, put
+    through the preprocess on the Python path), with the recovery metadata saying so."""
+    fx = write_fixture(str(tmp_path / "data"), rows=20, max_len=MAX_LEN, missing=tuple(range(20)))
+    topology(0, 1, via_env=False)
+    ref_train, _ = reference_loaders(base_args(fx))
+    train, _ = our_loaders(base_args(fx, num_workers=2))
+    got, expected = iterate(train), iterate(ref_train)
+    assert len(got) == len(expected) > 0
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert_same(a, b, f"all-failed batch {k}")

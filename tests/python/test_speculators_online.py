@@ -19,7 +19,7 @@ from reference_fixtures import write_fixture
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from sim_vllm_process import SimServerProcess  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("both_paths")]
 
 MAX_LEN = 96
 LAYERS, HIDDEN = 4, 16

@@ -26,7 +26,7 @@ from dropin_helpers import (
 )
 from reference_fixtures import write_fixture
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("both_paths")]
 
 MAX_LEN = 64
 CALLS = {"speculators 0.9.0": SPECULATORS_090_CALL, "seed": SEED_CALL,

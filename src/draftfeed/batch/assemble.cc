@@ -47,6 +47,18 @@ BatchPlacement place_samples(std::int64_t max_len, const std::vector<std::int64_
   return placement;
 }
 
+BatchPlacement place_unpacked(const std::vector<std::int64_t>& rows,
+                              const std::vector<std::uint8_t>& usable) {
+  BatchPlacement placement;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (!usable[i]) continue;
+    placement.samples.push_back(SamplePlacement{i, placement.used_rows, rows[i]});
+    placement.used_rows += rows[i];
+  }
+  placement.locally_empty = placement.samples.empty();
+  return placement;
+}
+
 std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
                               const SamplePlacement& placement, const FetchedSample& sample,
                               std::int64_t global_row, const NoiseContext& noise,
@@ -132,6 +144,7 @@ void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPla
       position_ids[p.dst_row + r] = r + shift;
     }
   }
+  if (layout.spec.preprocess == Preprocess::kCustom) return;  // samples only: no batch row yet
   std::int64_t row = 0;
   for (std::size_t doc = 0; doc < placement.documents.size(); ++doc) {
     std::fill_n(document_ids + row, placement.documents[doc], static_cast<std::int64_t>(doc));

@@ -42,6 +42,12 @@ struct BatchPlacement {
 BatchPlacement place_samples(std::int64_t max_len, const std::vector<std::int64_t>& rows,
                              const std::vector<std::uint8_t>& usable);
 
+// Preprocess::kCustom: every usable sample with all its rows, back to back (nothing truncated:
+// the callable may change row counts, the packing after it truncates). `used_rows` may exceed the
+// batch's max_len; `documents` is empty.
+BatchPlacement place_unpacked(const std::vector<std::int64_t>& rows,
+                              const std::vector<std::uint8_t>& usable);
+
 struct NoiseContext {
   bool enabled = false;  // training split with noise on
   std::uint64_t epoch = 0;
@@ -56,7 +62,8 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
                               std::int64_t first, std::int64_t last);
 
 // Writes the integer tensors of every placed sample, document ids, and zeros every tensor's rows
-// past `used_rows`. `ids[i]`/`masks[i]` are sample i's dataset row views (plan order).
+// past `used_rows`. `ids[i]`/`masks[i]` are sample i's dataset row views (plan order). Under
+// Preprocess::kCustom only the samples' own rows are written (no document ids, no padding).
 void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPlacement& placement,
                   const std::vector<IntArrayView>& ids, const std::vector<IntArrayView>& masks);
 

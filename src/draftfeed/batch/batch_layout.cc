@@ -74,6 +74,7 @@ BatchLayout make_batch_layout(const BatchSpec& spec) {
   };
   switch (spec.preprocess) {
     case Preprocess::kNone:
+    case Preprocess::kCustom:  // the samples' staging area: the reference sample's tensors
       add("hidden_states", hidden, {1, n, target_width});
       add("input_ids", TensorDType::kInt64, {1, n});
       add("verifier_last_hidden_states", hidden, {1, n, spec.hidden_size});

@@ -23,6 +23,8 @@ enum class Preprocess : std::uint8_t {
   kEagle3Shift,  // EAGLE-3 / P-EAGLE `shift_batch`: drop token 0 of ids/mask/positions/last layer,
                  // drop the last row of the target layers
   kMtp,          // `shift_batch_mtp`: the verifier's last layer becomes `hidden_states`
+  kCustom,       // a callable the engine does not know (run in Python): each sample is delivered
+            // unpacked, with all its rows (cast, noised, checked), and packed after it (pack.h)
 };
 
 enum class NoiseKind : std::uint8_t { kNone, kUniform, kGaussian };

@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/common/dtype.h"
+#include "draftfeed/common/error.h"
 
 // Kernels are compiled twice, for AVX2 and for the baseline, and chosen at load time (GCC ifunc),
 // so one binary runs everywhere and uses wide vectors where it can. Sanitizer builds keep one
@@ -158,7 +160,8 @@ std::int64_t copy_hidden_rows(const RowCopy& job) {
     case HiddenDType::kF32:
       return copy_from<HiddenDType::kF32>(job);
   }
-  return 0;
+  throw Error(ErrorKind::kUnsupported, "hidden states in a dtype the copy does not know (code " +
+                                           std::to_string(static_cast<int>(job.src_dtype)) + ")");
 }
 
 }  // namespace draftfeed

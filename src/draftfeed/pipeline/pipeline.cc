@@ -34,6 +34,9 @@ struct Pipeline::Job {
   std::uint64_t epoch = 0;
   PlannedBatch plan;
   std::unique_ptr<BufferPool::Handle> buffer;
+  std::shared_ptr<const BatchLayout> layout;  // the pipeline's, or a larger one for `overflow`
+  std::unique_ptr<HostBuffer> overflow;       // kCustom samples with more rows than max_len
+  std::uint8_t* data() const { return overflow ? overflow->data() : buffer->data(); }
   std::vector<FetchOutcome> outcomes;
   std::vector<IntArrayView> ids;
   std::vector<IntArrayView> masks;
@@ -46,12 +49,12 @@ struct Pipeline::Job {
 
 Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> dataset,
                    std::shared_ptr<SampleSource> source, PipelineOptions options)
-    : layout_(std::move(layout)),
+    : layout_(std::make_shared<const BatchLayout>(std::move(layout))),
       dataset_(std::move(dataset)),
       source_(std::move(source)),
       options_(options),
-      pool_(
-          BufferPool::create(layout_.total_bytes, std::max(1, options.prefetch), options.try_pin)) {
+      pool_(BufferPool::create(layout_->total_bytes, std::max(1, options.prefetch),
+                               options.try_pin)) {
   require(dataset_ != nullptr && source_ != nullptr, ErrorKind::kInvalidArgument,
           "pipeline needs a dataset and a sample source");
   require(dataset_->has_loss_mask(), ErrorKind::kInvalidArgument,
@@ -175,9 +178,10 @@ void Pipeline::fetch_sample(const std::shared_ptr<Job>& job, std::size_t i) {
     if (outcome.fatal && !fatal_in_batch) throw Error(ErrorKind::kRuntime, outcome.message);
     if (outcome.sample) {
       const HiddenStatesView& hs = outcome.sample->hidden;
-      const bool mtp = layout_.spec.preprocess == Preprocess::kMtp;
-      const bool fits = hs.hidden == layout_.spec.hidden_size &&
-                        (mtp ? hs.layers >= 1 : hs.layers == layout_.spec.num_target_layers + 1) &&
+      const BatchSpec& spec = layout_->spec;
+      const bool mtp = spec.preprocess == Preprocess::kMtp;
+      const bool fits = hs.hidden == spec.hidden_size &&
+                        (mtp ? hs.layers >= 1 : hs.layers == spec.num_target_layers + 1) &&
                         hs.tokens == job->ids[i].size();
       if (!fits) {
         outcome = FetchOutcome::dropped(
@@ -185,12 +189,12 @@ void Pipeline::fetch_sample(const std::shared_ptr<Job>& job, std::size_t i) {
             "row " + std::to_string(row) + ": hidden states [" + std::to_string(hs.tokens) + ", " +
                 std::to_string(hs.layers) + ", " + std::to_string(hs.hidden) +
                 "] do not fit the batch (expected [" + std::to_string(job->ids[i].size()) + ", " +
-                std::to_string(layout_.spec.num_target_layers + 1) + ", " +
-                std::to_string(layout_.spec.hidden_size) + "])");
+                std::to_string(spec.num_target_layers + 1) + ", " +
+                std::to_string(spec.hidden_size) + "])");
       }
     }
     job->usable[i] = outcome.sample.has_value() ? 1 : 0;
-    job->rows[i] = sample_rows_after_preprocess(layout_.spec.preprocess, job->ids[i].size());
+    job->rows[i] = sample_rows_after_preprocess(layout_->spec.preprocess, job->ids[i].size());
     job->outcomes[i] = std::move(outcome);
   } catch (...) {
     fail(std::current_exception());
@@ -199,11 +203,43 @@ void Pipeline::fetch_sample(const std::shared_ptr<Job>& job, std::size_t i) {
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) place_and_copy(job);
 }
 
+template <typename Step>
+void Pipeline::guarded(const std::shared_ptr<Job>& job, Step&& step) {
+  const std::string batch = "batch " + std::to_string(job->plan.index);
+  try {
+    step();
+  } catch (const Error& e) {
+    fail(std::make_exception_ptr(Error(e.kind(), batch + ": " + e.what())));
+  } catch (const std::exception& e) {
+    fail(std::make_exception_ptr(Error(ErrorKind::kRuntime, batch + ": " + e.what())));
+  } catch (...) {
+    fail(std::make_exception_ptr(Error(ErrorKind::kRuntime, batch + ": an unknown exception")));
+  }
+}
+
 void Pipeline::place_and_copy(const std::shared_ptr<Job>& job) {
   if (stopping_) return;
-  job->placement = place_samples(layout_.spec.max_len, job->rows, job->usable);
+  guarded(job, [&] { place_and_copy_step(job); });
+}
+
+void Pipeline::place_and_copy_step(const std::shared_ptr<Job>& job) {
+  const BatchSpec& spec = layout_->spec;
+  job->layout = layout_;
+  job->overflow.reset();
+  if (spec.preprocess == Preprocess::kCustom) {
+    job->placement = place_unpacked(job->rows, job->usable);
+    if (job->placement.used_rows > spec.max_len) {
+      // Samples longer than a batch, or an overfull batch list: a buffer of this batch's own.
+      BatchSpec larger = spec;
+      larger.max_len = job->placement.used_rows;
+      job->layout = std::make_shared<const BatchLayout>(make_batch_layout(larger));
+      job->overflow = std::make_unique<HostBuffer>(job->layout->total_bytes, false);
+    }
+  } else {
+    job->placement = place_samples(spec.max_len, job->rows, job->usable);
+  }
   // Split every placed sample's rows into chunks of about `chunk_bytes`.
-  const std::int64_t row_bytes = std::max<std::int64_t>(1, hidden_row_bytes(layout_));
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, hidden_row_bytes(*job->layout));
   const std::int64_t chunk_rows = std::max<std::int64_t>(1, options_.chunk_bytes / row_bytes);
   struct Chunk {
     std::size_t placed;
@@ -217,7 +253,7 @@ void Pipeline::place_and_copy(const std::shared_ptr<Job>& job) {
     }
   }
   if (chunks.empty()) {
-    finish(job);
+    finish_step(job);
     return;
   }
   job->pending = static_cast<std::int64_t>(chunks.size());
@@ -228,23 +264,28 @@ void Pipeline::place_and_copy(const std::shared_ptr<Job>& job) {
       copy_chunk(job, chunk.placed, chunk.first, chunk.last);
     });
   }
-  copy_chunk(job, chunks[0].placed, chunks[0].first, chunks[0].last);
+  copy_chunk_step(job, chunks[0].placed, chunks[0].first, chunks[0].last);
 }
 
 void Pipeline::copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,
                           std::int64_t last) {
   if (stopping_) return;
+  guarded(job, [&] { copy_chunk_step(job, placed, first, last); });
+}
+
+void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t placed,
+                               std::int64_t first, std::int64_t last) {
   const SamplePlacement& placement = job->placement.samples[placed];
   const std::size_t i = placement.sample;
   const NoiseContext noise{options_.noise, job->epoch};
   const std::int64_t bad =
-      copy_sample_rows(layout_, job->buffer->data(), placement, *job->outcomes[i].sample,
+      copy_sample_rows(*job->layout, job->data(), placement, *job->outcomes[i].sample,
                        job->plan.rows[i], noise, first, last);
   if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
-  if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(job);
+  if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
-void Pipeline::finish(const std::shared_ptr<Job>& job) {
+void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
   if (stopping_) return;
   // A sample with NaN/Inf is dropped like any failed sample; the batch is packed again without it.
   bool repack = false;
@@ -258,14 +299,14 @@ void Pipeline::finish(const std::shared_ptr<Job>& job) {
     repack = true;
   }
   if (repack) {
-    place_and_copy(job);
+    place_and_copy_step(job);
     return;
   }
-  finish_batch(layout_, job->buffer->data(), job->placement, job->ids, job->masks);
+  finish_batch(*job->layout, job->data(), job->placement, job->ids, job->masks);
 
   auto lease = std::make_shared<BatchLease>();
-  lease->layout = &layout_;
-  lease->data = job->buffer->data();
+  lease->layout = job->layout;
+  lease->data = job->data();
   lease->index = job->plan.index;
   lease->planned_samples = static_cast<std::int64_t>(job->plan.rows.size());
   lease->used_samples = static_cast<std::int64_t>(job->placement.samples.size());
@@ -285,7 +326,10 @@ void Pipeline::finish(const std::shared_ptr<Job>& job) {
       lease->drop_messages.push_back({outcome.reason, outcome.message});
     }
   }
+  lease->placement = std::move(job->placement);
+  lease->rows = std::move(job->plan.rows);
   lease->buffer = std::move(job->buffer);
+  lease->overflow = std::move(job->overflow);
   deliver(std::move(lease), job->sequence);
 }
 
@@ -337,8 +381,8 @@ std::shared_ptr<BatchLease> Pipeline::next() {
   if (metrics_.first_batch_seconds < 0) metrics_.first_batch_seconds = now - start_time_;
   ++metrics_.batches;
   metrics_.tokens += lease->tokens;
-  metrics_.hidden_bytes += lease->tokens * hidden_row_bytes(layout_);
-  metrics_.batch_bytes += static_cast<std::int64_t>(layout_.total_bytes);
+  metrics_.hidden_bytes += lease->tokens * hidden_row_bytes(*lease->layout);
+  metrics_.batch_bytes += static_cast<std::int64_t>(lease->layout->total_bytes);
   for (std::size_t r = 0; r < lease->dropped.size(); ++r) metrics_.dropped[r] += lease->dropped[r];
   return lease;
 }

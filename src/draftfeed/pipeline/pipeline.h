@@ -36,6 +36,7 @@
 #include "draftfeed/common/thread_pool.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/buffer_pool.h"
+#include "draftfeed/pipeline/host_memory.h"
 
 namespace draftfeed {
 
@@ -63,10 +64,11 @@ struct PipelineOptions {
 
 using DropCounts = std::array<std::int64_t, static_cast<std::size_t>(DropReason::kCount)>;
 
-// A delivered batch. Holding it keeps its buffer out of the pool.
+// A delivered batch. Holding it keeps its buffer out of the pool, and its layout alive (a batch
+// kept after its pipeline is gone still knows where its tensors are).
 class BatchLease {
  public:
-  const BatchLayout* layout = nullptr;
+  std::shared_ptr<const BatchLayout> layout;
   std::uint8_t* data = nullptr;
   std::int64_t index = 0;  // position in the epoch's full plan
   std::int64_t planned_samples = 0;
@@ -83,7 +85,13 @@ class BatchLease {
   };
   std::vector<Drop> drop_messages;  // the first max_drop_examples drops, for the logs
 
+  // Where each usable sample's rows are (Preprocess::kCustom: each sample unpacked, for the
+  // callable), and the batch's planned rows (placement.samples[k].sample indexes them).
+  BatchPlacement placement;
+  std::vector<std::int64_t> rows;
+
   std::unique_ptr<BufferPool::Handle> buffer;
+  std::unique_ptr<HostBuffer> overflow;  // kCustom samples that need more rows than a buffer has
 };
 
 struct PipelineMetrics {
@@ -122,7 +130,7 @@ class Pipeline {
   void stop();
 
   PipelineMetrics metrics() const;
-  const BatchLayout& layout() const { return layout_; }
+  const BatchLayout& layout() const { return *layout_; }
   // Bytes the pool holds: prefetch x batch size (plus any extra buffers a kept batch forced).
   std::size_t pool_bytes() const;
 
@@ -135,11 +143,19 @@ class Pipeline {
   void place_and_copy(const std::shared_ptr<Job>& job);
   void copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,
                   std::int64_t last);
-  void finish(const std::shared_ptr<Job>& job);
+  // The steps themselves; each runs inside `guarded` (through the functions above).
+  void place_and_copy_step(const std::shared_ptr<Job>& job);
+  void copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,
+                       std::int64_t last);
+  void finish_step(const std::shared_ptr<Job>& job);
+  // Runs one step of a batch's assembly; an exception there ends the epoch (rethrown by next(),
+  // naming the batch) instead of escaping into the thread pool.
+  template <typename Step>
+  void guarded(const std::shared_ptr<Job>& job, Step&& step);
   void fail(std::exception_ptr error);
   void deliver(std::shared_ptr<BatchLease> lease, std::int64_t sequence);
 
-  const BatchLayout layout_;
+  const std::shared_ptr<const BatchLayout> layout_;
   const std::shared_ptr<const TokenDataset> dataset_;
   const std::shared_ptr<SampleSource> source_;
   const PipelineOptions options_;

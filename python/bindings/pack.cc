@@ -1,0 +1,166 @@
+// Python binding of the native collate for a user's preprocess callable (batch/pack.h):
+//   draftfeed._core.pack_samples(samples, max_len, hidden_states_dtype, pin_memory) -> dict
+// `samples` are the dicts the callable returned (torch tensors on the CPU); the result holds the
+// batch's tensors in the reference's key order, views of one buffer (page-locked when a CUDA
+// runtime is present and pin_memory is set), plus document_ids.
+#include "draftfeed/batch/pack.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "draftfeed/common/error.h"
+#include "draftfeed/pipeline/host_memory.h"
+
+namespace draftfeed::python {
+namespace {
+
+using AnyTensor = nb::ndarray<nb::ro, nb::device::cpu>;
+
+std::optional<DType> dtype_of(nb::dlpack::dtype dl) {
+  using Code = nb::dlpack::dtype_code;
+  if (dl.lanes != 1) return std::nullopt;
+  switch (static_cast<Code>(dl.code)) {
+    case Code::Bool:
+      return DType::kBool;
+    case Code::Int:
+      return dl.bits == 8    ? std::optional(DType::kI8)
+             : dl.bits == 16 ? std::optional(DType::kI16)
+             : dl.bits == 32 ? std::optional(DType::kI32)
+             : dl.bits == 64 ? std::optional(DType::kI64)
+                             : std::nullopt;
+    case Code::UInt:
+      return dl.bits == 8    ? std::optional(DType::kU8)
+             : dl.bits == 16 ? std::optional(DType::kU16)
+             : dl.bits == 32 ? std::optional(DType::kU32)
+             : dl.bits == 64 ? std::optional(DType::kU64)
+                             : std::nullopt;
+    case Code::Float:
+      return dl.bits == 16   ? std::optional(DType::kF16)
+             : dl.bits == 32 ? std::optional(DType::kF32)
+             : dl.bits == 64 ? std::optional(DType::kF64)
+                             : std::nullopt;
+    case Code::Bfloat:
+      return dl.bits == 16 ? std::optional(DType::kBF16) : std::nullopt;
+    default:
+      return std::nullopt;
+  }
+}
+
+nb::dlpack::dtype dlpack_of(DType dtype) {
+  using Code = nb::dlpack::dtype_code;
+  auto make = [](Code code, unsigned bits) {
+    return nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+  };
+  switch (dtype) {
+    case DType::kBool:
+      return make(Code::Bool, 8);
+    case DType::kI8:
+    case DType::kI16:
+    case DType::kI32:
+    case DType::kI64:
+      return make(Code::Int, dtype_bits(dtype));
+    case DType::kU8:
+    case DType::kU16:
+    case DType::kU32:
+    case DType::kU64:
+      return make(Code::UInt, dtype_bits(dtype));
+    case DType::kBF16:
+      return make(Code::Bfloat, 16);
+    default:
+      return make(Code::Float, dtype_bits(dtype));
+  }
+}
+
+// The callable's sample: every value must be a CPU tensor whose trailing dimensions are
+// contiguous (the Python side passes `.contiguous()` ones).
+SampleArg sample_of(nb::handle object, std::size_t index, std::vector<AnyTensor>& keep) {
+  const std::string where = "preprocess returned sample " + std::to_string(index);
+  require(nb::isinstance<nb::dict>(object), ErrorKind::kInvalidArgument,
+          where + ": not a dict but " + nb::cast<std::string>(nb::str(object.type())));
+  SampleArg sample;
+  for (auto [key, value] : nb::borrow<nb::dict>(object)) {
+    const std::string name = nb::cast<std::string>(nb::str(key));
+    AnyTensor tensor;
+    if (!nb::try_cast(value, tensor)) {
+      throw Error(ErrorKind::kInvalidArgument, where + ": '" + name + "' is not a CPU tensor but " +
+                                                   nb::cast<std::string>(nb::str(value.type())));
+    }
+    const std::optional<DType> dtype = dtype_of(tensor.dtype());
+    require(dtype.has_value(), ErrorKind::kInvalidArgument,
+            where + ": '" + name + "' has a dtype the collate does not take");
+    TensorArg arg;
+    arg.data = static_cast<const std::uint8_t*>(tensor.data());
+    arg.dtype = *dtype;
+    const std::size_t item = dtype_bits(*dtype) / 8;
+    std::int64_t expected = static_cast<std::int64_t>(item);  // bytes of a contiguous suffix
+    for (std::size_t d = tensor.ndim(); d-- > 1;) {
+      require(
+          tensor.shape(d) <= 1 || tensor.stride(d) * static_cast<std::int64_t>(item) == expected,
+          ErrorKind::kInvalidArgument,
+          where + ": '" + name + "' is not contiguous within its rows");
+      expected *= static_cast<std::int64_t>(tensor.shape(d));
+    }
+    for (std::size_t d = 0; d < tensor.ndim(); ++d) {
+      arg.shape.push_back(static_cast<std::int64_t>(tensor.shape(d)));
+    }
+    arg.row_stride_bytes =
+        tensor.ndim() > 0 ? tensor.stride(0) * static_cast<std::int64_t>(item) : 0;
+    sample.keys.push_back(name);
+    sample.tensors.push_back(std::move(arg));
+    keep.push_back(std::move(tensor));
+  }
+  return sample;
+}
+
+nb::dict pack(nb::list samples, std::int64_t max_len, const std::string& hidden_states_dtype,
+              bool pin_memory) {
+  DType hidden;
+  if (hidden_states_dtype == "bfloat16") {
+    hidden = DType::kBF16;
+  } else if (hidden_states_dtype == "float32") {
+    hidden = DType::kF32;
+  } else {
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "hidden_states_dtype must be bfloat16 or float32, got '" + hidden_states_dtype + "'");
+  }
+  std::vector<AnyTensor> keep;  // the inputs stay referenced while they are read
+  std::vector<SampleArg> args;
+  for (std::size_t s = 0; s < samples.size(); ++s) args.push_back(sample_of(samples[s], s, keep));
+  const PackedLayout layout = layout_packed(args, max_len, hidden);
+  auto buffer =
+      std::make_shared<HostBuffer>(std::max<std::size_t>(layout.total_bytes, 64), pin_memory);
+  {
+    nb::gil_scoped_release release;
+    pack_samples(args, max_len, layout, buffer->data());
+  }
+  auto* holder = new std::shared_ptr<HostBuffer>(buffer);
+  nb::capsule owner(holder,
+                    [](void* p) noexcept { delete static_cast<std::shared_ptr<HostBuffer>*>(p); });
+  nb::dict out;
+  for (const PackedTensor& t : layout.tensors) {
+    std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
+    out[t.name.c_str()] = nb::ndarray<nb::pytorch>(
+        buffer->data() + t.offset, shape.size(), shape.data(), owner, nullptr, dlpack_of(t.dtype));
+  }
+  return out;
+}
+
+}  // namespace
+
+void init_pack(nb::module_& m) {
+  m.def("pack_samples", &pack, nb::arg("samples"), nb::arg("max_len"),
+        nb::arg("hidden_states_dtype") = "bfloat16", nb::arg("pin_memory") = false,
+        "Packs the dicts a preprocess callable returned into one batch, as speculators' collate "
+        "does: every key but `lengths` as [1, max_len, ...] (hidden-state keys in "
+        "hidden_states_dtype, others in the first sample's dtype), rows back to back and "
+        "truncated at max_len, then document_ids. Returns a dict of torch tensors.");
+}
+
+}  // namespace draftfeed::python
