@@ -469,6 +469,12 @@ def make_app(sim: SimServer) -> web.Application:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    # What writing a file needs is imported before the port is announced: importing torch takes
+    # seconds on a busy machine, and inside the first request it would hold every request on this
+    # server past a client's timeout (retried requests, endpoints rested: tests that fail under load).
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+
     sim = SimServer(args)
     runner = web.AppRunner(make_app(sim), handle_signals=False, access_log=None)
     await runner.setup()

@@ -6,8 +6,8 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/loader/loader.h"
 #include "draftfeed/online/online_source.h"
-#include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/epoch_plan.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "stream_report.h"
@@ -55,19 +55,21 @@ int run_loader(const LoaderRunConfig& config) {
     if (layers == 0) layers = geometry->layers;
   }
 
-  BatchSpec spec;
-  spec.max_len = config.max_len;
-  spec.hidden_size = hidden;
-  spec.num_target_layers = layers - 1;
-  spec.dtype = batch_dtype(config.dtype);
-  spec.preprocess = preprocess_of(config.preprocess);
-  spec.noise = NoiseSpec{NoiseKind::kUniform, config.noise_std, config.seed};
-
-  CacheStoreOptions store_options;
-  store_options.root = hs_path;
-  auto store = std::make_shared<const CacheStore>(store_options);
-  std::shared_ptr<SampleSource> source =
-      std::make_shared<CacheSampleSource>(store, parse_on_missing(config.on_missing));
+  LoaderOptions options;
+  options.data_path = config.data;
+  options.hidden_states_path = hs_path;
+  options.split = "train";
+  options.train_ratio = config.train_ratio;
+  options.rank = config.rank;
+  options.batch.max_len = config.max_len;
+  options.batch.hidden_size = hidden;
+  options.batch.num_target_layers = layers - 1;
+  options.batch.dtype = batch_dtype(config.dtype);
+  options.batch.preprocess = preprocess_of(config.preprocess);
+  options.batch.noise = NoiseSpec{NoiseKind::kUniform, config.noise_std, config.seed};
+  options.plan.world_size = config.world_size;
+  options.plan.max_batches = config.max_batches;
+  options.on_missing = config.on_missing;
   std::shared_ptr<OnlineSampleSource> online_source;
   if (online) {
     OnlineSourceOptions online_options;
@@ -80,24 +82,14 @@ int run_loader(const LoaderRunConfig& config) {
     online_options.client.concurrency = config.concurrency;
     online_options.client.request_timeout = std::chrono::duration<double>(config.request_timeout);
     online_source = std::make_shared<OnlineSampleSource>(online_options);
-    source = online_source;
+    options.source = online_source;
   }
-
-  PipelineOptions options;
   // A fetch blocks its thread for a whole request: online runs get a thread per request in flight.
-  options.num_threads = config.threads + (online ? config.concurrency : 0);
-  options.prefetch = config.prefetch;
-  options.in_order = config.in_order;
-  options.noise = config.noise_std > 0;
-  Pipeline train_pipeline(make_batch_layout(spec), dataset, source, options);
-  options.noise = false;
-  Pipeline val_pipeline(make_batch_layout(spec), dataset, source, options);
-
-  PlanOptions plan_options;
-  plan_options.max_len = config.max_len;
-  plan_options.world_size = config.world_size;
-  plan_options.seed = config.seed;
-  plan_options.max_batches = config.max_batches;
+  options.pipeline.num_threads = config.threads + (online ? config.concurrency : 0);
+  options.pipeline.prefetch = config.prefetch;
+  options.pipeline.in_order = config.in_order;
+  Loader train_loader(options, dataset);
+  Loader val_loader(options.validation(), dataset);
 
   if (!config.json) {
     std::printf("data      %s: %lld rows (train %lld, val %lld)\n", config.data.c_str(),
@@ -105,13 +97,13 @@ int run_loader(const LoaderRunConfig& config) {
                 static_cast<long long>(train.num_rows()), static_cast<long long>(val.num_rows()));
     std::printf("hidden    %s: L=%lld layers, H=%lld, batches in %s\n", hs_path.c_str(),
                 static_cast<long long>(layers), static_cast<long long>(hidden),
-                hidden_dtype_name(spec.dtype));
+                hidden_dtype_name(options.batch.dtype));
     std::printf("engine    %d threads, %d buffers of %s (peak batch memory %s), %s, %s (%s)\n",
                 config.threads, config.prefetch,
-                human_bytes(static_cast<double>(train_pipeline.layout().total_bytes)).c_str(),
-                human_bytes(static_cast<double>(train_pipeline.pool_bytes())).c_str(),
+                human_bytes(static_cast<double>(train_loader.layout().total_bytes)).c_str(),
+                human_bytes(static_cast<double>(train_loader.pool_bytes())).c_str(),
                 config.in_order ? "in order" : "as ready",
-                train_pipeline.metrics().pinned ? "pinned memory" : "pageable memory",
+                train_loader.metrics().pinned ? "pinned memory" : "pageable memory",
                 pinning_support().detail.c_str());
     std::fflush(stdout);
   }
@@ -119,18 +111,14 @@ int run_loader(const LoaderRunConfig& config) {
   nlohmann::json report;
   report["passes"] = nlohmann::json::array();
   for (int epoch = 0; epoch < config.epochs; ++epoch) {
-    const RankPlan plan = plan_rank(train.seq_lens(), plan_options, config.rank, epoch);
-    StreamSummary s = stream_pass(train_pipeline, "train " + std::to_string(epoch), epoch,
-                                  planned_batches(plan, train), config.progress);
+    StreamSummary s =
+        stream_pass(train_loader, "train " + std::to_string(epoch), epoch, config.progress);
     if (!config.json) print_summary(s);
     report["passes"].push_back(nlohmann::json::parse(summary_json(s)));
     if (config.validation) {
       // As the reference trainer: a validation pass after each epoch, its sampler set to the epoch.
-      PlanOptions val_options = plan_options;
-      val_options.max_batches.reset();
-      const RankPlan val_plan = plan_rank(val.seq_lens(), val_options, config.rank, epoch);
-      StreamSummary v = stream_pass(val_pipeline, "val " + std::to_string(epoch), epoch,
-                                    planned_batches(val_plan, val), config.progress);
+      StreamSummary v =
+          stream_pass(val_loader, "val " + std::to_string(epoch), epoch, config.progress);
       if (!config.json) print_summary(v);
       report["passes"].push_back(nlohmann::json::parse(summary_json(v)));
     }
@@ -150,14 +138,14 @@ int run_loader(const LoaderRunConfig& config) {
     }
   }
   report["peak_rss_bytes"] = peak_rss_bytes();
-  report["pool_bytes"] = train_pipeline.pool_bytes() + val_pipeline.pool_bytes();
+  report["pool_bytes"] = train_loader.pool_bytes() + val_loader.pool_bytes();
   if (config.json) {
     std::printf("%s\n", report.dump(2).c_str());
   } else {
     std::printf(
         "peak memory %s resident (batch pools %s)\n",
         human_bytes(static_cast<double>(peak_rss_bytes())).c_str(),
-        human_bytes(static_cast<double>(train_pipeline.pool_bytes() + val_pipeline.pool_bytes()))
+        human_bytes(static_cast<double>(train_loader.pool_bytes() + val_loader.pool_bytes()))
             .c_str());
   }
   return 0;

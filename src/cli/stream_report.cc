@@ -48,13 +48,13 @@ std::string human_bytes(double bytes) {
   return text;
 }
 
-StreamSummary stream_pass(Pipeline& pipeline, const std::string& label, std::uint64_t epoch,
-                          std::vector<PlannedBatch> batches, bool progress) {
-  const auto total = static_cast<std::int64_t>(batches.size());
+StreamSummary stream_pass(Loader& pipeline, const std::string& label, std::int64_t epoch,
+                          bool progress) {
+  const std::int64_t total = pipeline.plan(epoch).num_batches();
   const PipelineMetrics before = pipeline.metrics();
   const auto start = std::chrono::steady_clock::now();
   const bool tty = progress && ::isatty(STDERR_FILENO);
-  pipeline.start(epoch, std::move(batches));
+  pipeline.start_epoch(epoch);
   StreamSummary summary;
   summary.label = label;
   auto last_draw = start;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "draftfeed/pipeline/pipeline.h"
+#include "draftfeed/loader/loader.h"
 
 namespace draftfeed::cli {
 
@@ -24,9 +24,10 @@ struct StreamSummary {
   DropCounts dropped{};
 };
 
-// Runs one pass over `batches` and returns what happened. `progress` draws a bar on stderr.
-StreamSummary stream_pass(Pipeline& pipeline, const std::string& label, std::uint64_t epoch,
-                          std::vector<PlannedBatch> batches, bool progress);
+// Runs one pass over the loader's plan of `epoch` and returns what happened. `progress` draws a
+// bar on stderr.
+StreamSummary stream_pass(Loader& loader, const std::string& label, std::int64_t epoch,
+                          bool progress);
 
 // Prints a summary block (and returns it as JSON text when `json`).
 void print_summary(const StreamSummary& summary);
