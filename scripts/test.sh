@@ -5,7 +5,8 @@
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the pipeline tests under ThreadSanitizer
 #   4. every libFuzzer target for a bounded time (FUZZ_SECONDS, default 60 each)
-#   5. the Python suite (pytest) against the installed package and the reference packages
+#   5. the type stubs of draftfeed._core (up to date) and mypy on the package and its tests
+#   6. the Python suite (pytest) against the installed package and the reference packages
 # Every stage runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +74,17 @@ python_tests() {
   python3 -m pytest -q -p no:cacheprovider "$@"
 }
 
+types_check() {
+  # The checked-in stubs of draftfeed._core must be what nanobind's stubgen makes of the installed
+  # module (regenerate with the command below), and the package and its tests must type-check.
+  local stub=build/_core.pyi
+  mkdir -p build
+  python3 -m nanobind.stubgen -q -P -m draftfeed._core -o "$stub" || return 1
+  diff -u python/draftfeed/_core.pyi "$stub" ||
+    { echo "python/draftfeed/_core.pyi is stale: python3 -m nanobind.stubgen -P -m draftfeed._core -o python/draftfeed/_core.pyi"; return 1; }
+  PYTHONPATH=tests/python python3 -m mypy --ignore-missing-imports python/draftfeed tests/python
+}
+
 stage "install: system packages" scripts/install-system.sh
 stage "install: python packages and draftfeed" scripts/install-python.sh --test
 stage "style: clang-format" format_check
@@ -85,6 +97,7 @@ stage "build: C++ tests (TSan)" configure_and_build build/tsan -DCMAKE_BUILD_TYP
   -DDRAFTFEED_SANITIZE=thread
 stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent|Lookahead" --no-tests=ignore
 stage "fuzz: every parser for ${fuzz_seconds}s" run_fuzzers
+stage "types: stubs and mypy" types_check
 stage "pytest: Python suite" python_tests
 
 echo

@@ -18,9 +18,11 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/loader/loader.h"
 #include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/pipeline/pipeline.h"
+#include "plans.h"
 #include "sample_source.h"
 
 namespace draftfeed::python {
@@ -177,53 +179,57 @@ nb::dict empty_sample(const BatchLayout& layout) {
   return sample;
 }
 
-struct PyEngine {
-  std::shared_ptr<const TokenDataset> dataset;
-  std::shared_ptr<Pipeline> pipeline;
+struct PyLoader {
+  std::shared_ptr<Loader> loader;
 
-  PyEngine() = default;
-  PyEngine(PyEngine&&) = default;
+  PyLoader() = default;
+  PyLoader(PyLoader&&) = default;
   // Workers may need the GIL (a Python transfer): stop them with it released.
-  ~PyEngine() {
-    if (pipeline) {
+  ~PyLoader() {
+    if (loader) {
       nb::gil_scoped_release release;
-      pipeline.reset();
+      loader.reset();
     }
   }
 
-  void start(std::uint64_t epoch, const std::vector<std::int64_t>& indices,
+  nb::list plan(std::int64_t epoch, nb::handle window_order) {
+    nb::object numpy_argsort;
+    const WindowOrder order = window_order_of(window_order, numpy_argsort);
+    RankPlan plan;
+    {
+      nb::gil_scoped_release release;
+      plan = loader->plan(epoch, order);
+    }
+    return batches_to_python(std::move(plan));
+  }
+
+  void start(std::int64_t epoch, const std::vector<std::int64_t>& indices,
              const std::vector<nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig>>& rows) {
     require(indices.size() == rows.size(), ErrorKind::kInvalidArgument,
             "start(): " + std::to_string(indices.size()) + " batch indices for " +
                 std::to_string(rows.size()) + " batches");
     std::vector<PlannedBatch> batches(rows.size());
-    const std::int64_t n_rows = dataset->num_rows();
     for (std::size_t b = 0; b < rows.size(); ++b) {
       batches[b].index = indices[b];
       const std::int64_t* begin = rows[b].data();
       batches[b].rows.assign(begin, begin + rows[b].shape(0));
-      for (const std::int64_t row : batches[b].rows) {
-        require(row >= 0 && row < n_rows, ErrorKind::kInvalidArgument,
-                "batch " + std::to_string(indices[b]) + " names row " + std::to_string(row) +
-                    ", outside the dataset's " + std::to_string(n_rows) + " rows");
-      }
     }
     nb::gil_scoped_release release;
-    pipeline->start(epoch, std::move(batches));
+    loader->start(epoch, std::move(batches));
   }
 
   std::optional<PyBatch> next() {
     std::shared_ptr<BatchLease> lease;
     {
       nb::gil_scoped_release release;
-      lease = pipeline->next();
+      lease = loader->next();
     }
     if (!lease) return std::nullopt;
     return PyBatch{std::move(lease)};
   }
 
   nb::dict metrics() const {
-    const PipelineMetrics m = pipeline->metrics();
+    const PipelineMetrics m = loader->metrics();
     nb::dict out;
     out["batches"] = m.batches;
     out["tokens"] = m.tokens;
@@ -243,43 +249,103 @@ struct PyEngine {
   }
 };
 
-PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::string& data_path,
-                     const std::string& hidden_states_path, std::int64_t total_seq_len,
-                     std::int64_t hidden_size, std::int64_t num_target_layers,
-                     const std::string& dtype, const std::string& preprocess,
-                     const std::string& noise, double noise_std, std::uint64_t seed,
-                     bool apply_noise, const std::string& on_missing, int num_threads, int prefetch,
-                     bool in_order, bool pin_memory, double lock_timeout, std::int64_t chunk_bytes,
-                     bool fatal_failures_in_batch) {
-  BatchSpec spec;
-  spec.max_len = total_seq_len;
-  spec.hidden_size = hidden_size;
-  spec.num_target_layers = num_target_layers;
-  spec.dtype = parse_batch_dtype(dtype);
-  spec.preprocess = parse_preprocess(preprocess);
-  spec.noise = NoiseSpec{parse_noise(noise), noise_std, seed};
-  BatchLayout layout = make_batch_layout(spec);
+std::string preprocess_name(Preprocess preprocess) {
+  switch (preprocess) {
+    case Preprocess::kNone:
+      return "none";
+    case Preprocess::kEagle3Shift:
+      return "eagle3";
+    case Preprocess::kMtp:
+      return "mtp";
+    case Preprocess::kCustom:
+      return "custom";
+  }
+  return "none";
+}
 
-  CacheStoreOptions store_options;
-  store_options.root = hidden_states_path;
-  store_options.lock_timeout = std::chrono::duration<double>(lock_timeout);
-  auto store = std::make_shared<const CacheStore>(store_options);
-  std::shared_ptr<SampleSource> source = custom_source;
-  if (!source) source = std::make_shared<CacheSampleSource>(store, parse_on_missing(on_missing));
+std::string noise_name(NoiseKind kind) {
+  return kind == NoiseKind::kUniform    ? "uniform"
+         : kind == NoiseKind::kGaussian ? "gaussian"
+                                        : "none";
+}
 
-  PipelineOptions options;
-  options.num_threads = num_threads;
-  options.prefetch = prefetch;
-  options.in_order = in_order;
-  options.try_pin = pin_memory;
-  options.noise = apply_noise;
-  options.fatal_failures_in_batch = fatal_failures_in_batch;
-  if (chunk_bytes > 0) options.chunk_bytes = chunk_bytes;
-
-  PyEngine engine;
-  engine.dataset = TokenDataset::open(data_path);
-  engine.pipeline = std::make_shared<Pipeline>(std::move(layout), engine.dataset, source, options);
-  return engine;
+// The loader's options under the Python Loader's flat names (one place: what Python sets is what
+// C++ reads; unknown names are refused by nanobind).
+void bind_loader_options(nb::module_& m) {
+  using O = LoaderOptions;
+  nb::class_<O>(m, "LoaderOptions",
+                "Options of one loader (C++ LoaderOptions), under the Python Loader's names. "
+                "validation() gives the validation loader's options of a training run.")
+      .def(nb::init<>())
+      .def("validation", &O::validation)
+      .def_rw("data_path", &O::data_path)
+      .def_rw("hidden_states_path", &O::hidden_states_path, "empty: <data_path>/hidden_states")
+      .def_rw("split", &O::split, "'train', 'val' or 'all'")
+      .def_rw("train_ratio", &O::train_ratio)
+      .def_rw("rank", &O::rank, "data-parallel rank")
+      .def_prop_rw(
+          "world_size", [](const O& o) { return o.plan.world_size; },
+          [](O& o, int v) { o.plan.world_size = v; }, "data-parallel ranks")
+      .def_prop_rw(
+          "total_seq_len", [](const O& o) { return o.batch.max_len; },
+          [](O& o, std::int64_t v) { o.batch.max_len = v; })
+      .def_prop_rw(
+          "hidden_size", [](const O& o) { return o.batch.hidden_size; },
+          [](O& o, std::int64_t v) { o.batch.hidden_size = v; })
+      .def_prop_rw(
+          "num_target_layers", [](const O& o) { return o.batch.num_target_layers; },
+          [](O& o, std::int64_t v) { o.batch.num_target_layers = v; })
+      .def_prop_rw(
+          "hidden_states_dtype",
+          [](const O& o) { return std::string(hidden_dtype_name(o.batch.dtype)); },
+          [](O& o, const std::string& v) { o.batch.dtype = parse_batch_dtype(v); },
+          "'bfloat16' or 'float32'")
+      .def_prop_rw(
+          "preprocess", [](const O& o) { return preprocess_name(o.batch.preprocess); },
+          [](O& o, const std::string& v) { o.batch.preprocess = parse_preprocess(v); },
+          "'none', 'eagle3' (or 'peagle'), 'mtp', or 'custom' (a callable run in Python)")
+      .def_prop_rw(
+          "noise", [](const O& o) { return noise_name(o.batch.noise.kind); },
+          [](O& o, const std::string& v) { o.batch.noise.kind = parse_noise(v); },
+          "'uniform', 'gaussian' or 'none' (training split only)")
+      .def_prop_rw(
+          "noise_std", [](const O& o) { return o.batch.noise.std; },
+          [](O& o, double v) { o.batch.noise.std = v; })
+      .def_prop_rw(
+          "seed", [](const O& o) { return o.batch.noise.seed; },
+          [](O& o, std::uint64_t v) { o.batch.noise.seed = v; }, "of the plan and the noise")
+      .def_prop_rw(
+          "truncate", [](const O& o) { return o.plan.truncate; },
+          [](O& o, bool v) { o.plan.truncate = v; }, "clip long samples (else drop them)")
+      .def_prop_rw(
+          "max_batches", [](const O& o) { return o.plan.max_batches; },
+          [](O& o, std::optional<std::int64_t> v) { o.plan.max_batches = v; })
+      .def_prop_rw(
+          "num_threads", [](const O& o) { return o.pipeline.num_threads; },
+          [](O& o, int v) { o.pipeline.num_threads = v; })
+      .def_prop_rw(
+          "prefetch", [](const O& o) { return o.pipeline.prefetch; },
+          [](O& o, int v) { o.pipeline.prefetch = v; }, "batch buffers")
+      .def_prop_rw(
+          "in_order", [](const O& o) { return o.pipeline.in_order; },
+          [](O& o, bool v) { o.pipeline.in_order = v; })
+      .def_prop_rw(
+          "pin_memory", [](const O& o) { return o.pipeline.try_pin; },
+          [](O& o, bool v) { o.pipeline.try_pin = v; })
+      .def_prop_rw(
+          "chunk_bytes", [](const O& o) { return o.pipeline.chunk_bytes; },
+          [](O& o, std::int64_t v) { o.pipeline.chunk_bytes = v; })
+      .def_prop_rw(
+          "fatal_failures_in_batch", [](const O& o) { return o.pipeline.fatal_failures_in_batch; },
+          [](O& o, bool v) { o.pipeline.fatal_failures_in_batch = v; })
+      .def_rw("on_missing", &O::on_missing, "'skip', 'warn' or 'raise' (the cache source)")
+      .def_rw("lock_timeout", &O::lock_timeout)
+      .def_prop_rw(
+          "source", [](const O&) { return nb::none(); },
+          [](O& o, const PySampleSource* source) {
+            o.source = source != nullptr ? source->source : nullptr;
+          },
+          nb::arg("source").none(), "where hidden states come from (write-only; None: the cache)");
 }
 
 }  // namespace
@@ -350,44 +416,52 @@ void init_engine(nb::module_& m) {
           "numpy", [](const PyBatch& b) { return b.views<nb::numpy>(true); },
           "dict of numpy arrays viewing the buffer (bf16 as uint16 bits)");
 
-  nb::class_<PyEngine>(m, "Engine",
-                       "The fetch/assemble/deliver pipeline over one dataset and cache.",
+  bind_loader_options(m);
+  nb::class_<PyLoader>(m, "Loader",
+                       "The epoch driver (C++ Loader): one split, planned per epoch, fetched and "
+                       "assembled by the pipeline.",
                        nb::is_weak_referenceable())
       .def(
           "__init__",
-          [](PyEngine* self, const std::string& data_path, const std::string& hidden_states_path,
-             std::int64_t total_seq_len, std::int64_t hidden_size, std::int64_t num_target_layers,
-             const std::string& dtype, const std::string& preprocess, const std::string& noise,
-             double noise_std, std::uint64_t seed, bool apply_noise, const std::string& on_missing,
-             int num_threads, int prefetch, bool in_order, bool pin_memory, double lock_timeout,
-             std::int64_t chunk_bytes, const PySampleSource* source, bool fatal_failures_in_batch) {
-            new (self) PyEngine(make_engine(
-                source != nullptr ? source->source : nullptr, data_path, hidden_states_path,
-                total_seq_len, hidden_size, num_target_layers, dtype, preprocess, noise, noise_std,
-                seed, apply_noise, on_missing, num_threads, prefetch, in_order, pin_memory,
-                lock_timeout, chunk_bytes, fatal_failures_in_batch));
+          [](PyLoader* self, const LoaderOptions& options) {
+            new (self) PyLoader();
+            self->loader = std::make_shared<Loader>(options);
           },
-          nb::arg("data_path"), nb::arg("hidden_states_path"), nb::arg("total_seq_len"),
-          nb::arg("hidden_size"), nb::arg("num_target_layers") = 3,
-          nb::arg("hidden_states_dtype") = "bfloat16", nb::arg("preprocess") = "none",
-          nb::arg("noise") = "uniform", nb::arg("noise_std") = 0.0, nb::arg("seed") = 0,
-          nb::arg("apply_noise") = false, nb::arg("on_missing") = "skip",
-          nb::arg("num_threads") = 2, nb::arg("prefetch") = 4, nb::arg("in_order") = true,
-          nb::arg("pin_memory") = true, nb::arg("lock_timeout") = 10.0, nb::arg("chunk_bytes") = 0,
-          nb::arg("source").none() = nb::none(), nb::arg("fatal_failures_in_batch") = false)
-      .def("start", &PyEngine::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
+          nb::arg("options"))
+      .def("plan", &PyLoader::plan, nb::arg("epoch"), nb::arg("window_order") = "numpy",
+           "this rank's batches of the epoch (arrays of split-local sample indices)")
+      .def("start", &PyLoader::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
            "start delivering `batches` (arrays of global rows) with their plan `indices`")
-      .def("next", &PyEngine::next, "the next batch, or None at the end of the epoch")
+      .def("next", &PyLoader::next, "the next batch, or None at the end of the epoch")
       .def("stop",
-           [](PyEngine& e) {
+           [](PyLoader& l) {
              nb::gil_scoped_release release;
-             e.pipeline->stop();
+             l.loader->stop();
            })
-      .def("metrics", &PyEngine::metrics)
-      .def_prop_ro("batch_bytes",
-                   [](const PyEngine& e) { return e.pipeline->layout().total_bytes; })
-      .def_prop_ro("pool_bytes", [](const PyEngine& e) { return e.pipeline->pool_bytes(); })
-      .def_prop_ro("num_rows", [](const PyEngine& e) { return e.dataset->num_rows(); });
+      .def("metrics", &PyLoader::metrics)
+      .def_prop_ro("options", [](const PyLoader& l) { return l.loader->options(); })
+      .def_prop_ro("split_begin", [](const PyLoader& l) { return l.loader->split().begin; })
+      .def_prop_ro("split_end", [](const PyLoader& l) { return l.loader->split().end; })
+      .def_prop_ro("batch_bytes", [](const PyLoader& l) { return l.loader->layout().total_bytes; })
+      .def_prop_ro("pool_bytes", [](const PyLoader& l) { return l.loader->pool_bytes(); })
+      .def_prop_ro("num_rows", [](const PyLoader& l) { return l.loader->dataset()->num_rows(); })
+      .def_prop_ro(
+          "lengths",
+          [](const PyLoader& l) {
+            const auto lengths = l.loader->split().seq_lens();
+            auto* copy = new std::vector<std::int64_t>(lengths.begin(), lengths.end());
+            nb::capsule owner(
+                copy, [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
+            static std::int64_t empty[1] = {0};
+            return nb::ndarray<nb::numpy, std::int64_t, nb::ndim<1>>(
+                copy->empty() ? empty : copy->data(), {copy->size()}, owner);
+          },
+          nb::rv_policy::reference, "the split's sample lengths (the planner's), a copy")
+      .def_prop_ro("columns", [](const PyLoader& l) {
+        nb::list out;
+        for (const ColumnInfo& column : l.loader->dataset()->columns()) out.append(column.name);
+        return out;
+      });
 
   m.def("pinning_support", [] {
     const PinningSupport support = pinning_support();

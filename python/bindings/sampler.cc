@@ -25,6 +25,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/sampler/multipack.h"
 #include "draftfeed/sampler/numpy_random.h"
+#include "plans.h"
 
 namespace draftfeed::python {
 
@@ -96,22 +97,6 @@ Int64Array to_numpy(std::vector<std::int64_t>&& values) {
   return Int64Array(data, {owner->size()}, capsule);
 }
 
-// One rank's batches as a list of views into one numpy array that owns the rank's buffer. Views are
-// cut by numpy's own slicing, several times faster than exporting one array per batch.
-nb::list batches_to_python(RankPlan&& plan) {
-  const std::vector<std::int64_t> offsets = plan.batch_offsets;
-  nb::object whole = nb::cast(to_numpy(std::move(plan.samples)));
-  nb::list batches;
-  for (std::size_t b = 0; b + 1 < offsets.size(); ++b) {
-    nb::object slice =
-        nb::steal(PySlice_New(nb::int_(offsets[b]).ptr(), nb::int_(offsets[b + 1]).ptr(), nullptr));
-    nb::object view = nb::steal(PyObject_GetItem(whole.ptr(), slice.ptr()));
-    if (!view.is_valid()) throw nb::python_error();
-    batches.append(view);
-  }
-  return batches;
-}
-
 nb::dict counts_to_python(const PlanCounts& counts) {
   nb::dict out;
   out["num_samples"] = counts.num_samples;
@@ -121,36 +106,6 @@ nb::dict counts_to_python(const PlanCounts& counts) {
   out["cut_by_max_batches"] = counts.cut_by_max_batches;
   out["planned"] = counts.planned;
   return out;
-}
-
-// The order of ties in each batch's final window (multipack.h): "numpy" calls numpy.argsort, as the
-// reference does, on the machine that runs (its tie order depends on numpy's build and the CPU);
-// "native" keeps the planner's own; a callable is called as numpy.argsort would be. The planner
-// runs without the GIL: the callback takes it for each window that has ties. `argsort` is borrowed
-// (the caller's argument outlives the planning), so no reference count changes without the GIL.
-WindowOrder window_order_of(nb::handle order, nb::object& numpy_argsort) {
-  if (nb::isinstance<nb::str>(order)) {
-    const auto name = nb::cast<std::string>(order);
-    if (name == "native") return {};
-    require(name == "numpy", ErrorKind::kInvalidArgument,
-            "window_order must be 'numpy', 'native' or a callable, got '" + name + "'");
-    numpy_argsort = nb::module_::import_("numpy").attr("argsort");
-    order = numpy_argsort;
-  }
-  require(PyCallable_Check(order.ptr()) != 0, ErrorKind::kInvalidArgument,
-          "window_order must be 'numpy', 'native' or a callable, got " + text_of(order));
-  PyObject* argsort = order.ptr();
-  return [argsort](std::span<const std::int64_t> lengths, std::span<std::int64_t> out) {
-    nb::gil_scoped_acquire gil;
-    nb::object window =
-        nb::cast(to_numpy(std::vector<std::int64_t>(lengths.begin(), lengths.end())));
-    nb::object result = nb::borrow(argsort)(window);
-    const Int64Input ascending = int64_array_of(result, "window_order's result");
-    require(static_cast<std::size_t>(ascending.shape(0)) == out.size(), ErrorKind::kRuntime,
-            "plan: window_order gave " + std::to_string(ascending.shape(0)) + " positions for " +
-                std::to_string(out.size()) + " lengths");
-    std::copy(ascending.data(), ascending.data() + out.size(), out.begin());
-  };
 }
 
 PlanOptions options_of(std::int64_t max_len, int world_size, nb::handle seed, bool truncate,
@@ -230,6 +185,52 @@ nb::object plan_all(nb::handle lengths, std::int64_t max_len, int world_size, st
 }
 
 }  // namespace
+
+// One rank's batches as a list of views into one numpy array that owns the rank's buffer. Views are
+// cut by numpy's own slicing, several times faster than exporting one array per batch.
+nb::list batches_to_python(RankPlan&& plan) {
+  const std::vector<std::int64_t> offsets = plan.batch_offsets;
+  nb::object whole = nb::cast(to_numpy(std::move(plan.samples)));
+  nb::list batches;
+  for (std::size_t b = 0; b + 1 < offsets.size(); ++b) {
+    nb::object slice =
+        nb::steal(PySlice_New(nb::int_(offsets[b]).ptr(), nb::int_(offsets[b + 1]).ptr(), nullptr));
+    nb::object view = nb::steal(PyObject_GetItem(whole.ptr(), slice.ptr()));
+    if (!view.is_valid()) throw nb::python_error();
+    batches.append(view);
+  }
+  return batches;
+}
+
+// The order of ties in each batch's final window (multipack.h): "numpy" calls numpy.argsort, as the
+// reference does, on the machine that runs (its tie order depends on numpy's build and the CPU);
+// "native" keeps the planner's own; a callable is called as numpy.argsort would be. The planner
+// runs without the GIL: the callback takes it for each window that has ties. `argsort` is borrowed
+// (the caller's argument outlives the planning), so no reference count changes without the GIL.
+WindowOrder window_order_of(nb::handle order, nb::object& numpy_argsort) {
+  if (nb::isinstance<nb::str>(order)) {
+    const auto name = nb::cast<std::string>(order);
+    if (name == "native") return {};
+    require(name == "numpy", ErrorKind::kInvalidArgument,
+            "window_order must be 'numpy', 'native' or a callable, got '" + name + "'");
+    numpy_argsort = nb::module_::import_("numpy").attr("argsort");
+    order = numpy_argsort;
+  }
+  require(PyCallable_Check(order.ptr()) != 0, ErrorKind::kInvalidArgument,
+          "window_order must be 'numpy', 'native' or a callable, got " + text_of(order));
+  PyObject* argsort = order.ptr();
+  return [argsort](std::span<const std::int64_t> lengths, std::span<std::int64_t> out) {
+    nb::gil_scoped_acquire gil;
+    nb::object window =
+        nb::cast(to_numpy(std::vector<std::int64_t>(lengths.begin(), lengths.end())));
+    nb::object result = nb::borrow(argsort)(window);
+    const Int64Input ascending = int64_array_of(result, "window_order's result");
+    require(static_cast<std::size_t>(ascending.shape(0)) == out.size(), ErrorKind::kRuntime,
+            "plan: window_order gave " + std::to_string(ascending.shape(0)) + " positions for " +
+                std::to_string(out.size()) + " lengths");
+    std::copy(ascending.data(), ascending.data() + out.size(), out.begin());
+  };
+}
 
 void init_sampler(nb::module_& m) {
   m.def("permutation", &permutation, "seed"_a, "x"_a,

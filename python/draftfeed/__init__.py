@@ -10,21 +10,50 @@ if _os.environ.get("DRAFTFEED_DEV_BUILD"):
     __path__.append(_os.path.abspath(_os.environ["DRAFTFEED_DEV_BUILD"]))  # noqa: F821
 
 from . import _core  # noqa: E402
-from ._core import FormatError  # noqa: E402
-
-__version__ = "0.1.0"
-__all__ = ["FormatError", "__version__"]
-
-
-def _export(*names: str) -> None:
-    """Re-export names of the compiled module."""
-    for name in names:
-        globals()[name] = getattr(_core, name)
-        __all__.append(name)
-_export("permutation", "plan_batches", "plan_all_ranks")
+from ._core import (  # noqa: E402
+    DatasetSplit,
+    DatasetWriter,
+    FormatError,
+    HiddenStateStore,
+    TokenDataset,
+    load_safetensors,
+    open_dataset,
+    permutation,
+    plan_all_ranks,
+    plan_batches,
+    safetensors_metadata,
+    synthetic_hidden_value,
+    synthetic_row,
+    validate_hidden_states,
+    write_safetensors,
+    write_synthetic_dataset,
+    write_synthetic_hidden_states,
+)
 from .loader import Loader, Topology  # noqa: E402
 
-__all__ += ["Loader", "Topology"]
-_export("load_safetensors", "safetensors_metadata", "write_safetensors", "HiddenStateStore", "validate_hidden_states", "write_synthetic_hidden_states", "synthetic_hidden_value")
-_export("open_dataset", "TokenDataset", "DatasetSplit", "DatasetWriter", "write_synthetic_dataset", "synthetic_row")
 from . import online  # noqa: E402,F401  (draftfeed.online: OnlineSource, sync_failure)
+
+__version__ = "0.1.0"
+__all__ = [
+    "DatasetSplit",
+    "DatasetWriter",
+    "FormatError",
+    "HiddenStateStore",
+    "Loader",
+    "TokenDataset",
+    "Topology",
+    "__version__",
+    "load_safetensors",
+    "online",
+    "open_dataset",
+    "permutation",
+    "plan_all_ranks",
+    "plan_batches",
+    "safetensors_metadata",
+    "synthetic_hidden_value",
+    "synthetic_row",
+    "validate_hidden_states",
+    "write_safetensors",
+    "write_synthetic_dataset",
+    "write_synthetic_hidden_states",
+]

@@ -18,7 +18,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from . import _core
 from .reporting import Reporter
 
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+_L = TypeVar("_L", bound="Loader")
 
 
 @atexit.register
@@ -73,28 +74,22 @@ class Topology:
 class BatchPlanner:
     """This rank's batches per epoch; the same attributes as the reference's batch sampler.
 
-    `_generate_batches(epoch)` returns the epoch's batches (arrays of split-local sample indices) and
-    caches them in `_cached_generated_batches = (epoch, batches)`; a trainer may replace that cache with
-    a slice to fast-skip batches on resume, exactly as with the reference.
+    `_generate_batches(epoch)` returns the epoch's batches (arrays of split-local sample indices,
+    planned by the engine's loader with numpy's own argsort for ties, as the reference) and caches
+    them in `_cached_generated_batches = (epoch, batches)`; a trainer may replace that cache with a
+    slice to fast-skip batches on resume, exactly as with the reference.
     """
 
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        max_len: int,
-        topology: Topology,
-        *,
-        seed: int = 0,
-        truncate: bool = True,
-        max_batches: int | None = None,
-    ) -> None:
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.batch_max_length = int(max_len)
+    def __init__(self, loader: _core.Loader, topology: Topology) -> None:
+        options = loader.options
+        self._loader = loader
+        self.lengths = loader.lengths
+        self.batch_max_length = options.total_seq_len
         self.num_replicas = topology.dp_size
         self.rank = topology.dp_rank
-        self.seed = int(seed)
-        self.truncate = bool(truncate)
-        self.max_batches = max_batches
+        self.seed = options.seed
+        self.truncate = options.truncate
+        self.max_batches = options.max_batches
         self.epoch = 0
         self._cached_generated_batches: tuple[int, list[np.ndarray]] = (-1, [])
 
@@ -104,16 +99,7 @@ class BatchPlanner:
     def _generate_batches(self, epoch: int) -> list[np.ndarray]:
         if self._cached_generated_batches[0] == epoch:
             return self._cached_generated_batches[1]
-        batches = _core.plan_batches(
-            self.lengths,
-            self.batch_max_length,
-            self.num_replicas,
-            self.rank,
-            epoch=epoch,
-            seed=self.seed,
-            truncate=self.truncate,
-            max_batches=self.max_batches,
-        )
+        batches = self._loader.plan(epoch)
         self._cached_generated_batches = (epoch, batches)
         return batches
 
@@ -138,110 +124,92 @@ class Loader:
 
     def __init__(
         self,
-        data_path: str,
+        data_path: str | os.PathLike,
         *,
         hidden_size: int,
-        total_seq_len: int = 8192,
-        split: str = "train",
-        train_ratio: float | None = 0.9,
-        hidden_states_path: str | None = None,
-        num_target_layers: int = 3,
-        hidden_states_dtype: Any = "bfloat16",
         preprocess: str | Callable[[dict[str, Any]], dict[str, Any]] = "none",
-        noise_std: float = 0.0,
-        noise: str = "uniform",
-        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         sp_size: int = 1,
-        num_threads: int = 2,
-        prefetch: int = 4,
-        in_order: bool = True,
-        max_batches: int | None = None,
-        truncate: bool = True,
-        on_missing: str = "skip",
-        pin_memory: bool = True,
-        lock_timeout: float = 10.0,
         source: _core.SampleSource | None = None,
-        fatal_failures_in_batch: bool = False,
+        **options: Any,
     ) -> None:
-        if split not in ("train", "val", "all"):
-            raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
-        dataset = _core.open_dataset(data_path)
-        if split == "all":
-            self.split_begin, self.split_end = 0, len(dataset)
-            lengths = dataset.seq_lens()
-        else:
-            if train_ratio is None or not 0.0 < train_ratio < 1.0:
-                raise ValueError(f"train_data_ratio must be in (0, 1), got {train_ratio}")
-            train, val = dataset.split(train_ratio)
-            view = train if split == "train" else val
-            self.split_begin, self.split_end = view.begin, view.end
-            lengths = view.seq_lens()
-        self.split = split
-        self.topology = Topology.resolve(rank, world_size, sp_size)
-        self.batch_sampler = BatchPlanner(
-            lengths,
-            total_seq_len,
-            self.topology,
-            seed=seed,
-            truncate=truncate,
-            max_batches=max_batches,
-        )
-        self._source = source
+        """`options` are `_core.LoaderOptions`' fields, with its defaults: total_seq_len (8192),
+        split ("train", "val" or "all"), train_ratio (0.9), hidden_states_path (default
+        <data_path>/hidden_states), num_target_layers (3), hidden_states_dtype ("bfloat16" or a
+        torch dtype), noise ("uniform") and noise_std (0: none), seed (0, of the plan and the noise),
+        num_threads (2), prefetch (4 buffers), in_order (True), max_batches, truncate (True),
+        on_missing ("skip"), pin_memory (True), lock_timeout (10 s), chunk_bytes,
+        fatal_failures_in_batch (False). An unknown name is a TypeError."""
+        topology = Topology.resolve(rank, world_size, sp_size)
+        core = _core.LoaderOptions()
+        core.data_path = os.fspath(data_path)
+        core.hidden_size = hidden_size
+        core.rank, core.world_size = topology.dp_rank, topology.dp_size
+        core.preprocess = "custom" if callable(preprocess) else preprocess
+        for name, value in options.items():
+            if name.startswith("_") or not hasattr(core, name) or name in ("data_path", "source"):
+                raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+            if name == "hidden_states_dtype":
+                value = _dtype_name(value)
+            elif name == "hidden_states_path":
+                value = os.fspath(value) if value is not None else ""
+            setattr(core, name, value)
         if source is not None:
             # An online source's fetch holds an engine thread for its whole round trip: give it one
             # thread per request in flight on top of the assembly threads.
-            num_threads += int(getattr(source, "fetch_threads", 0) or 0)
-            if getattr(source, "reads_messages", True) is False and "messages" in dataset.columns:
-                warnings.warn(
-                    f"{data_path} has a messages column but the online source was built without "
-                    "data_path: multimodal rows will be generated from their token ids alone (no "
-                    "images). Pass OnlineSource(..., data_path=...) to send them as chat requests.",
-                    stacklevel=2,
-                )
-        self.hidden_states_dtype = _dtype_name(hidden_states_dtype)
+            core.num_threads = core.num_threads + int(getattr(source, "fetch_threads", 0) or 0)
+            core.source = source
+        self._setup(core, topology, source, preprocess if callable(preprocess) else None)
+        if source is not None and getattr(source, "reads_messages", True) is False and (
+            "messages" in self._core.columns
+        ):
+            warnings.warn(
+                f"{data_path} has a messages column but the online source was built without "
+                "data_path: multimodal rows will be generated from their token ids alone (no "
+                "images). Pass OnlineSource(..., data_path=...) to send them as chat requests.",
+                stacklevel=2,
+            )
+
+    def _setup(self, options: _core.LoaderOptions, topology: Topology, source: Any,
+               preprocess_fn: Callable[[dict[str, Any]], dict[str, Any]] | None) -> None:
+        self._core = _core.Loader(options)
+        _LIVE_ENGINES.add(self._core)
+        options = self._core.options
+        self._options = options
+        self.topology = topology
+        self._source = source
         # A callable the engine does not know runs in Python on each sample the engine validated,
         # cast and noised; the engine packs what it returns (see _tensors).
-        self._preprocess_fn = preprocess if callable(preprocess) else None
-        self.pin_memory = pin_memory
-        self.data_path = data_path
-        self.hidden_states_path = hidden_states_path or os.path.join(data_path, "hidden_states")
-        self.hidden_size = hidden_size
-        self.num_target_layers = num_target_layers
-        self.total_seq_len = total_seq_len
-        self.noise_std = noise_std if split == "train" else 0.0
-        self.noise = noise
-        self.seed = seed
-        self.on_missing = on_missing
-        self.num_threads = num_threads
-        self._engine = _core.Engine(
-            data_path,
-            self.hidden_states_path,
-            total_seq_len,
-            hidden_size,
-            num_target_layers=num_target_layers,
-            hidden_states_dtype=self.hidden_states_dtype,
-            preprocess="custom" if callable(preprocess) else preprocess,
-            noise=noise,
-            noise_std=noise_std,
-            seed=seed,
-            apply_noise=split == "train" and noise_std > 0,
-            on_missing=on_missing,
-            num_threads=num_threads,
-            prefetch=prefetch,
-            in_order=in_order,
-            pin_memory=pin_memory,
-            lock_timeout=lock_timeout,
-            source=source,
-            fatal_failures_in_batch=fatal_failures_in_batch,
-        )
-        _LIVE_ENGINES.add(self._engine)
+        self._preprocess_fn = preprocess_fn
+        self.split = options.split
+        self.split_begin, self.split_end = self._core.split_begin, self._core.split_end
+        self.data_path = options.data_path
+        self.hidden_states_path = options.hidden_states_path
+        self.hidden_size = options.hidden_size
+        self.num_target_layers = options.num_target_layers
+        self.total_seq_len = options.total_seq_len
+        self.hidden_states_dtype = options.hidden_states_dtype
+        self.noise = options.noise
+        self.noise_std = options.noise_std if options.split == "train" else 0.0
+        self.seed = options.seed
+        self.on_missing = options.on_missing
+        self.num_threads = options.num_threads
+        self.pin_memory = options.pin_memory
+        self.batch_sampler = BatchPlanner(self._core, topology)
         self._delivered: set[int] = set()
         self._state_epoch: int | None = None  # the epoch `_delivered` refers to
         self._resume: tuple[int, set[int]] | None = None
         self.last_batch: _core.Batch | None = None
         self._reporter = Reporter(self._emit_report)
+
+    def validation(self: _L) -> _L:
+        """The validation loader of this training loader, by the engine's rule (one place for the
+        command line and Python): the val split, no noise, every batch, planned with seed 0 so that
+        runs with different seeds are validated on the same batches (speculators 0.9.0)."""
+        val = object.__new__(type(self))
+        val._setup(self._options.validation(), self.topology, self._source, self._preprocess_fn)
+        return val
 
     # -- the DataLoader surface the reference trainer uses --
     def __len__(self) -> int:
@@ -250,7 +218,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[dict[str, Any] | None]:
         epoch = self.batch_sampler.epoch
         batches = self.batch_sampler._generate_batches(epoch)
         done: set[int] = set()
@@ -274,16 +242,16 @@ class Loader:
         """Runs the engine over the batches `todo` (positions in `batches`) and yields them."""
         rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
         # An earlier iteration still running must stop first: its stop clears the lookahead queue.
-        self._engine.stop()
+        self._core.stop()
         if rows and getattr(self._source, "lookahead", False):
             # A source with a lookahead fetches the epoch's rows ahead of the batch buffers, so a slow
             # request does not stall in-order delivery once the buffers are full.
             self._source.prefetch(np.concatenate(rows))
-        self._engine.start(epoch, todo, rows)
+        self._core.start(epoch, todo, rows)
         try:
             while True:
                 try:
-                    batch = self._engine.next()
+                    batch = self._core.next()
                 finally:
                     self._report_source()  # what went wrong reaches the log before any error
                 if batch is None:
@@ -293,7 +261,7 @@ class Loader:
                 self._report_drops(batch)
                 yield self._make_batch(batch)
         finally:
-            self._engine.stop()
+            self._core.stop()
             self._report_source()
             self._reporter.flush()
 
@@ -334,7 +302,7 @@ class Loader:
                 self._reporter.report(reason, message, count=1 + max(0, extra))
 
     def _silent_drops(self) -> tuple[str, ...]:
-        silent = ("missing",) if self.on_missing == "skip" else ()
+        silent: tuple[str, ...] = ("missing",) if self.on_missing == "skip" else ()
         if hasattr(self._source, "take_messages"):
             silent += ("generation_failed",)
         return silent
@@ -389,15 +357,15 @@ class Loader:
 
     # -- what happened --
     def metrics(self) -> dict[str, Any]:
-        m = self._engine.metrics()
-        m["pool_bytes"] = self._engine.pool_bytes
-        m["batch_bytes_each"] = self._engine.batch_bytes
+        m = self._core.metrics()
+        m["pool_bytes"] = self._core.pool_bytes
+        m["batch_bytes_each"] = self._core.batch_bytes
         return m
 
     @property
     def peak_memory_bytes(self) -> int:
         """Batch memory this loader can hold: prefetch depth x batch size (plus any extra buffers)."""
-        return self._engine.pool_bytes
+        return self._core.pool_bytes
 
     def close(self) -> None:
-        self._engine.stop()
+        self._core.stop()

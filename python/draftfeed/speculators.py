@@ -39,7 +39,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from . import _core
 from .loader import Loader, Topology
@@ -166,7 +166,7 @@ def create_train_val_loaders(
     vllm_endpoint: str,
     on_missing: Literal["generate", "skip", "warn", "raise"],
     on_generate: Literal["cache", "delete"] = "delete",
-    verifier_name_or_path: str,
+    verifier_name_or_path: str | None,
     request_timeout: float | None,
     max_retries: int,
     generation_validation_retries: int = 2,
@@ -213,68 +213,64 @@ def create_train_val_loaders(
     native = _native_preprocess(preprocess)
     topology = _topology()
 
-    def source_for(split: str):
-        if on_missing == "generate":
-            from . import online
+    source: _core.SampleSource | None = None
+    if on_missing == "generate":
+        from . import online
 
-            return online.OnlineSource(
-                vllm_endpoint,
-                hidden_states_path=hidden_states_path,
-                data_path=data_path,  # enables the lookahead: the epoch's rows are fetched ahead
-                on_missing="generate",
-                on_generate=on_generate,
-                verifier_name_or_path=verifier_name_or_path,
-                request_timeout=request_timeout,
-                max_retries=max_retries,
-                generation_validation_retries=generation_validation_retries,
-                max_consecutive_generation_failures=max_consecutive_generation_failures,
-                fail_on_hidden_state_error=fail_on_hidden_state_error,
-                # Each of the reference's workers holds its own copy of the dataset and of its
-                # fetch_threads pool: num_workers x fetch_threads requests are in flight.
-                fetch_threads=max(1, num_workers) * fetch_threads,
-                vllm_http_keepalive=vllm_http_keepalive,
-                transfer=python_transfer,
-                # Not in the reference's signature: where the servers write, so that generated files
-                # there may be deleted (files outside the cache and this folder are never touched).
-                server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
-            )
-        if python_transfer is not None:
-            return _core.python_transfer_source(python_transfer, on_missing)
-        return None
-
-    def make(split: str, max_batches: int | None) -> SpeculatorsLoader:
-        source = source_for(split)
-        threads = max(1, num_workers)  # the Loader adds one per request in flight for online sources
-        common = dict(
-            hidden_size=hidden_size,
-            total_seq_len=total_seq_len,
-            split=split,
-            train_ratio=train_data_ratio,
+        source = online.OnlineSource(
+            vllm_endpoint,
             hidden_states_path=hidden_states_path,
-            num_target_layers=num_target_layers,
-            hidden_states_dtype=dtype,
-            noise_std=noise_std if split == "train" else 0.0,
-            # As speculators 0.9.0: `seed` orders the training split; validation keeps seed 0 so
-            # runs with different seeds are validated on the same batches.
-            seed=seed if split == "train" else 0,
-            # The seed's loaders plan by data-parallel rank and every rank of a sequence-parallel
-            # group loads its group's batches itself: so does every rank here.
-            rank=topology.dp_rank,
-            world_size=topology.dp_size,
-            sp_size=1,
-            num_threads=threads,
-            prefetch=max(2, prefetch_factor or 2),
-            in_order=dataloader_in_order,
-            max_batches=max_batches,
-            on_missing="skip" if on_missing == "generate" else on_missing,
-            source=source,
-            fatal_failures_in_batch=True,
+            data_path=data_path,  # enables the lookahead: the epoch's rows are fetched ahead
+            on_missing="generate",
+            on_generate=on_generate,
+            verifier_name_or_path=verifier_name_or_path,
+            request_timeout=request_timeout,
+            max_retries=max_retries,
+            generation_validation_retries=generation_validation_retries,
+            max_consecutive_generation_failures=max_consecutive_generation_failures,
+            fail_on_hidden_state_error=fail_on_hidden_state_error,
+            # Each of the reference's workers holds its own copy of the dataset and of its
+            # fetch_threads pool: num_workers x fetch_threads requests are in flight.
+            fetch_threads=max(1, num_workers) * fetch_threads,
+            vllm_http_keepalive=vllm_http_keepalive,
+            transfer=python_transfer,
+            # Not in the reference's signature: where the servers write, as a stricter confinement
+            # (handles elsewhere are refused).
+            server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
         )
+    elif python_transfer is not None:
+        source = _core.python_transfer_source(python_transfer, on_missing)
+
+    train = SpeculatorsLoader(
+        data_path,
         # speculators' own preprocess functions run natively inside the copy; any other callable
         # runs in Python on each sample the engine prepared, and the engine packs its results.
-        return SpeculatorsLoader(data_path, preprocess=native or preprocess, **common)
-
-    return make("train", max_train_batches), make("val", None)
+        preprocess=native if native is not None else cast("Callable[[BatchType], BatchType]", preprocess),
+        hidden_size=hidden_size,
+        total_seq_len=total_seq_len,
+        split="train",
+        train_ratio=train_data_ratio,
+        hidden_states_path=hidden_states_path,
+        num_target_layers=num_target_layers,
+        hidden_states_dtype=dtype,
+        noise_std=noise_std,
+        seed=seed,
+        # The seed's loaders plan by data-parallel rank and every rank of a sequence-parallel
+        # group loads its group's batches itself: so does every rank here.
+        rank=topology.dp_rank,
+        world_size=topology.dp_size,
+        sp_size=1,
+        num_threads=max(1, num_workers),  # the Loader adds one per request in flight if online
+        prefetch=max(2, prefetch_factor or 2),
+        in_order=dataloader_in_order,
+        max_batches=max_train_batches,
+        on_missing="skip" if on_missing == "generate" else on_missing,
+        source=source,
+        fatal_failures_in_batch=True,
+    )
+    # As speculators 0.9.0, by the engine's one rule: validation has no noise, every batch, and
+    # seed 0 whatever `seed` (runs with different seeds are validated on the same batches).
+    return train, train.validation()
 
 
 __all__ = ["SpeculatorsLoader", "create_train_val_loaders"]

@@ -52,7 +52,7 @@ def installed_trainer_call() -> set[str]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "create_train_val_loaders"
     ]
     assert len(calls) == 1, f"expected one create_train_val_loaders call, found {len(calls)}"
-    return {keyword.arg for keyword in calls[0].keywords}
+    return {keyword.arg for keyword in calls[0].keywords if keyword.arg is not None}
 
 
 def reference_loaders(args):

@@ -39,11 +39,12 @@ def main() -> int:
         max_consecutive_generation_failures=3, hidden_size=16, num_target_layers=3, num_workers=1,
         prefetch_factor=2, preprocess=None, train_data_ratio=0.9, seed=42,
     )
-    recovery = BatchRecoveryCoordinator("training", device="cpu")
+    recovery = BatchRecoveryCoordinator("training", device=torch.device("cpu"))
     steps = len(train)
     start = time.monotonic()
     try:
         for step, batch in enumerate(train, 1):
+            assert batch is not None
             recovery.consume(batch, synchronize=_should_sync_recovery(step, steps))
             grads = torch.ones(1)
             dist.all_reduce(grads)  # the step's gradient all-reduce

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -78,14 +79,14 @@ def reference_batches(
     fixture: Fixture,
     *,
     max_len: int,
-    split: str = "train",
+    split: Literal["train", "val"] = "train",
     train_ratio: float = 0.75,
     world_size: int = 1,
     rank: int = 0,
     epoch: int = 0,
     dtype: torch.dtype = torch.bfloat16,
     preprocess=None,
-    on_missing: str = "skip",
+    on_missing: Literal["generate", "skip", "warn", "raise"] = "skip",
 ) -> list[dict]:
     """The batches the real speculators dataset + sampler + collate produce (single process)."""
     from speculators.train.data import ArrowDataset, CollateFn

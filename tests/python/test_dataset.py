@@ -36,7 +36,7 @@ def arrow_type_text(t: pa.DataType) -> str:
 
 def write_state(folder: str, shard_names: list[str], format_type: str | None = None) -> None:
     """A state.json like datasets writes, listing `shard_names` in row order."""
-    state = {
+    state: dict[str, object] = {
         "_data_files": [{"filename": name} for name in shard_names],
         "_fingerprint": "0123456789abcdef",
         "_format_columns": None,

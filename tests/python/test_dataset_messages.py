@@ -4,6 +4,8 @@ reference hands the openai client)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import math
 import os
@@ -62,7 +64,7 @@ def multimodal_row(i: int):
         return None  # a null row
     if i % 13 == 5:
         return []
-    parts = [{"type": "text", "text": TRICKY_TEXT[i % len(TRICKY_TEXT)] + f" #{i}"}]
+    parts: list[dict[str, Any]] = [{"type": "text", "text": TRICKY_TEXT[i % len(TRICKY_TEXT)] + f" #{i}"}]
     if i % 2 == 0:
         parts.append({"type": "image_url", "image_url": {"url": f"https://example.com/{i}.png"}})
     if i % 3 == 0:

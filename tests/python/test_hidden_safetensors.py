@@ -205,8 +205,8 @@ def test_duplicate_tensor_names_are_refused_though_the_package_keeps_the_last(tm
         draftfeed.load_safetensors(str(path))
 
 
-def mutate(data: bytes, rng: random.Random) -> bytes:
-    data = bytearray(data)
+def mutate(original: bytes, rng: random.Random) -> bytes:
+    data = bytearray(original)
     if len(data) < 8:
         return bytes(data + bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9))))
     header_len = min(struct.unpack("<Q", bytes(data[:8]))[0], len(data) - 8)

@@ -9,6 +9,8 @@ cross-file-system copy) and confinement to the allowed folders are checked too.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import os
 import subprocess
 import sys
@@ -54,7 +56,7 @@ def start_writer(data: Path, hold: float, tokens: int = 6) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout.readline().strip() == "locked"
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
 
 
@@ -83,7 +85,7 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 def lookup_with_draftfeed(root: Path, row: int, timeout: float):
     store = draftfeed.HiddenStateStore(str(root), lock_timeout=timeout, lock_poll=0.02)
     sample = store.lookup(row)
-    return None if sample is None else as_torch(sample)
+    return None if sample is None else as_torch(cast(dict, sample))
 
 
 def lookup_with_reference(root: Path, row: int, timeout: float):
@@ -203,7 +205,7 @@ def test_file_transfer_reads_the_synthetic_cache(tmp_path):
 MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def mix(z: np.ndarray) -> np.ndarray:
+def mix(z: Any) -> np.ndarray:
     z = z.astype(np.uint64)
     z = z ^ (z >> np.uint64(30))
     z = z * np.uint64(0xBF58476D1CE4E5B9)

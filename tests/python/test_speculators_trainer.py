@@ -30,6 +30,8 @@ to $DRAFTFEED_TRAINER_SUMMARY when set).
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import os
 import signal
@@ -254,8 +256,9 @@ def compare(ref: list[list[dict]], ours: list[list[dict]], rows: Rows, label: st
 
 def batch_differences(ref: dict, ours: dict, rows: Rows, label: str) -> list[str]:
     """Which batches the model saw differ between the runs, and how (independent of the weights)."""
-    out, kinds = [], Counter()
-    examples = []
+    out: list[str] = []
+    kinds: Counter[tuple[str, str]] = Counter()
+    examples: list[str] = []
     for kind in ("train", "val"):
         for i in range(min(len(ref[kind][0]), len(ours[kind][0]))):
             ranks = range(len(ref[kind]))
@@ -320,7 +323,7 @@ def rows(prepared) -> Rows:
 def ws1(workdir, prepared) -> dict:
     """World size 1, both loaders, one after the other (so the timings are not disturbed), with the
     reference's DataLoader workers (num_workers=1) as a real trainer has them."""
-    out = {}
+    out: dict[str, Any] = {}
     for loader in LOADERS:
         run = start_training(f"ws1-{loader}", workdir, prepared, loader, num_workers=1)
         finish(run)

@@ -140,7 +140,7 @@ def _cpu_patches() -> None:
     # Trainer.__init__ keeps get_local_rank() (an int) and moves the model and every batch with
     # `.to(self.local_rank)`, i.e. to cuda:<local_rank>. On CPU the target is the CPU device.
     # (DistributedDataParallel is built without device_ids, which is the CPU/gloo form already.)
-    trainer_mod.get_local_rank = lambda: torch.device("cpu")
+    trainer_mod.get_local_rank = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
 
     # The single-process checkpointer loads a checkpoint (resume) onto get_current_device(), which is
     # "cuda:0" without an accelerator (safe_open / torch.load map_location): load onto the CPU.
@@ -255,7 +255,7 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
         import draftfeed.speculators
 
         # The one-line change a user makes in speculators/train/cli.py.
-        cli.create_train_val_loaders = draftfeed.speculators.create_train_val_loaders
+        cli.create_train_val_loaders = draftfeed.speculators.create_train_val_loaders  # type: ignore[assignment]
     elif args.loader != "reference":
         raise SystemExit(f"unknown loader {args.loader}")
 

@@ -25,6 +25,8 @@
 namespace draftfeed {
 
 struct LoaderOptions {
+  LoaderOptions() { batch.noise.kind = NoiseKind::kUniform; }  // noise_std > 0 turns it on
+
   std::string data_path;            // a `save_to_disk` folder
   std::string hidden_states_path;   // the cache folder; empty: <data_path>/hidden_states
   std::string split = "train";      // "train", "val" or "all"

@@ -1,0 +1,584 @@
+"""draftfeed's C++ core"""
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, overload
+
+import numpy
+from numpy.typing import NDArray
+
+
+class FormatError(ValueError):
+    pass
+
+def _write_arrow_stream(path: str, columns: Sequence[tuple[str, bool, bool, int, bool]], batches: Sequence[tuple[int, Sequence[tuple[int, int]], Sequence[bytes]]]) -> None: ...
+
+class TokenDataset:
+    """A Hugging Face save_to_disk folder read through memory maps."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def folder(self) -> str: ...
+
+    @property
+    def shards(self) -> list[str]: ...
+
+    @property
+    def total_tokens(self) -> int: ...
+
+    @property
+    def has_loss_mask(self) -> bool: ...
+
+    @property
+    def columns(self) -> dict:
+        """Every column's name and Arrow type text, in schema order."""
+
+    def seq_lens(self) -> Annotated[NDArray, dict(shape=(None,), writable=False)]:
+        """
+        Every row's length (the seq_len column, else input_ids lengths): a read-only int64 view of the dataset's own array.
+        """
+
+    def row(self, i: int) -> dict:
+        """The row's input_ids and loss_mask as read-only zero-copy arrays."""
+
+    def __getitem__(self, arg: int, /) -> dict: ...
+
+    def input_ids(self, i: int) -> Annotated[NDArray, dict(shape=(None,), writable=False)]: ...
+
+    def loss_mask(self, i: int) -> Annotated[NDArray, dict(shape=(None,), writable=False)]: ...
+
+    @property
+    def has_messages(self) -> bool: ...
+
+    def messages_json(self, i: int) -> str:
+        """
+        The row's `messages` column as JSON text, the same value as `json.dumps(load_from_disk(folder)[i]["messages"])`. FormatError for corrupt data or a type with no JSON form (binary, dictionary, ...), ValueError without the column.
+        """
+
+    def split(self, train_ratio: float) -> tuple[DatasetSplit, DatasetSplit]:
+        """
+        (train, val): rows [0, int(n * train_ratio)) and the rest; ValueError if either is empty.
+        """
+
+    def __repr__(self) -> str: ...
+
+class DatasetSplit:
+    """A contiguous range of a dataset's rows."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def begin(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def dataset(self) -> TokenDataset: ...
+
+    def seq_lens(self) -> Annotated[NDArray, dict(shape=(None,), writable=False)]: ...
+
+    def global_row(self, i: int) -> int:
+        """
+        The dataset row of this split's row i (hidden-state files use this index).
+        """
+
+    def row(self, i: int) -> dict: ...
+
+    def __getitem__(self, arg: int, /) -> dict: ...
+
+    def __repr__(self) -> str: ...
+
+def open_dataset(path: str) -> TokenDataset:
+    """Opens a datasets save_to_disk folder (memory-mapped, zero copy)."""
+
+class DatasetWriter:
+    """Streams rows into a save_to_disk folder that datasets can load."""
+
+    def __init__(self, path: str, input_ids_int32: bool = False, num_shards: int = 0, total_rows: int = -1, rows_per_batch: int = 1000, max_shard_bytes: int = 524288000, format_type: str = 'torch') -> None: ...
+
+    @overload
+    def add_row(self, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], loss_mask: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> None: ...
+
+    @overload
+    def add_row(self, input_ids: Sequence[int], loss_mask: Sequence[int]) -> None: ...
+
+    def finish(self) -> dict: ...
+
+    @property
+    def rows(self) -> int: ...
+
+def write_synthetic_dataset(path: str, rows: int, seed: int = 0, min_len: int = 32, max_len: int = 512, vocab: int = 32000, num_shards: int = 0, int32: bool = False) -> dict:
+    """
+    Writes rows [0, rows) of the deterministic synthetic dataset (see synthetic.h).
+    """
+
+def synthetic_row(row: int, seed: int = 0, min_len: int = 32, max_len: int = 512, vocab: int = 32000) -> tuple[Annotated[NDArray[numpy.int64], dict(shape=(None,))], Annotated[NDArray[numpy.int64], dict(shape=(None,))]]:
+    """(input_ids, loss_mask) of one synthetic row, computed without a file."""
+
+def load_safetensors(path: str) -> dict:
+    """
+    Maps a safetensors file and returns {name: read-only numpy array} without copying (BF16 as uint16 bits, F8/F6/F4 as raw uint8 bytes). Raises FormatError naming the problem.
+    """
+
+def safetensors_metadata(path: str) -> dict[str, str] | None:
+    """The file's __metadata__ map, or None when it has none."""
+
+def safetensors_layout(path: str) -> list:
+    """[(name, dtype, shape, file offset, nbytes)] in file order."""
+
+def write_safetensors(path: str, tensors: Sequence[tuple[str, str, Sequence[int], bytes]], metadata: Mapping[str, str] | None = None, atomic: bool = True) -> None:
+    """
+    Writes [(name, dtype name, shape, raw bytes)] in the safetensors package's layout.
+    """
+
+def serialize_safetensors(tensors: Sequence[tuple[str, str, Sequence[int], bytes]], metadata: Mapping[str, str] | None = None) -> bytes: ...
+
+class HiddenStateStore:
+    """
+    The hs_<row>.safetensors cache folder with the producer's lock protocol.
+    """
+
+    def __init__(self, root: str, allowed_folders: Sequence[str] = [], lock_timeout: float = 10.0, lock_poll: float = 0.1, probe_locks: bool = False, force_copy_on_adopt: bool = False) -> None: ...
+
+    @property
+    def root(self) -> str: ...
+
+    def path_for(self, row: int) -> str: ...
+
+    def lookup(self, row: int) -> object:
+        """
+        The cached sample of `row` as {token_ids, hidden_states, hidden_states_dtype, path}, or None when there is no file. Waits for a writer's lock as the reference does.
+        """
+
+    def load(self, path: str) -> object: ...
+
+    def adopt(self, row: int, source: str) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def confine(self, path: str) -> str: ...
+
+def validate_hidden_states(path: str, ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], row: int = -1) -> dict:
+    """
+    Checks a hidden-state file against a row's ids: {ok, problem, message, nan_count, inf_count, per_layer: [(nan, inf)], nonfinite_layers}. Raises FormatError when the file itself is unreadable.
+    """
+
+def write_synthetic_hidden_states(root: str, rows: Sequence[Sequence[int]], seed: int = 0, hidden_size: int = 64, layers: int = 4, dtype: str = 'BF16', threads: int = 0) -> tuple[int, int]:
+    """Writes hs_<row>.safetensors for every row; returns (files, bytes)."""
+
+def synthetic_hidden_value(seed: int, row: int, position: int, layer: int, h: int) -> float: ...
+
+def hidden_all_finite(bytes: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)], offset: int, count: int, dtype: str) -> bool: ...
+
+def hidden_count_nonfinite_per_slot(bytes: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)], rows: int, slots: int, width: int, dtype: str) -> list[tuple[int, int]]: ...
+
+def hidden_finite_kernel() -> str: ...
+
+def hidden_convert_bits(bits: Annotated[NDArray[numpy.uint32], dict(shape=(None,), order='C', device='cpu', writable=False)], op: str) -> list[int]: ...
+
+class SampleSource:
+    """
+    Where the engine gets hidden states (the cache by default; an online source from draftfeed.online). Pass one as Engine(source=...).
+    """
+
+    @property
+    def description(self) -> str: ...
+
+    def fetch_native(self, row: int, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict:
+        """
+        one row through the source (the slower per-sample paths): {ok, reason, message, fatal} and, when ok, the hidden states' dtype name, shape and bytes (a copy)
+        """
+
+class Batch:
+    """A delivered batch; its tensors view the batch buffer."""
+
+    @property
+    def index(self) -> int:
+        """the batch's position in the epoch's full plan"""
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def planned_samples(self) -> int: ...
+
+    @property
+    def used_samples(self) -> int: ...
+
+    @property
+    def locally_empty(self) -> bool: ...
+
+    @property
+    def failure_count(self) -> int: ...
+
+    @property
+    def fatal(self) -> bool:
+        """
+        a fatal generation failure (Engine(fatal_failures_in_batch=True)): the run must stop
+        """
+
+    @property
+    def fatal_message(self) -> str: ...
+
+    @property
+    def dropped(self) -> dict:
+        """samples dropped from this batch, by reason"""
+
+    @property
+    def drop_messages(self) -> list:
+        """
+        (reason, message) of the first drops of this batch (PipelineOptions::max_drop_examples)
+        """
+
+    @property
+    def address(self) -> int:
+        """address of the batch buffer (for zero-copy checks)"""
+
+    def torch(self, bf16_as_uint16: bool = False) -> dict:
+        """dict of torch tensors viewing the buffer (no copy)"""
+
+    def samples(self) -> list:
+        """
+        preprocess 'custom': each usable sample, unpacked, as dicts of torch views (plan order), for the user's callable; pack what it returns with pack_samples()
+        """
+
+    def empty_sample(self) -> dict:
+        """
+        the reference's empty sample (zero rows), for a batch whose samples all failed
+        """
+
+    def numpy(self) -> dict:
+        """dict of numpy arrays viewing the buffer (bf16 as uint16 bits)"""
+
+class LoaderOptions:
+    """
+    Options of one loader (C++ LoaderOptions), under the Python Loader's names. validation() gives the validation loader's options of a training run.
+    """
+
+    def __init__(self) -> None: ...
+
+    def validation(self) -> LoaderOptions: ...
+
+    @property
+    def data_path(self) -> str: ...
+
+    @data_path.setter
+    def data_path(self, arg: str, /) -> None: ...
+
+    @property
+    def hidden_states_path(self) -> str:
+        """empty: <data_path>/hidden_states"""
+
+    @hidden_states_path.setter
+    def hidden_states_path(self, arg: str, /) -> None: ...
+
+    @property
+    def split(self) -> str:
+        """'train', 'val' or 'all'"""
+
+    @split.setter
+    def split(self, arg: str, /) -> None: ...
+
+    @property
+    def train_ratio(self) -> float: ...
+
+    @train_ratio.setter
+    def train_ratio(self, arg: float, /) -> None: ...
+
+    @property
+    def rank(self) -> int:
+        """data-parallel rank"""
+
+    @rank.setter
+    def rank(self, arg: int, /) -> None: ...
+
+    @property
+    def world_size(self) -> int:
+        """data-parallel ranks"""
+
+    @world_size.setter
+    def world_size(self, arg: int, /) -> None: ...
+
+    @property
+    def total_seq_len(self) -> int: ...
+
+    @total_seq_len.setter
+    def total_seq_len(self, arg: int, /) -> None: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @hidden_size.setter
+    def hidden_size(self, arg: int, /) -> None: ...
+
+    @property
+    def num_target_layers(self) -> int: ...
+
+    @num_target_layers.setter
+    def num_target_layers(self, arg: int, /) -> None: ...
+
+    @property
+    def hidden_states_dtype(self) -> str:
+        """'bfloat16' or 'float32'"""
+
+    @hidden_states_dtype.setter
+    def hidden_states_dtype(self, arg: str, /) -> None: ...
+
+    @property
+    def preprocess(self) -> str:
+        """
+        'none', 'eagle3' (or 'peagle'), 'mtp', or 'custom' (a callable run in Python)
+        """
+
+    @preprocess.setter
+    def preprocess(self, arg: str, /) -> None: ...
+
+    @property
+    def noise(self) -> str:
+        """'uniform', 'gaussian' or 'none' (training split only)"""
+
+    @noise.setter
+    def noise(self, arg: str, /) -> None: ...
+
+    @property
+    def noise_std(self) -> float: ...
+
+    @noise_std.setter
+    def noise_std(self, arg: float, /) -> None: ...
+
+    @property
+    def seed(self) -> int:
+        """of the plan and the noise"""
+
+    @seed.setter
+    def seed(self, arg: int, /) -> None: ...
+
+    @property
+    def truncate(self) -> bool:
+        """clip long samples (else drop them)"""
+
+    @truncate.setter
+    def truncate(self, arg: bool, /) -> None: ...
+
+    @property
+    def max_batches(self) -> int | None: ...
+
+    @max_batches.setter
+    def max_batches(self, arg: int | None, /) -> None: ...
+
+    @property
+    def num_threads(self) -> int: ...
+
+    @num_threads.setter
+    def num_threads(self, arg: int, /) -> None: ...
+
+    @property
+    def prefetch(self) -> int:
+        """batch buffers"""
+
+    @prefetch.setter
+    def prefetch(self, arg: int, /) -> None: ...
+
+    @property
+    def in_order(self) -> bool: ...
+
+    @in_order.setter
+    def in_order(self, arg: bool, /) -> None: ...
+
+    @property
+    def pin_memory(self) -> bool: ...
+
+    @pin_memory.setter
+    def pin_memory(self, arg: bool, /) -> None: ...
+
+    @property
+    def chunk_bytes(self) -> int: ...
+
+    @chunk_bytes.setter
+    def chunk_bytes(self, arg: int, /) -> None: ...
+
+    @property
+    def fatal_failures_in_batch(self) -> bool: ...
+
+    @fatal_failures_in_batch.setter
+    def fatal_failures_in_batch(self, arg: bool, /) -> None: ...
+
+    @property
+    def on_missing(self) -> str:
+        """'skip', 'warn' or 'raise' (the cache source)"""
+
+    @on_missing.setter
+    def on_missing(self, arg: str, /) -> None: ...
+
+    @property
+    def lock_timeout(self) -> float: ...
+
+    @lock_timeout.setter
+    def lock_timeout(self, arg: float, /) -> None: ...
+
+    @property
+    def source(self) -> None:
+        """where hidden states come from (write-only; None: the cache)"""
+
+    @source.setter
+    def source(self, source: SampleSource | None) -> None: ...
+
+class Loader:
+    """
+    The epoch driver (C++ Loader): one split, planned per epoch, fetched and assembled by the pipeline.
+    """
+
+    def __init__(self, options: LoaderOptions) -> None: ...
+
+    def plan(self, epoch: int, window_order: object = 'numpy') -> list:
+        """
+        this rank's batches of the epoch (arrays of split-local sample indices)
+        """
+
+    def start(self, epoch: int, indices: Sequence[int], batches: Sequence[Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', writable=False)]]) -> None:
+        """
+        start delivering `batches` (arrays of global rows) with their plan `indices`
+        """
+
+    def next(self) -> Batch | None:
+        """the next batch, or None at the end of the epoch"""
+
+    def stop(self) -> None: ...
+
+    def metrics(self) -> dict: ...
+
+    @property
+    def options(self) -> LoaderOptions: ...
+
+    @property
+    def split_begin(self) -> int: ...
+
+    @property
+    def split_end(self) -> int: ...
+
+    @property
+    def batch_bytes(self) -> int: ...
+
+    @property
+    def pool_bytes(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def lengths(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,))]:
+        """the split's sample lengths (the planner's), a copy"""
+
+    @property
+    def columns(self) -> list: ...
+
+def pinning_support() -> tuple[bool, str]: ...
+
+def python_transfer_source(transfer: object, on_missing: str = 'skip') -> SampleSource:
+    """
+    A SampleSource calling transfer.get_cached(file_idx) (hs-connectors interface) per sample.
+    """
+
+class VllmClient:
+    """
+    The vLLM hidden-state client alone: /models check, completions or chat request, response checks, retries, endpoints.
+    """
+
+    def __init__(self, endpoints: Sequence[str], model: str = '', request_timeout: float = 120.0, max_retries: int = 3, retry_backoff: float = 2.0, concurrency: int = 8, keepalive: bool = True, max_response_bytes: int = 1048576) -> None: ...
+
+    def generate(self, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict: ...
+
+    def generate_chat(self, messages_json: str, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict: ...
+
+    def stats(self) -> dict: ...
+
+    def cancel(self) -> None: ...
+
+class OnlineSource(SampleSource):
+    """
+    Hidden states from the cache, else generated by vLLM servers on demand (SPEC §2). A SampleSource: pass it as Loader(..., source=...). Build it with draftfeed.online.OnlineSource(...).
+    """
+
+    def __init__(self, hidden_states_path: str, endpoints: Sequence[str], on_missing: str = 'generate', on_generate: str = 'delete', model: str = '', request_timeout: float = 120.0, max_retries: int = 3, retry_backoff: float = 2.0, generation_validation_retries: int = 2, max_consecutive_generation_failures: int = 20, fail_on_hidden_state_error: bool = False, fetch_threads: int = 8, keepalive: bool = True, server_dir: str = '', lock_timeout: float = 10.0, lock_poll: float = 0.1, max_response_bytes: int = 1048576, max_file_bytes: int = 68719476736, rest_after_failures: int = 3, rest_time: float = 30.0, log_failures: bool = True, data_path: str = '', lookahead: int = 0, transfer: object | None = None) -> None: ...
+
+    def stats(self) -> dict: ...
+
+    def prefetch(self, rows: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> None:
+        """
+        the global rows coming next, in order: fetched ahead by the lookahead threads
+        """
+
+    def take_messages(self) -> tuple:
+        """
+        (warnings logged since the last call, how many more were dropped unread): failed round trips, exhausted rows, recoveries, files left in place
+        """
+
+    @property
+    def log_failures(self) -> bool: ...
+
+    @property
+    def lookahead(self) -> bool: ...
+
+    @property
+    def reads_messages(self) -> bool:
+        """
+        whether multimodal rows can be sent as chat requests (the source knows the dataset)
+        """
+
+    def cancel(self) -> None:
+        """end transfers and backoff sleeps now; later fetches fail fast"""
+
+    @property
+    def fetch_threads(self) -> int: ...
+
+    @property
+    def hidden_states_path(self) -> str: ...
+
+    def fetch(self, row: int, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict:
+        """
+        one row through the source: {ok, reason, message, fatal, hidden_states (float32 copy)}
+        """
+
+def permutation(seed: object, x: object) -> Annotated[NDArray[numpy.int64], dict(shape=(None,))]:
+    """
+    numpy.random.default_rng(seed).permutation(x), bit for bit, as an int64 array.
+
+    `x` is a size n (a permutation of arange(n)) or a 1-d integer array (a shuffled copy).
+    `seed` is any non-negative integer, as numpy accepts it.
+    """
+
+def _numpy_interval_draws(seed: object, maxima: Sequence[int]) -> Annotated[NDArray[numpy.int64], dict(shape=(None,))]:
+    """
+    Test support: numpy's random_interval(max) for each max in turn, from default_rng(seed)'s PCG64 (int64 array; draws above 2^63 wrap).
+    """
+
+def plan_batches(lengths: object, max_len: int, world_size: int, rank: int, *, epoch: int = 0, seed: object = 0, truncate: bool = True, max_batches: int | None = None, window_order: object = 'numpy') -> list:
+    """
+    This rank's batches for the epoch, as speculators' MultipackDistributedBatchSamplerV2
+    plans them: a list of int64 arrays of positions in `lengths`, in packing order.
+    `truncate=False` drops samples longer than max_len instead of clipping their length.
+    `window_order`: how samples of equal length are ordered in each batch: 'numpy' (the
+    reference's numpy.argsort, called once per batch that has ties), 'native' (ours, no
+    Python calls; tied samples may land on other ranks than the reference's), or a
+    callable with numpy.argsort's contract.
+    """
+
+def plan_all_ranks(lengths: object, max_len: int, world_size: int, *, epoch: int = 0, seed: object = 0, truncate: bool = True, max_batches: int | None = None, with_counts: bool = False, window_order: object = 'numpy') -> object:
+    """
+    Every rank's batches for the epoch in one pass: a list (index = rank) of lists of int64
+    arrays. With `with_counts=True`, returns (batches, counts) where counts is a dict with
+    num_samples, num_long, dropped_long, dropped_tail, cut_by_max_batches and planned.
+    `window_order` as in plan_batches.
+    """
+
+def pack_samples(samples: list, max_len: int, hidden_states_dtype: str = 'bfloat16', pin_memory: bool = False) -> dict:
+    """
+    Packs the dicts a preprocess callable returned into one batch, as speculators' collate does: every key but `lengths` as [1, max_len, ...] (hidden-state keys in hidden_states_dtype, others in the first sample's dtype), rows back to back and truncated at max_len, then document_ids. Returns a dict of torch tensors.
+    """
