@@ -90,12 +90,14 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
         raise ValueError("vllm_endpoint names no server")
     if lookahead is None:
         lookahead = 4 * fetch_threads if data_path is not None else 0
-    return _core.OnlineSource(
-        os.fspath(hidden_states_path),
-        [str(e) for e in endpoints],
+    # Every option under its own name: these names are _core.OnlineSourceOptions' too.
+    options = _core.OnlineSourceOptions()
+    for name, value in dict(
+        hidden_states_path=os.fspath(hidden_states_path),
+        vllm_endpoint=[str(e) for e in endpoints],
         on_missing=on_missing,
         on_generate=on_generate,
-        model=verifier_name_or_path or "",
+        verifier_name_or_path=verifier_name_or_path or "",
         request_timeout=0.0 if request_timeout is None else float(request_timeout),
         max_retries=max_retries,
         retry_backoff=retry_backoff,
@@ -103,7 +105,7 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
         max_consecutive_generation_failures=max_consecutive_generation_failures,
         fail_on_hidden_state_error=fail_on_hidden_state_error,
         fetch_threads=fetch_threads,
-        keepalive=vllm_http_keepalive,
+        vllm_http_keepalive=vllm_http_keepalive,
         server_dir=os.fspath(server_dir) if server_dir else "",
         lock_timeout=lock_timeout,
         lock_poll=lock_poll,
@@ -112,6 +114,10 @@ def OnlineSource(  # noqa: N802 - a factory named like the class it returns
         rest_after_failures=rest_after_failures,
         rest_time=rest_time,
         log_failures=log_failures,
+    ).items():
+        setattr(options, name, value)
+    return _core.OnlineSource(
+        options,
         data_path=os.fspath(data_path) if data_path is not None else "",
         lookahead=lookahead,
         transfer=transfer,
