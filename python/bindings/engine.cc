@@ -84,23 +84,29 @@ nb::dict drop_counts(const DropCounts& counts) {
 struct PyBatch {
   std::shared_ptr<BatchLease> lease;
 
-  // Every tensor of the batch, in the reference's key order, as views of the batch buffer. The
-  // capsule shared by the views keeps the lease (and so the buffer) until the last view is gone.
+  // Every tensor of the batch, in the reference's key order, as views of the batch's memory. Each
+  // view holds its own slot, not the batch: the buffer returns to the pool when the batch object
+  // is gone, and a tensor kept longer pins only its slot (see pipeline/buffer_pool.h).
   template <typename Framework>
   nb::dict views(bool bf16_as_uint16) const {
     nb::dict out;
-    auto* holder = new std::shared_ptr<BatchLease>(lease);
-    nb::capsule owner(
-        holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<BatchLease>*>(p); });
-    for (const TensorSlot& slot : lease->layout->tensors) {
+    for (std::size_t s = 0; s < lease->layout->tensors.size(); ++s) {
+      const TensorSlot& slot = lease->layout->tensors[s];
+      auto* holder = new std::shared_ptr<SlotRegion>(lease->regions[s]);
+      (*holder)->hold();
+      nb::capsule owner(holder, [](void* p) noexcept {
+        auto* region = static_cast<std::shared_ptr<SlotRegion>*>(p);
+        (*region)->release();
+        delete region;
+      });
       TensorDType dtype = slot.dtype;
       // The reference's all-padding batch has a bool loss mask (its empty sample's dtype).
       if (slot.name == "loss_mask" && lease->locally_empty) dtype = TensorDType::kBool;
       nb::dlpack::dtype dl = dlpack_dtype(dtype);
       if (bf16_as_uint16 && dtype == TensorDType::kBF16) dl = nb::dtype<std::uint16_t>();
       std::vector<std::size_t> shape(slot.shape.begin(), slot.shape.end());
-      out[slot.name.c_str()] = nb::ndarray<Framework>(lease->data + slot.offset, shape.size(),
-                                                      shape.data(), owner, nullptr, dl);
+      out[slot.name.c_str()] =
+          nb::ndarray<Framework>(lease->memory[s], shape.size(), shape.data(), owner, nullptr, dl);
     }
     return out;
   }
@@ -131,9 +137,10 @@ struct PyBatch {
             static_cast<std::size_t>(width) * tensor_dtype_size(slot.dtype);
         std::vector<std::size_t> shape{static_cast<std::size_t>(p.rows)};
         if (slot.shape.size() == 3) shape.push_back(static_cast<std::size_t>(width));
-        sample[name] = nb::ndarray<nb::pytorch>(
-            lease->data + slot.offset + static_cast<std::size_t>(p.dst_row) * row_bytes,
-            shape.size(), shape.data(), owner, nullptr, dlpack_dtype(slot.dtype));
+        sample[name] = nb::ndarray<nb::pytorch>(slot_data(layout, lease->memory, name) +
+                                                    static_cast<std::size_t>(p.dst_row) * row_bytes,
+                                                shape.size(), shape.data(), owner, nullptr,
+                                                dlpack_dtype(slot.dtype));
       };
       view("hidden_states", layout.target_row_width());
       view("input_ids", 1);
@@ -242,6 +249,7 @@ struct PyLoader {
     out["in_flight"] = m.in_flight;
     out["buffers"] = m.buffers;
     out["extra_buffers"] = m.extra_buffers;
+    out["held_slot_bytes"] = m.held_slot_bytes;
     out["pinned"] = m.pinned;
     out["buffer_bytes"] = m.buffer_bytes;
     out["dropped"] = drop_counts(m.dropped);
@@ -402,7 +410,9 @@ void init_engine(nb::module_& m) {
           "(reason, message) of the first drops of this batch (PipelineOptions::max_drop_examples)")
       .def_prop_ro(
           "address",
-          [](const PyBatch& b) { return reinterpret_cast<std::uintptr_t>(b.lease->data); },
+          [](const PyBatch& b) {
+            return reinterpret_cast<std::uintptr_t>(b.lease->memory.front());
+          },
           "address of the batch buffer (for zero-copy checks)")
       .def("torch", &PyBatch::views<nb::pytorch>, nb::arg("bf16_as_uint16") = false,
            "dict of torch tensors viewing the buffer (no copy)")

@@ -10,8 +10,8 @@ namespace draftfeed {
 
 namespace {
 
-std::int64_t* int64_tensor(const BatchLayout& layout, std::uint8_t* batch, const char* name) {
-  return reinterpret_cast<std::int64_t*>(batch + layout.find(name)->offset);
+std::int64_t* int64_tensor(const BatchLayout& layout, const BatchMemory& batch, const char* name) {
+  return reinterpret_cast<std::int64_t*>(slot_data(layout, batch, name));
 }
 
 // Source token of output row r, for the target layers and for the last layer.
@@ -59,7 +59,7 @@ BatchPlacement place_unpacked(const std::vector<std::int64_t>& rows,
   return placement;
 }
 
-std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
+std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batch,
                               const SamplePlacement& placement, const FetchedSample& sample,
                               std::int64_t global_row, const NoiseContext& noise,
                               std::int64_t first, std::int64_t last) {
@@ -71,8 +71,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
   const std::size_t dst_elem = hidden_dtype_size(spec.dtype);
   const std::int64_t src_stride = hs.layers * hs.hidden;
   const std::int64_t shift = shift_of(spec.preprocess);
-  const TensorSlot* target = layout.find("hidden_states");
-  const TensorSlot* last_layer = layout.find("verifier_last_hidden_states");
+  std::uint8_t* target = slot_data(layout, batch, "hidden_states");
   const std::int64_t dst_row = placement.dst_row + first;
   std::int64_t nonfinite = 0;
 
@@ -93,7 +92,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
     job.src = source_at(first, hs.layers - 1);
     job.width = hs.hidden;
     job.dst_row_stride = job.width;
-    job.dst = batch + target->offset + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
+    job.dst = target + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
     return copy_hidden_rows(job);
   }
 
@@ -101,7 +100,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
   job.src = source_at(first, 0);
   job.width = (hs.layers - 1) * hs.hidden;
   job.dst_row_stride = job.width;
-  job.dst = batch + target->offset + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
+  job.dst = target + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
   if (noise.enabled && spec.noise.kind != NoiseKind::kNone && spec.noise.std > 0.0) {
     job.noise = spec.noise.kind;
     job.noise_std = static_cast<float>(spec.noise.std);
@@ -120,14 +119,15 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
   last_job.src = source_at(first + shift, hs.layers - 1);
   last_job.width = hs.hidden;
   last_job.dst_row_stride = hs.hidden;
-  last_job.dst =
-      batch + last_layer->offset + static_cast<std::size_t>(dst_row * hs.hidden) * dst_elem;
+  last_job.dst = slot_data(layout, batch, "verifier_last_hidden_states") +
+                 static_cast<std::size_t>(dst_row * hs.hidden) * dst_elem;
   nonfinite += copy_hidden_rows(last_job);
   return nonfinite;
 }
 
-void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPlacement& placement,
-                  const std::vector<IntArrayView>& ids, const std::vector<IntArrayView>& masks) {
+void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
+                  const BatchPlacement& placement, const std::vector<IntArrayView>& ids,
+                  const std::vector<IntArrayView>& masks) {
   const std::int64_t max_len = layout.spec.max_len;
   const std::int64_t shift = shift_of(layout.spec.preprocess);
   std::int64_t* input_ids = int64_tensor(layout, batch, "input_ids");
@@ -156,10 +156,11 @@ void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPla
   std::fill(loss_mask + used, loss_mask + max_len, 0);
   std::fill(position_ids + used, position_ids + max_len, 0);
   // Zero the padding rows of the hidden-state tensors (the buffer is reused across batches).
-  for (const TensorSlot& slot : layout.tensors) {
+  for (std::size_t s = 0; s < layout.tensors.size(); ++s) {
+    const TensorSlot& slot = layout.tensors[s];
     if (slot.dtype == TensorDType::kInt64) continue;
     const std::size_t row_bytes = slot.nbytes / static_cast<std::size_t>(max_len);
-    std::memset(batch + slot.offset + static_cast<std::size_t>(used) * row_bytes, 0,
+    std::memset(batch[s] + static_cast<std::size_t>(used) * row_bytes, 0,
                 static_cast<std::size_t>(max_len - used) * row_bytes);
   }
 }

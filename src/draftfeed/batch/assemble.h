@@ -54,9 +54,9 @@ struct NoiseContext {
 };
 
 // Copies rows [first, last) (relative to the placement) of the sample's hidden states into the
-// batch buffer `batch` laid out by `layout`; `global_row` keys the noise. Returns non-finite
+// batch `batch` laid out by `layout`; `global_row` keys the noise. Returns non-finite
 // elements seen.
-std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
+std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batch,
                               const SamplePlacement& placement, const FetchedSample& sample,
                               std::int64_t global_row, const NoiseContext& noise,
                               std::int64_t first, std::int64_t last);
@@ -64,7 +64,8 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, std::uint8_t* batch,
 // Writes the integer tensors of every placed sample, document ids, and zeros every tensor's rows
 // past `used_rows`. `ids[i]`/`masks[i]` are sample i's dataset row views (plan order). Under
 // Preprocess::kCustom only the samples' own rows are written (no document ids, no padding).
-void finish_batch(const BatchLayout& layout, std::uint8_t* batch, const BatchPlacement& placement,
-                  const std::vector<IntArrayView>& ids, const std::vector<IntArrayView>& masks);
+void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
+                  const BatchPlacement& placement, const std::vector<IntArrayView>& ids,
+                  const std::vector<IntArrayView>& masks);
 
 }  // namespace draftfeed

@@ -49,6 +49,17 @@ std::int64_t BatchLayout::last_row_width() const {
   return slot == nullptr ? 0 : slot->shape.back();
 }
 
+BatchMemory contiguous_memory(const BatchLayout& layout, std::uint8_t* base) {
+  BatchMemory memory;
+  for (const TensorSlot& slot : layout.tensors) memory.push_back(base + slot.offset);
+  return memory;
+}
+
+std::uint8_t* slot_data(const BatchLayout& layout, const BatchMemory& memory, const char* name) {
+  const TensorSlot* slot = layout.find(name);
+  return memory[static_cast<std::size_t>(slot - layout.tensors.data())];
+}
+
 BatchLayout make_batch_layout(const BatchSpec& spec) {
   require(spec.max_len > 0, ErrorKind::kInvalidArgument,
           "total_seq_len must be positive, got " + std::to_string(spec.max_len));

@@ -69,6 +69,14 @@ struct BatchLayout {
   std::int64_t last_row_width() const;
 };
 
+// Where the tensors of one batch are: a pointer per slot of its layout, in the layout's order.
+// A batch in one buffer has base + offset for each; a slot may also lie apart (the pool gives a
+// slot memory of its own while a consumer still holds the buffer's, see pipeline/buffer_pool.h).
+using BatchMemory = std::vector<std::uint8_t*>;
+BatchMemory contiguous_memory(const BatchLayout& layout, std::uint8_t* base);
+// The slot of the tensor `name` (which the layout must have).
+std::uint8_t* slot_data(const BatchLayout& layout, const BatchMemory& memory, const char* name);
+
 // Validates the spec (positive sizes, fp16 refused as the reference refuses it for training) and
 // lays out the tensors. Throws Error(kInvalidArgument) naming the bad field.
 BatchLayout make_batch_layout(const BatchSpec& spec);

@@ -4,20 +4,90 @@
 
 namespace draftfeed {
 
-std::shared_ptr<BufferPool> BufferPool::create(std::size_t buffer_bytes, int buffers,
+std::shared_ptr<BufferPool> BufferPool::create(std::size_t buffer_bytes,
+                                               std::vector<SlotSpan> slots, int buffers,
                                                bool try_pin) {
-  std::shared_ptr<BufferPool> pool(new BufferPool(buffer_bytes, try_pin));
-  for (int i = 0; i < std::max(1, buffers); ++i) {
-    pool->all_.push_back(std::make_unique<HostBuffer>(buffer_bytes, try_pin));
-    pool->free_.push_back(pool->all_.back().get());
-  }
+  std::shared_ptr<BufferPool> pool(new BufferPool(buffer_bytes, std::move(slots), try_pin));
+  for (int i = 0; i < std::max(1, buffers); ++i) pool->all_.push_back(pool->make_buffer());
   return pool;
 }
 
-void BufferPool::give_back(HostBuffer* buffer) {
+std::unique_ptr<BufferPool::Buffer> BufferPool::make_buffer() {
+  auto buffer = std::make_unique<Buffer>();
+  buffer->storage = std::make_shared<HostBuffer>(buffer_bytes_, try_pin_);
+  for (const SlotSpan& span : slots_) {
+    auto region = std::make_shared<SlotRegion>(buffer->storage,
+                                               buffer->storage->data() + span.offset, span.bytes);
+    region->pool_ = weak_from_this();
+    buffer->regions.push_back(std::move(region));
+  }
+  return buffer;
+}
+
+bool BufferPool::Buffer::held() const {
+  return std::any_of(regions.begin(), regions.end(), [](const auto& r) { return r->held(); });
+}
+
+BufferPool::Buffer* BufferPool::take_free_locked(bool partly_held) {
+  Buffer* candidate = nullptr;
+  for (const auto& buffer : all_) {
+    if (buffer->leased) continue;
+    if (!buffer->held()) return buffer.get();
+    if (partly_held && candidate == nullptr) candidate = buffer.get();
+  }
+  return candidate;
+}
+
+void SlotRegion::release() {
+  if (holds_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The last view of this slot is gone: its buffer may be free now.
+  if (auto pool = pool_.lock()) pool->region_freed();
+}
+
+void BufferPool::region_freed() {
+  { std::lock_guard lock(mutex_); }
+  released_.notify_all();
+}
+
+BufferPool::Handle::Handle(std::shared_ptr<BufferPool> pool, Buffer* buffer)
+    : pool_(std::move(pool)), buffer_(buffer) {
+  for (std::size_t i = 0; i < buffer_->regions.size(); ++i) {
+    const std::shared_ptr<SlotRegion>& own = buffer_->regions[i];
+    if (!own->held()) {
+      regions_.push_back(own);
+      continue;
+    }
+    // A tensor of an earlier batch still views this slot: this batch's goes elsewhere. The
+    // allocation lives as long as its region; the counter says how much memory that is.
+    const std::size_t bytes = own->bytes();
+    auto counter = pool_->held_bytes_counter_;
+    counter->fetch_add(bytes);
+    auto storage = std::shared_ptr<HostBuffer>(new HostBuffer(bytes, pool_->try_pin_),
+                                               [counter, bytes](HostBuffer* b) {
+                                                 counter->fetch_sub(bytes);
+                                                 delete b;
+                                               });
+    regions_.push_back(std::make_shared<SlotRegion>(storage, storage->data(), bytes));
+  }
+}
+
+BufferPool::Handle::~Handle() { pool_->give_back(buffer_); }
+
+std::vector<std::uint8_t*> BufferPool::Handle::memory() const {
+  std::vector<std::uint8_t*> out;
+  out.reserve(regions_.size());
+  for (const auto& region : regions_) out.push_back(region->data());
+  return out;
+}
+
+bool BufferPool::Handle::pinned() const {
+  return std::all_of(regions_.begin(), regions_.end(), [](const auto& r) { return r->pinned(); });
+}
+
+void BufferPool::give_back(Buffer* buffer) {
   {
     std::lock_guard lock(mutex_);
-    free_.push_back(buffer);
+    buffer->leased = false;
   }
   released_.notify_all();
 }
@@ -35,7 +105,7 @@ int BufferPool::extra_buffers() const {
 bool BufferPool::pinned() const {
   std::lock_guard lock(mutex_);
   return !all_.empty() &&
-         std::all_of(all_.begin(), all_.end(), [](const auto& b) { return b->pinned(); });
+         std::all_of(all_.begin(), all_.end(), [](const auto& b) { return b->storage->pinned(); });
 }
 
 }  // namespace draftfeed

@@ -1,13 +1,21 @@
 // A pool of batch buffers, `prefetch` deep, shared between the pipeline and the batches it
 // delivered.
 //
-// A delivered batch holds its buffer through a `BatchLease`; the buffer returns to the pool only
-// when the last lease (and so the last tensor viewing it) is gone, so a trainer that keeps a batch
-// never sees it overwritten. If the trainer keeps every buffer and still asks for more, the pool
-// grows by one rather than deadlock, and counts it (`extra_buffers`): peak memory is (buffers +
-// extra) x batch bytes. Thread safety: all methods may be called from any thread.
+// A buffer holds every tensor of a batch, each in its own slot (the layout's). A delivered batch
+// holds its buffer through a `BatchLease`, and each tensor handed to the consumer holds its own
+// slot (`SlotRegion::hold`), not the batch. A buffer is free again once its lease and every view
+// of it are gone: the usual case, where the consumer drops a batch a step or two later. When the
+// consumer waits and no buffer can come otherwise (it kept tensors of every buffer), the pool takes
+// a buffer whose batch is gone but some of whose tensors are still held (say `input_ids`, kept for
+// logging) and gives just those slots memory of their own for the new batch (counted in
+// held_slot_bytes while it lasts): a kept tensor pins its slot, never a batch. Only a consumer that
+// keeps whole batches (their Batch objects) makes the pool grow by a buffer (`extra_buffers`).
+//
+// Batch memory at any time: (buffers + extra_buffers) x buffer bytes + the slots of kept tensors.
+// Thread safety: all methods may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -18,45 +26,95 @@
 
 namespace draftfeed {
 
+class BufferPool;
+
+// One slot's memory: inside a pool buffer, or its own allocation. Alive while anything holds it.
+class SlotRegion {
+ public:
+  SlotRegion(std::shared_ptr<HostBuffer> storage, std::uint8_t* data, std::size_t bytes)
+      : storage_(std::move(storage)), data_(data), bytes_(bytes) {}
+  std::uint8_t* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  // Consumers (tensor views) mark the region in use; the pool does not reuse a held region.
+  void hold() { holds_.fetch_add(1, std::memory_order_relaxed); }
+  void release();
+  bool held() const { return holds_.load(std::memory_order_acquire) > 0; }
+  bool pinned() const { return storage_->pinned(); }
+
+ private:
+  friend class BufferPool;
+  std::shared_ptr<HostBuffer> storage_;  // keeps the memory alive with the region
+  std::uint8_t* data_;
+  std::size_t bytes_;
+  std::atomic<int> holds_{0};
+  std::weak_ptr<BufferPool> pool_;  // set for a pool buffer's own regions: told when free
+};
+
+// Where the slots of a buffer lie: (offset, bytes) each, in the layout's order.
+struct SlotSpan {
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+};
+
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
-  static std::shared_ptr<BufferPool> create(std::size_t buffer_bytes, int buffers, bool try_pin);
+  static std::shared_ptr<BufferPool> create(std::size_t buffer_bytes, std::vector<SlotSpan> slots,
+                                            int buffers, bool try_pin);
 
-  // A buffer taken from the pool; returns it when destroyed.
+ private:
+  struct Buffer {
+    std::shared_ptr<HostBuffer> storage;
+    std::vector<std::shared_ptr<SlotRegion>> regions;  // the buffer's own, one per slot
+    bool leased = false;                               // a batch in it is not yet gone
+    bool held() const;
+  };
+
+ public:
+  // A buffer taken from the pool, with one region per slot (its own, or a replacement for one a
+  // consumer still holds); returns the buffer when destroyed.
   class Handle {
    public:
-    Handle(std::shared_ptr<BufferPool> pool, HostBuffer* buffer)
-        : pool_(std::move(pool)), buffer_(buffer) {}
-    ~Handle() { pool_->give_back(buffer_); }
+    Handle(std::shared_ptr<BufferPool> pool, Buffer* buffer);
+    ~Handle();
     Handle(const Handle&) = delete;
     Handle& operator=(const Handle&) = delete;
-    std::uint8_t* data() const { return buffer_->data(); }
-    bool pinned() const { return buffer_->pinned(); }
+    const std::vector<std::shared_ptr<SlotRegion>>& regions() const { return regions_; }
+    std::vector<std::uint8_t*> memory() const;
+    bool pinned() const;
 
    private:
     std::shared_ptr<BufferPool> pool_;
-    HostBuffer* buffer_;
+    Buffer* buffer_;
+    std::vector<std::shared_ptr<SlotRegion>> regions_;
   };
 
   // Waits for a free buffer; `grow_if()` is polled while waiting (and on every release) and, when
   // it says so, a new buffer is allocated instead. Returns nullptr if `cancelled()` becomes true.
   template <typename Cancelled, typename GrowIf>
   std::unique_ptr<Handle> acquire(Cancelled cancelled, GrowIf grow_if) {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      if (cancelled()) return nullptr;
-      if (!free_.empty()) {
-        HostBuffer* buffer = free_.back();
-        free_.pop_back();
-        return std::make_unique<Handle>(shared_from_this(), buffer);
+    Buffer* buffer = nullptr;
+    {
+      std::unique_lock lock(mutex_);
+      for (;;) {
+        if (cancelled()) return nullptr;
+        buffer = take_free_locked(false);
+        if (buffer != nullptr) break;
+        if (grow_if()) {
+          // Nothing will come back otherwise: a buffer whose batch is gone but whose tensors are
+          // partly kept (its held slots are replaced), else a new buffer.
+          buffer = take_free_locked(true);
+          if (buffer == nullptr) {
+            all_.push_back(make_buffer());
+            ++extra_buffers_;
+            buffer = all_.back().get();
+          }
+          break;
+        }
+        released_.wait(lock);
       }
-      if (grow_if()) {
-        all_.push_back(std::make_unique<HostBuffer>(buffer_bytes_, try_pin_));
-        ++extra_buffers_;
-        return std::make_unique<Handle>(shared_from_this(), all_.back().get());
-      }
-      released_.wait(lock);
+      buffer->leased = true;
     }
+    return std::make_unique<Handle>(shared_from_this(), buffer);
   }
 
   // Wakes `acquire` so it re-evaluates its predicates.
@@ -69,19 +127,30 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   int buffers() const;
   int extra_buffers() const;
   bool pinned() const;
+  // Bytes of slots the pool allocated apart because a consumer held the buffer's own (alive now).
+  std::size_t held_slot_bytes() const { return held_bytes_counter_->load(); }
 
  private:
-  BufferPool(std::size_t buffer_bytes, bool try_pin)
-      : buffer_bytes_(buffer_bytes), try_pin_(try_pin) {}
-  void give_back(HostBuffer* buffer);
+  BufferPool(std::size_t buffer_bytes, std::vector<SlotSpan> slots, bool try_pin)
+      : buffer_bytes_(buffer_bytes), slots_(std::move(slots)), try_pin_(try_pin) {}
+  std::unique_ptr<Buffer> make_buffer();
+  // A buffer no batch is in whose slots no view holds (or, with `partly_held`, one with some);
+  // nullptr if none.
+  Buffer* take_free_locked(bool partly_held);
+  void give_back(Buffer* buffer);
+  friend class SlotRegion;
+  void region_freed();
 
   const std::size_t buffer_bytes_;
+  const std::vector<SlotSpan> slots_;
   const bool try_pin_;
   mutable std::mutex mutex_;
   std::condition_variable released_;
-  std::vector<std::unique_ptr<HostBuffer>> all_;
-  std::vector<HostBuffer*> free_;
+  std::vector<std::unique_ptr<Buffer>> all_;  // leased or not: see Buffer::leased
   int extra_buffers_ = 0;
+  // Shared with the allocations it counts, which may outlive the pool.
+  std::shared_ptr<std::atomic<std::size_t>> held_bytes_counter_ =
+      std::make_shared<std::atomic<std::size_t>>(0);
 };
 
 }  // namespace draftfeed

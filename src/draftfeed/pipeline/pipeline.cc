@@ -27,6 +27,12 @@ std::int64_t hidden_row_bytes(const BatchLayout& layout) {
   return bytes;
 }
 
+std::vector<SlotSpan> slot_spans(const BatchLayout& layout) {
+  std::vector<SlotSpan> spans;
+  for (const TensorSlot& slot : layout.tensors) spans.push_back({slot.offset, slot.nbytes});
+  return spans;
+}
+
 }  // namespace
 
 struct Pipeline::Job {
@@ -35,8 +41,8 @@ struct Pipeline::Job {
   PlannedBatch plan;
   std::unique_ptr<BufferPool::Handle> buffer;
   std::shared_ptr<const BatchLayout> layout;  // the pipeline's, or a larger one for `overflow`
-  std::unique_ptr<HostBuffer> overflow;       // kCustom samples with more rows than max_len
-  std::uint8_t* data() const { return overflow ? overflow->data() : buffer->data(); }
+  std::shared_ptr<HostBuffer> overflow;       // kCustom samples with more rows than max_len
+  BatchMemory memory;                         // the buffer's slots, or the overflow's
   std::vector<FetchOutcome> outcomes;
   std::vector<IntArrayView> ids;
   std::vector<IntArrayView> masks;
@@ -53,8 +59,8 @@ Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> datas
       dataset_(std::move(dataset)),
       source_(std::move(source)),
       options_(options),
-      pool_(BufferPool::create(layout_->total_bytes, std::max(1, options.prefetch),
-                               options.try_pin)) {
+      pool_(BufferPool::create(layout_->total_bytes, slot_spans(*layout_),
+                               std::max(1, options.prefetch), options.try_pin)) {
   require(dataset_ != nullptr && source_ != nullptr, ErrorKind::kInvalidArgument,
           "pipeline needs a dataset and a sample source");
   require(dataset_->has_loss_mask(), ErrorKind::kInvalidArgument,
@@ -226,6 +232,7 @@ void Pipeline::place_and_copy_step(const std::shared_ptr<Job>& job) {
   const BatchSpec& spec = layout_->spec;
   job->layout = layout_;
   job->overflow.reset();
+  job->memory = job->buffer->memory();
   if (spec.preprocess == Preprocess::kCustom) {
     job->placement = place_unpacked(job->rows, job->usable);
     if (job->placement.used_rows > spec.max_len) {
@@ -233,7 +240,8 @@ void Pipeline::place_and_copy_step(const std::shared_ptr<Job>& job) {
       BatchSpec larger = spec;
       larger.max_len = job->placement.used_rows;
       job->layout = std::make_shared<const BatchLayout>(make_batch_layout(larger));
-      job->overflow = std::make_unique<HostBuffer>(job->layout->total_bytes, false);
+      job->overflow = std::make_shared<HostBuffer>(job->layout->total_bytes, false);
+      job->memory = contiguous_memory(*job->layout, job->overflow->data());
     }
   } else {
     job->placement = place_samples(spec.max_len, job->rows, job->usable);
@@ -279,7 +287,7 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   const std::size_t i = placement.sample;
   const NoiseContext noise{options_.noise, job->epoch};
   const std::int64_t bad =
-      copy_sample_rows(*job->layout, job->data(), placement, *job->outcomes[i].sample,
+      copy_sample_rows(*job->layout, job->memory, placement, *job->outcomes[i].sample,
                        job->plan.rows[i], noise, first, last);
   if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
@@ -302,11 +310,19 @@ void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
     place_and_copy_step(job);
     return;
   }
-  finish_batch(*job->layout, job->data(), job->placement, job->ids, job->masks);
+  finish_batch(*job->layout, job->memory, job->placement, job->ids, job->masks);
 
   auto lease = std::make_shared<BatchLease>();
   lease->layout = job->layout;
-  lease->data = job->data();
+  lease->memory = job->memory;
+  if (job->overflow) {
+    for (std::size_t s = 0; s < job->layout->tensors.size(); ++s) {
+      lease->regions.push_back(std::make_shared<SlotRegion>(job->overflow, job->memory[s],
+                                                            job->layout->tensors[s].nbytes));
+    }
+  } else {
+    lease->regions = job->buffer->regions();
+  }
   lease->index = job->plan.index;
   lease->planned_samples = static_cast<std::int64_t>(job->plan.rows.size());
   lease->used_samples = static_cast<std::int64_t>(job->placement.samples.size());
@@ -329,7 +345,6 @@ void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
   lease->placement = std::move(job->placement);
   lease->rows = std::move(job->plan.rows);
   lease->buffer = std::move(job->buffer);
-  lease->overflow = std::move(job->overflow);
   deliver(std::move(lease), job->sequence);
 }
 
@@ -399,6 +414,7 @@ PipelineMetrics Pipeline::metrics() const {
   m.in_flight = in_flight_;
   m.buffers = buffers;
   m.extra_buffers = extra_buffers;
+  m.held_slot_bytes = pool_->held_slot_bytes();
   m.pinned = pinned;
   m.buffer_bytes = pool_->buffer_bytes();
   return m;

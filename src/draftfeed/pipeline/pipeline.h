@@ -69,7 +69,9 @@ using DropCounts = std::array<std::int64_t, static_cast<std::size_t>(DropReason:
 class BatchLease {
  public:
   std::shared_ptr<const BatchLayout> layout;
-  std::uint8_t* data = nullptr;
+  BatchMemory memory;  // where each tensor is (layout order)
+  // What keeps each tensor's memory: a consumer's view holds its region, not the whole batch.
+  std::vector<std::shared_ptr<SlotRegion>> regions;
   std::int64_t index = 0;  // position in the epoch's full plan
   std::int64_t planned_samples = 0;
   std::int64_t used_samples = 0;   // samples with rows in the batch
@@ -90,8 +92,7 @@ class BatchLease {
   BatchPlacement placement;
   std::vector<std::int64_t> rows;
 
-  std::unique_ptr<BufferPool::Handle> buffer;
-  std::unique_ptr<HostBuffer> overflow;  // kCustom samples that need more rows than a buffer has
+  std::unique_ptr<BufferPool::Handle> buffer;  // null for a batch in a buffer of its own
 };
 
 struct PipelineMetrics {
@@ -106,6 +107,7 @@ struct PipelineMetrics {
   int in_flight = 0;                 // batches being fetched or assembled
   int buffers = 0;
   int extra_buffers = 0;
+  std::size_t held_slot_bytes = 0;  // slots allocated apart while a consumer kept earlier tensors
   bool pinned = false;
   std::size_t buffer_bytes = 0;
   DropCounts dropped{};
