@@ -223,8 +223,9 @@ void release_generated(const CacheStore& cache, const GeneratedFile& file,
     if (errno == ENOENT) return;  // already gone
     throw Error(ErrorKind::kIo, file.path + ": cannot stat: " + std::strerror(errno));
   }
-  if (file.proven && (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != file.device ||
-                      static_cast<std::uint64_t>(st.st_ino) != file.inode)) {
+  if (file.proven &&
+      (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != file.device ||
+       static_cast<std::uint64_t>(st.st_ino) != file.inode)) {
     throw Error(ErrorKind::kInvalidArgument,
                 file.path + ": replaced since it was read: left in place");
   }
@@ -244,7 +245,8 @@ void release_generated(const CacheStore& cache, const GeneratedFile& file,
   const std::string lock_path = file.path + ".lock";
   struct stat lock_st {};
   if (::lstat(lock_path.c_str(), &lock_st) == 0 && S_ISREG(lock_st.st_mode)) {
-    (void)wait_for_lock(lock_path, std::chrono::duration<double>(0), std::chrono::duration<double>(0));
+    (void)wait_for_lock(lock_path, std::chrono::duration<double>(0),
+                        std::chrono::duration<double>(0));
   }
 }
 

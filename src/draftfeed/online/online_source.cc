@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
   CacheStoreOptions store;
   store.root = options.hidden_states_path;
