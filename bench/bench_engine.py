@@ -23,8 +23,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_common import (  # noqa: E402
-    TreeMemory, machine, make_cached_dataset, print_table, reference_train_loader, time_epoch, tree_cpu_seconds,
+from bench_common import (
+    TreeMemory,
+    machine,
+    make_cached_dataset,
+    print_table,
+    reference_train_loader,
+    time_epoch,
+    tree_cpu_seconds,
     warm_page_cache,
 )
 
@@ -87,12 +93,12 @@ def main() -> None:
 
     if args.side:
         # One side in its own process, so peak memory is its own process tree's.
-        from draftfeed.speculators import create_train_val_loaders as ours
-
         # A trainer has imported speculators before it makes its loaders (both sides touch it:
         # draftfeed's drop-in checks `preprocess` against speculators' own functions), so the
         # seconds of that import are not loader start-up and stay out of the time to first batch.
         import speculators.train.dataloader  # noqa: F401
+
+        from draftfeed.speculators import create_train_val_loaders as ours
 
         sides = {
             "reference": lambda: reference_train_loader(loader_args(args.data, args.hidden_size, args.workers, 0.0)),

@@ -36,9 +36,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tools"))
-import draftfeed  # noqa: E402
 from bench_common import machine, print_table, time_epoch  # noqa: E402
 from sim_vllm_process import SimServerProcess  # noqa: E402
+
+import draftfeed  # noqa: E402
 
 
 def reference_epoch(args, data: str, url: str, cache: str, in_order: bool = True) -> dict:

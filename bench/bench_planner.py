@@ -65,17 +65,17 @@ def main():
               "long_samples": int((lengths > max_len).sum()), "mean_length": float(lengths.mean())}
 
     # 1. permutation
-    np_best, np_med, np_perm = best_and_median(
+    _np_best, np_med, np_perm = best_and_median(
         lambda: np.random.default_rng(args.epoch).permutation(n), args.repeat)
-    df_best, df_med, df_perm = best_and_median(
+    _df_best, df_med, df_perm = best_and_median(
         lambda: draftfeed.permutation(args.epoch, n), args.repeat)
     assert np.array_equal(np_perm, df_perm), "permutation differs from numpy"
     report["permutation"] = {"numpy_s": np_med, "draftfeed_s": df_med, "speedup": np_med / df_med}
 
     # 2. plan: draftfeed, all ranks in one call, and one rank per call for the per-rank figure.
-    all_best, all_med, everyone = best_and_median(
+    _all_best, all_med, everyone = best_and_median(
         lambda: draftfeed.plan_all_ranks(lengths, max_len, world, epoch=args.epoch), args.repeat)
-    one_best, one_med, _ = best_and_median(
+    _one_best, one_med, _ = best_and_median(
         lambda: draftfeed.plan_batches(lengths, max_len, world, 0, epoch=args.epoch), args.repeat)
 
     # The reference, rank by rank.

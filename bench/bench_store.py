@@ -134,7 +134,7 @@ def main():
             return
         print(f"cache: {len(rows)} rows, {cache_bytes / 1e9:.2f} GB, H={args.hidden_size} "
               f"L={args.layers} {args.dtype}, in the page cache; median of {args.repeat} passes")
-        for name, (seconds, total, _) in results.items():
+        for name, (seconds, _total, _) in results.items():
             print(f"  {name:32s} {seconds:8.3f} s  {gbps[name]:7.2f} GB/s")
         for name, ratio in summary["ratios"].items():
             print(f"  {name:40s} {ratio:7.2f}x")

@@ -15,7 +15,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+
 
 def warm_epoch(side: dict) -> dict:
     """The fastest epoch after the first (the reference's workers are up by then): on a shared machine

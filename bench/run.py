@@ -110,7 +110,7 @@ def machine_info() -> dict:
             from importlib.metadata import version as v
 
             return v(module)
-        except Exception:  # noqa: BLE001 - a missing package is reported, not fatal
+        except Exception:
             return "not installed"
 
     mem_kb = first("/proc/meminfo", "MemTotal").split()[0]

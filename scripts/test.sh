@@ -5,7 +5,7 @@
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the pipeline tests under ThreadSanitizer
 #   4. every libFuzzer target for a bounded time (FUZZ_SECONDS, default 60 each)
-#   5. the type stubs of draftfeed._core (up to date) and mypy on the package and its tests
+#   5. the type stubs of draftfeed._core (up to date), mypy on the package and its tests, ruff
 #   6. the Python suite (pytest) against the installed package and the reference packages
 # Every stage runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
@@ -82,7 +82,8 @@ types_check() {
   python3 -m nanobind.stubgen -q -P -m draftfeed._core -o "$stub" || return 1
   diff -u python/draftfeed/_core.pyi "$stub" ||
     { echo "python/draftfeed/_core.pyi is stale: python3 -m nanobind.stubgen -P -m draftfeed._core -o python/draftfeed/_core.pyi"; return 1; }
-  PYTHONPATH=tests/python python3 -m mypy --ignore-missing-imports python/draftfeed tests/python
+  PYTHONPATH=tests/python python3 -m mypy --ignore-missing-imports python/draftfeed tests/python &&
+    python3 -m ruff check python tests tools bench
 }
 
 stage "install: system packages" scripts/install-system.sh
@@ -97,7 +98,7 @@ stage "build: C++ tests (TSan)" configure_and_build build/tsan -DCMAKE_BUILD_TYP
   -DDRAFTFEED_SANITIZE=thread
 stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent|Lookahead" --no-tests=ignore
 stage "fuzz: every parser for ${fuzz_seconds}s" run_fuzzers
-stage "types: stubs and mypy" types_check
+stage "static: stubs, mypy, ruff" types_check
 stage "pytest: Python suite" python_tests
 
 echo

@@ -60,7 +60,7 @@ class SimServerProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="sim_vllm_")
         port_file = os.path.join(self._tmp.name, "port")
         args += ["--port-file", port_file]
-        self._log = open(log_path or os.path.join(self._tmp.name, "log"), "w")  # noqa: SIM115
+        self._log = open(log_path or os.path.join(self._tmp.name, "log"), "w")
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + startup_timeout
         while not os.path.exists(port_file):

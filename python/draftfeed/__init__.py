@@ -7,10 +7,10 @@ import os as _os
 # A developer build (cmake -DDRAFTFEED_PYTHON=ON) leaves `_core*.so` in its build folder; pointing
 # DRAFTFEED_DEV_BUILD at that folder lets `PYTHONPATH=python` use it without `pip install`.
 if _os.environ.get("DRAFTFEED_DEV_BUILD"):
-    __path__.append(_os.path.abspath(_os.environ["DRAFTFEED_DEV_BUILD"]))  # noqa: F821
+    __path__.append(_os.path.abspath(_os.environ["DRAFTFEED_DEV_BUILD"]))
 
-from . import _core  # noqa: E402
-from ._core import (  # noqa: E402
+from . import _core, online  # noqa: F401  (draftfeed._core, draftfeed.online)
+from ._core import (
     DatasetSplit,
     DatasetWriter,
     FormatError,
@@ -29,9 +29,7 @@ from ._core import (  # noqa: E402
     write_synthetic_dataset,
     write_synthetic_hidden_states,
 )
-from .loader import Loader, Topology  # noqa: E402
-
-from . import online  # noqa: E402,F401  (draftfeed.online: OnlineSource, sync_failure)
+from .loader import Loader, Topology
 
 __version__ = "0.1.0"
 __all__ = [

@@ -6,7 +6,6 @@ from typing import Annotated, overload
 import numpy
 from numpy.typing import NDArray
 
-
 class FormatError(ValueError):
     pass
 

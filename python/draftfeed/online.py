@@ -28,7 +28,7 @@ from . import _core
 __all__ = ["OnlineSource", "sync_failure"]
 
 
-def OnlineSource(  # noqa: N802 - a factory named like the class it returns
+def OnlineSource(
     vllm_endpoint: str | Sequence[str] = "http://localhost:8000/v1",
     *,
     hidden_states_path: str | os.PathLike | None = None,

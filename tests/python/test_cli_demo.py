@@ -34,8 +34,9 @@ def test_demo_runs_an_online_epoch_through_the_simulated_server(run_cli, tmp_pat
     text = proc.stdout
     assert "5. online" in text and "skipped" not in text, text
     assert re.search(r"server    http://127\.0\.0\.1:\d+/v1", text)
-    import draftfeed
     from safetensors.torch import load_file
+
+    import draftfeed
 
     dataset = draftfeed.open_dataset(str(out))
     train_rows = dataset.split(0.9)[0].num_rows
@@ -73,7 +74,7 @@ def test_bench_json_counts_every_token_of_the_plan(run_cli, tmp_path):
     import draftfeed
 
     dataset = draftfeed.open_dataset(str(out))
-    train, val = dataset.split(0.9)
+    train, _val = dataset.split(0.9)
     lengths = train.seq_lens()
     plan = draftfeed.plan_batches(lengths, 1024, 1, 0)
     expected_tokens = sum(min(int(sum(lengths[b])), 1024) for b in plan)

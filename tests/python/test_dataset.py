@@ -215,7 +215,7 @@ def test_empty_dataset(tmp_path):
     with pytest.raises(IndexError):
         ours.row(0)
     assert ours.split  # a split of nothing is refused, below
-    with pytest.raises(ValueError, match="0 rows with train_ratio 0.5 give split index 0"):
+    with pytest.raises(ValueError, match=r"0 rows with train_ratio 0\.5 give split index 0"):
         ours.split(0.5)
 
 

@@ -13,9 +13,9 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_dataset import random_columns, save_dataset, table_of, write_state, write_stream_folder
 
 import draftfeed
-from test_dataset import random_columns, save_dataset, table_of, write_state, write_stream_folder
 
 LIST64 = pa.list_(pa.int64())
 TYPES = {"input_ids": LIST64, "loss_mask": LIST64, "seq_len": pa.int64()}
@@ -202,7 +202,7 @@ def test_list_offsets_decreasing_or_past_the_values(tmp_path):
     shard = tmp_path / "data.arrow"
     data, layout = raw_stream(shard)
     write_state(str(tmp_path), ["data.arrow"])
-    offset, length = layout["buffers"][1]
+    _offset, _length = layout["buffers"][1]
     # body starts right after the record batch's metadata; the offsets are [0, 0, 1, 3, 6, 10]
     good = np.array([0, 0, 1, 3, 6, 10], dtype=np.int32).tobytes()
     shard.write_bytes(patch_once(data, good, np.array([0, 0, 4, 3, 6, 10], dtype=np.int32).tobytes()))

@@ -4,18 +4,16 @@ reference hands the openai client)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import math
-import os
+from typing import Any
 
 import datasets
 import pyarrow as pa
 import pytest
+from test_dataset import write_stream_folder
 
 import draftfeed
-from test_dataset import write_stream_folder
 
 datasets.disable_progress_bars()
 
@@ -271,7 +269,7 @@ def test_invalid_utf8_is_an_error(tmp_path):
     write_stream_folder(str(tmp_path / "utf8"), [table])
     ours = draftfeed.open_dataset(str(tmp_path / "utf8"))
     assert json.loads(ours.messages_json(0)) == "fine"
-    with pytest.raises(draftfeed.FormatError, match="row 1.*not valid UTF-8"):
+    with pytest.raises(draftfeed.FormatError, match=r"row 1.*not valid UTF-8"):
         ours.messages_json(1)
 
 
@@ -290,5 +288,5 @@ def test_open_does_not_read_messages(tmp_path):
         f.write(data.replace(marker, b"\x00\x00\x00\x00" + (length + 1000).to_bytes(4, "little") + b"xxxx"))
     ours = draftfeed.open_dataset(str(tmp_path / "corrupt"))
     assert ours.input_ids(0).tolist() == [7]
-    with pytest.raises(draftfeed.FormatError, match="row 0.*string offsets"):
+    with pytest.raises(draftfeed.FormatError, match=r"row 0.*string offsets"):
         ours.messages_json(0)

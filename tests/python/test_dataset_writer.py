@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from test_dataset import arrow_type_text, assert_rows_equal, random_columns
 
 import draftfeed
-from test_dataset import arrow_type_text, assert_rows_equal, random_columns
 
 
 def load(path) -> datasets.Dataset:
@@ -106,7 +106,7 @@ def test_writer_refuses_bad_rows_and_foreign_folders(tmp_path):
         writer.finish()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("precious")
-    with pytest.raises(ValueError, match="already holds 'thesis.tex', which is not part of a dataset"):
+    with pytest.raises(ValueError, match=r"already holds 'thesis\.tex', which is not part of a dataset"):
         draftfeed.DatasetWriter(str(tmp_path / "mine"))
 
 

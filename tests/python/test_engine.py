@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference_fixtures import assert_same_batch, reference_batches, write_fixture
 
 import draftfeed
-from reference_fixtures import assert_same_batch, reference_batches, write_fixture
 
 pytestmark = pytest.mark.timeout(300)
 

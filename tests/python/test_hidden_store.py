@@ -9,14 +9,13 @@ cross-file-system copy) and confinement to the allowed folders are checked too.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest

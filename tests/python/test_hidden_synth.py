@@ -11,7 +11,6 @@ import torch
 from datasets import load_from_disk
 from hs_connectors.transfer import FileTransfer
 from speculators.data_generation.offline import check_hidden_states
-
 from test_hidden_store import synthetic_values
 
 pytestmark = pytest.mark.timeout(120)

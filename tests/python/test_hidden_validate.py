@@ -100,7 +100,7 @@ def test_nan_and_inf_counts_per_layer_slot_match_torch(tmp_path, dtype):
     assert result["per_layer"] == list(zip(nan_per_layer, inf_per_layer))
     assert result["nan_count"] == sum(nan_per_layer)
     assert result["inf_count"] == sum(inf_per_layer)
-    assert result["nonfinite_layers"] == [l for l in range(4) if nan_per_layer[l] + inf_per_layer[l]]
+    assert result["nonfinite_layers"] == [k for k in range(4) if nan_per_layer[k] + inf_per_layer[k]]
     assert f"{result['nan_count']} NaN and {result['inf_count']} Inf values" in result["message"]
 
 

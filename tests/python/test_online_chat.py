@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from sim_vllm_process import SimServerProcess  # noqa: E402
+from sim_vllm_process import SimServerProcess
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("both_paths")]
 

@@ -18,7 +18,7 @@ import torch
 import draftfeed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from sim_vllm_process import SimServerProcess  # noqa: E402
+from sim_vllm_process import SimServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,7 +20,7 @@ import pytest
 import draftfeed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from sim_vllm_process import SimServerProcess  # noqa: E402
+from sim_vllm_process import SimServerProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -412,7 +412,7 @@ def test_mixed_faults_counts_match_the_injections(sim, dataset, folders, tmp_pat
     ok_rows = [r for r, res in results.items() if res["ok"]]
     for r in ok_rows:
         np.testing.assert_array_equal(results[r]["hidden_states"], expected[r])
-    for r, res in results.items():
+    for res in results.values():
         assert res["ok"] or res["reason"] == "generation_failed", res
     check_cache(cache, ids, ok_rows)
     assert client["http_retryable"] == injected["http_500"] + injected["http_503"]

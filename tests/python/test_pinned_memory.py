@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-
 from reference_fixtures import write_fixture
 
 pytestmark = pytest.mark.timeout(300)

@@ -4,13 +4,11 @@ on every rank, the same sampler surface and fast-skip."""
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import numpy as np
 import pytest
 import torch
-
 from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
 from reference_fixtures import write_fixture
 
@@ -234,7 +232,7 @@ def test_overfull_batch_cut_at_total_seq_len_counts_only_failed_samples(fixture,
     ref_train, _ = reference_loaders(base_args(fixture))
     train, _ = our_loaders(base_args(fixture, num_workers=2))
     lengths = np.asarray(train.batch_sampler.lengths)
-    order = [4] + [int(i) for i in np.argsort(-lengths) if int(i) not in fixture.missing][:5]
+    order = [4, *[int(i) for i in np.argsort(-lengths) if int(i) not in fixture.missing][:5]]
     assert lengths[order[1:]].sum() > MAX_LEN and 4 in fixture.missing
     for loader in (ref_train, train):
         loader.batch_sampler._cached_generated_batches = (0, [np.array(order)])

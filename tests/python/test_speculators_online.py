@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from dropin_helpers import SEED_CALL, assert_same, iterate, our_loaders, reference_loaders
 from reference_fixtures import write_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from sim_vllm_process import SimServerProcess  # noqa: E402
+from sim_vllm_process import SimServerProcess
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("both_paths")]
 

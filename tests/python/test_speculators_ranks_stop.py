@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from reference_fixtures import write_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from sim_vllm_process import SimServerProcess  # noqa: E402
+from sim_vllm_process import SimServerProcess
 
 WORKER = Path(__file__).resolve().parent / "rank_stop_worker.py"
 BOUND = 120.0  # seconds from the kill to both ranks stopped; the gloo timeout is 60 s per op

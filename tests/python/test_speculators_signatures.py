@@ -13,7 +13,6 @@ import inspect
 
 import pytest
 import torch
-
 from dropin_helpers import (
     REPOSITORY_SCRIPT_CALL,
     SEED_CALL,

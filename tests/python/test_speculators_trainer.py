@@ -30,8 +30,6 @@ to $DRAFTFEED_TRAINER_SUMMARY when set).
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import os
 import signal
@@ -41,11 +39,12 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 # Not skipped when missing: the trainer's dependencies are in requirements-test.txt.
-import speculators.train.cli  # noqa: E402, F401
+import speculators.train.cli  # noqa: F401
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -111,7 +110,7 @@ class Run:
         self.name, self.workdir, self.timeout, self.loader = name, workdir, timeout, loader
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115
+        self.log = open(self.log_path, "w")
         self.start = time.monotonic()
         self.proc = subprocess.Popen(
             cmd, cwd=workdir, env=_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

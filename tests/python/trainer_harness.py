@@ -109,9 +109,8 @@ def prepare(out: str, seed: int = 1234) -> dict:
 def _cpu_patches() -> None:
     """Device selection for a CPU-only machine. Applied before the trainer runs, identical for both
     loaders, and none of it touches the loaders or their arguments."""
-    import torch
-
     import speculators.train.trainer as trainer_mod
+    import torch
 
     real_current_accelerator = torch.accelerator.current_accelerator
 
@@ -168,7 +167,7 @@ class _MetricRecorder(logging.Handler):
     def __init__(self, path: str, kill_after_mid_epoch_checkpoint: bool, rank: int):
         super().__init__(logging.INFO)
         self.rank = rank
-        self.file = open(path, "w", buffering=1)  # noqa: SIM115 - closed by the process exit
+        self.file = open(path, "w", buffering=1)
         self.kill = kill_after_mid_epoch_checkpoint
         self.pending_batches: list[list] = []  # what the model saw since the last metric record
 
