@@ -141,9 +141,10 @@ def free_port() -> int:
 # -- the master --
 
 class MooncakeMasterProcess:
-    def __init__(self, *, extra_args: list[str] | None = None, startup_timeout: float = 30.0,
+    def __init__(self, *, port: int | None = None, metrics_port: int | None = None,
+                 extra_args: list[str] | None = None, startup_timeout: float = 30.0,
                  log_path: str | os.PathLike | None = None):
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.metrics = f"http://127.0.0.1:{self.metrics_port}"
         self.args = [
