@@ -117,9 +117,13 @@ class MooncakeProducer:
             connector, request, list(reversed(range(blocks))))
         return connector, connector._pending_saves.pop(request_id), manifest
 
-    def write(self, connector: Any, pending: Any, values: np.ndarray, fault: Any) -> bool:
-        """The connector's `_write_sample` over a KV cache holding `values` [T, L, H] (blocking)."""
+    def write(self, connector: Any, pending: Any, values: Any, fault: Any) -> bool:
+        """The connector's `_write_sample` over a KV cache holding `values` [T, L, H] (a tensor or
+        an array; blocking)."""
         import torch
+
+        if isinstance(values, np.ndarray):
+            values = torch.from_numpy(values)
 
         blocks = len(pending.block_ids)
         kv = torch.zeros(blocks, BLOCK_SIZE, self.layers, self.hidden, dtype=self.dtype)
@@ -127,7 +131,7 @@ class MooncakeProducer:
             block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
             positions = torch.arange(len(values))
             slots = block_ids[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
-            kv.view(-1, self.layers, self.hidden)[slots] = torch.from_numpy(values).to(self.dtype)
+            kv.view(-1, self.layers, self.hidden)[slots] = values.to(self.dtype)
         connector._kv_cache = kv
         if fault is not None and fault.name == "put_fail":
             store = copy.copy(self.store)
@@ -144,7 +148,7 @@ class MooncakeProducer:
             self.counts["writes"] += 1
         return True
 
-    async def produce(self, loop: Any, ids: list[int], values: np.ndarray, fault: Any,
+    async def produce(self, loop: Any, ids: list[int], values: Any, fault: Any,
                       kv_transfer_params: dict | None, write_async: bool,
                       pending_writes: set) -> dict:
         """Publishes one sample (now, or after answering) and returns the kv_transfer_params."""

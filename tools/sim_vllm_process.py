@@ -49,6 +49,7 @@ class SimServerProcess:
         mooncake_segment_mib: int | None = None,
         mooncake_buffer_mib: int | None = None,
         mooncake_writer_threads: int | None = None,
+        memo_mib: int | None = None,
     ):
         self.server_dir = Path(server_dir)
         self.model = model
@@ -69,7 +70,8 @@ class SimServerProcess:
             args += ["--mooncake-master", mooncake_master]
             for flag, value in (("--mooncake-segment-mib", mooncake_segment_mib),
                                 ("--mooncake-buffer-mib", mooncake_buffer_mib),
-                                ("--mooncake-writer-threads", mooncake_writer_threads)):
+                                ("--mooncake-writer-threads", mooncake_writer_threads),
+                                ("--memo-mib", memo_mib)):
                 if value is not None:
                     args += [flag, str(value)]
         self._tmp = tempfile.TemporaryDirectory(prefix="sim_vllm_")
