@@ -239,7 +239,7 @@ def test_mooncake_transfer_gives_the_reference_batches_with_producer_errors(
     with MooncakeMasterProcess() as master, SimServerProcess(
             tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write=write,
             mooncake_master=master.address, mooncake_segment_mib=64,
-            mooncake_buffer_mib=16) as sim:
+            mooncake_buffer_mib=16, startup_timeout=90) as sim:
         assert_only_loopback_listeners()
         results = {}
         for side, make, workers in (("reference", reference_loaders, 0),
@@ -295,7 +295,7 @@ def test_a_master_that_dies_mid_epoch_gives_the_failure_policy_not_a_hang(reques
     with MooncakeMasterProcess() as master, SimServerProcess(
             tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write="async",
             mooncake_master=master.address, mooncake_segment_mib=64,
-            mooncake_buffer_mib=16) as sim:
+            mooncake_buffer_mib=16, startup_timeout=90) as sim:
         assert_only_loopback_listeners()
         sim.set_faults({"latency": {"median": 0.05, "p99": 0.05}})
         transfer = trainer_transfer(master, fx.path)
