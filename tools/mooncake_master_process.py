@@ -140,6 +140,14 @@ def free_port() -> int:
 
 # -- the master --
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the thread that started it ends (PR_SET_PDEATHSIG),
+    so a test or benchmark that is killed leaves no master behind."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 class MooncakeMasterProcess:
     def __init__(self, *, port: int | None = None, metrics_port: int | None = None,
                  extra_args: list[str] | None = None, startup_timeout: float = 30.0,
@@ -154,7 +162,8 @@ class MooncakeMasterProcess:
         ]
         self._tmp = tempfile.TemporaryDirectory(prefix="mooncake_master_")
         self._log = open(log_path or os.path.join(self._tmp.name, "log"), "w")  # noqa: SIM115
-        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+                                        preexec_fn=_die_with_parent)
         deadline = time.monotonic() + startup_timeout
         while True:
             if self.process.poll() is not None:
