@@ -24,6 +24,7 @@ Every wait is bounded: start-up (startup_timeout), HTTP calls (timeout), stop (1
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import shutil
@@ -77,7 +78,7 @@ def private_network_unavailable() -> str | None:
         command = private_network_command([sys.executable, "-c", "pass"])
     except FileNotFoundError as error:
         return str(error)
-    probe = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
     if probe.returncode == 0:
         return None
     return (f"`{' '.join(command[:-5])} ...` exited {probe.returncode}: "
@@ -140,12 +141,13 @@ def free_port() -> int:
 
 # -- the master --
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL it when the thread that started it ends (PR_SET_PDEATHSIG),
     so a test or benchmark that is killed leaves no master behind."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    _prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
 class MooncakeMasterProcess:

@@ -68,7 +68,7 @@ pytestmark = pytest.mark.timeout(OUTER_TIMEOUT + 60 if not INSIDE else 180)
 def private_run(request, tmp_path_factory):
     """Outside the namespace: the selected tests of this module, run once inside a new private
     network namespace (bounded in time), with their outcomes from pytest's JUnit report."""
-    import xml.etree.ElementTree as ElementTree
+    from xml.etree import ElementTree
 
     reason = private_network_unavailable()
     if reason is not None:
