@@ -305,8 +305,8 @@ def test_a_master_that_dies_mid_epoch_gives_the_failure_policy_not_a_hang(reques
         train.batch_sampler.set_epoch(0)
         steps = len(train)
         coordinator = BatchRecoveryCoordinator("training", device="cpu")
-        seen, killed_at, stopped = [], None, None
-        with pytest.raises(RuntimeError, match="circuit breaker") as stop:
+        seen, killed_at, stopped, stop = [], None, None, None
+        try:
             for step, batch in enumerate(iterate_live(train), 1):
                 seen.append((step, batch["error_records"], batch.get(RECOVERY_METADATA_KEY)))
                 if step == 3:
@@ -315,8 +315,12 @@ def test_a_master_that_dies_mid_epoch_gives_the_failure_policy_not_a_hang(reques
                     master.kill()
                     killed_at = time.monotonic()
                 coordinator.consume(batch)  # not distributed: synchronises at every batch
+        except RuntimeError as error:  # its traceback would keep the loader and its client alive
+            stop = str(error)
+        assert stop is not None and "circuit breaker" in stop, f"no stop, or another: {stop}"
         stopped = time.monotonic() - killed_at
         requests_after = sim.stats()["completions"] - requests_before
+        source = train._source.stats()
         # A client whose master is gone retries its unmount for many seconds when it is freed:
         # a new master on the same port lets this one leave at once.
         with MooncakeMasterProcess(port=master.port):
@@ -330,13 +334,20 @@ def test_a_master_that_dies_mid_epoch_gives_the_failure_policy_not_a_hang(reques
     dropped = sum(records for _, records, _ in after)
     fatal = [meta for _, _, meta in after if meta is not None and meta.fatal]
     assert fatal and seen[-1][2] is not None and seen[-1][2].fatal, seen[-1]
-    assert failures >= 2 and dropped >= failures, (failures, dropped)
-    assert requests_after >= 2 * failures, "each failed row was tried twice (one retry)"
+    # Rows fail in the order their fetches end, which need not be the plan's: the row that trips
+    # the breaker may sit in an earlier batch than the one before it, so the batches delivered up
+    # to the stop hold at least one failed row, and the source counts them all.
+    assert failures >= 1 and dropped >= failures, (failures, dropped)
+    assert source["fatal"] and source["exhausted"] >= 2, source
+    failed_attempts = sum(source["file_failures"].values())
+    assert failed_attempts >= 2 * source["exhausted"], "each failed row was tried twice (one retry)"
+    assert requests_after >= 2, "the retries asked the server again (it outlives the master)"
     assert "Mooncake" in fatal[0].error or "mooncake" in fatal[0].error.lower(), fatal[0].error
-    assert "circuit breaker" in str(stop.value)
     assert stopped < bound, f"{stopped:.1f} s from the kill to the stop"
     print(f"master killed after step 3 of {steps}; stopped {stopped:.1f} s later at step "
-          f"{seen[-1][0]}: {failures} rows failed, {dropped} dropped, {requests_after} requests")
+          f"{seen[-1][0]}: {source['exhausted']} rows exhausted {failed_attempts} attempts, "
+          f"{failures} failed in the batches delivered, {dropped} dropped, {requests_after} "
+          f"requests")
 
 
 def iterate_live(loader):
