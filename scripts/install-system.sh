@@ -10,6 +10,9 @@ packages=(
   libcurl4-openssl-dev                       # the vLLM client
   nlohmann-json3-dev                         # JSON (safetensors headers, state.json, HTTP bodies)
   python3-dev
+  libibverbs1                                # mooncake_master and the Mooncake store client
+                                             # (PyPI mooncake-transfer-engine-non-cuda) link it,
+                                             # even for TCP: tests/python/test_mooncake_store.py
 )
 
 missing=()

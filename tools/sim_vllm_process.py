@@ -5,6 +5,10 @@
         sim.stats()        # GET /admin/stats
         sim.set_faults({...}); sim.reset()
 
+    # Mooncake mode: samples go into the store of a running mooncake_master (inside a private
+    # network namespace: see tools/mooncake_master_process.py)
+    with SimServerProcess(server_dir, mooncake_master="127.0.0.1:PORT") as sim: ...
+
 Start-up waits for the port file (bounded); stop() terminates, then kills, the process.
 """
 
@@ -41,6 +45,11 @@ class SimServerProcess:
         remove_lock: bool = False,
         startup_timeout: float = 30.0,
         log_path: str | os.PathLike | None = None,
+        mooncake_master: str | None = None,
+        mooncake_segment_mib: int | None = None,
+        mooncake_buffer_mib: int | None = None,
+        mooncake_writer_threads: int | None = None,
+        memo_mib: int | None = None,
     ):
         self.server_dir = Path(server_dir)
         self.model = model
@@ -57,6 +66,14 @@ class SimServerProcess:
             args += ["--latency-median", str(latency_median)]
         if latency_p99 is not None:
             args += ["--latency-p99", str(latency_p99)]
+        if mooncake_master is not None:
+            args += ["--mooncake-master", mooncake_master]
+            for flag, value in (("--mooncake-segment-mib", mooncake_segment_mib),
+                                ("--mooncake-buffer-mib", mooncake_buffer_mib),
+                                ("--mooncake-writer-threads", mooncake_writer_threads),
+                                ("--memo-mib", memo_mib)):
+                if value is not None:
+                    args += [flag, str(value)]
         self._tmp = tempfile.TemporaryDirectory(prefix="sim_vllm_")
         port_file = os.path.join(self._tmp.name, "port")
         args += ["--port-file", port_file]

@@ -31,6 +31,9 @@ is sent first and the file is written afterwards while the lock is held, as a sl
 Fault injection, from --faults JSON or at run time through `POST /admin/faults` (the body replaces
 the fault set and resets its counters): a map from fault name to {"prob": p, "first": k, ...}: the
 fault hits the first k generation requests that reach it, then each later one with probability p.
+With "match": [token id, ...] it hits instead the requests whose prompt starts with one of those ids
+(each such prompt on its first "times" requests, or always): the same rows in every run, whatever
+the order of requests.
 Faults are tried in the order below; a request gets at most one.
   drop          close the connection mid-answer: the status line, headers promising 1000 bytes
                 and one byte; "mode": "reset" closes it without a byte instead (libcurl silently
@@ -49,6 +52,9 @@ Faults are tried in the order below; a request gets at most one.
                 (another sample, the cache's own file, a link: whatever the test put there)
   nan / inf     a file with NaN / +Inf at [position 0, "layer" (default 0), h 0]
   lock_hold     answer at once, hold the file's lock "seconds" (default 30), then write it
+In mooncake mode (below) the file faults (outside, missing_file, fixed_handle, lock_hold) are refused
+and these producer errors are added (tools/sim_mooncake.py describes them): put_fail, missing_key,
+corrupt_manifest; nan and inf go through the connector's own non-finite check.
 The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal with that median and
 99th percentile (constant when p99 <= median), slept before each generation answer. With
 "keyed": true the draw is a function of (seed, prompt ids), so a prompt takes the same time in
@@ -60,6 +66,13 @@ injected (per fault), ok (generation answers with a file), files_written, servic
 slept in total), max_service_seconds (the longest one), handles (every handle answered, in order),
 chat_requests (the first 1000 chat requests: messages, add_generation_prompt, continue_final_message), pending_writes (files still to be
 written after their answer). `POST /admin/reset` zeroes them.
+
+Mooncake mode (--mooncake-master HOST:PORT): instead of files, each sample is put into a real Mooncake
+Store (a running `mooncake_master`) by hs-connectors' own `MooncakeHiddenStatesConnector` code, and
+`kv_transfer_params` is the connector's transfer manifest ({"handle": key, "version", "tensors",
+"metadata"}), as vLLM with that connector answers (tools/sim_mooncake.py). The store's client
+listens on every interface: run it inside a private network namespace (tools/mooncake_master_process.py).
+`/admin/stats` then also has "mooncake": {"writes", "writes_failed", "not_written"}.
 
 Listens on 127.0.0.1 only. --port 0 picks a free port; the port is printed
 ("listening on http://127.0.0.1:PORT/v1") and written to --port-file if given.
@@ -100,7 +113,12 @@ FAULT_ORDER = [
     "nan",
     "inf",
     "lock_hold",
+    "put_fail",
+    "missing_key",
+    "corrupt_manifest",
 ]
+FILE_FAULTS = ("outside", "missing_file", "fixed_handle", "lock_hold")
+MOONCAKE_FAULTS = ("put_fail", "missing_key", "corrupt_manifest")
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -134,8 +152,21 @@ class Fault:
         self.first = int(spec.get("first", 0))
         self.params = spec
         self.seen = 0
+        self.match = {int(i) for i in spec["match"]} if "match" in spec else None
+        self.times = int(spec["times"]) if "times" in spec else None
+        self.hits_by_prompt: dict[bytes, int] = {}
 
-    def hits(self, rng: random.Random) -> bool:
+    def hits(self, rng: random.Random, ids: list[int]) -> bool:
+        if self.match is not None:
+            # Keyed by the prompt, whatever the order of requests: the same rows fail in every run.
+            if not ids or ids[0] not in self.match:
+                return False
+            key = np.asarray(ids, dtype=np.int64).tobytes()
+            done = self.hits_by_prompt.get(key, 0)
+            if self.times is not None and done >= self.times:
+                return False
+            self.hits_by_prompt[key] = done + 1
+            return True
         self.seen += 1
         if self.seen <= self.first:
             return True
@@ -157,6 +188,15 @@ class SimServer:
         self.remove_lock = args.remove_lock
         self.rng = random.Random(args.seed)
         self.counter = 0
+        self.producer = None
+        if args.mooncake_master:
+            from sim_mooncake import MooncakeProducer
+
+            self.producer = MooncakeProducer(
+                master=args.mooncake_master, local_hostname=args.mooncake_local_hostname,
+                segment_mib=args.mooncake_segment_mib, buffer_mib=args.mooncake_buffer_mib,
+                layers=self.layers, hidden=self.hidden, dtype=self.dtype,
+                writer_threads=args.mooncake_writer_threads)
         self.faults: dict[str, Fault] = {}
         self.latency = (0.0, 0.0)
         self.latency_keyed = False
@@ -167,6 +207,9 @@ class SimServer:
         self.reset_stats()
         self.pending_writes: set[asyncio.Future] = set()
         self.write_lock = threading.Lock()
+        self.memo: dict[bytes, Any] = {}
+        self.memo_bytes = 0
+        self.memo_limit = args.memo_mib << 20
 
     # -- configuration and statistics --
     def set_faults(self, spec: dict[str, Any]) -> None:
@@ -179,6 +222,9 @@ class SimServer:
                 latency = (median, float(value.get("p99", median)))
                 keyed = bool(value.get("keyed", False))
                 continue
+            if name in (FILE_FAULTS if self.producer is not None else MOONCAKE_FAULTS):
+                mode = "mooncake" if self.producer is not None else "file"
+                raise ValueError(f"fault {name!r} does not apply in {mode} mode")
             faults[name] = Fault(name, value)
         self.faults = faults
         self.latency = latency
@@ -201,6 +247,8 @@ class SimServer:
             "handles": [],
             "chat_requests": [],
         }
+        if self.producer is not None:
+            self.producer.reset()
 
     def sample_latency(self, ids: list[int]) -> float:
         median, p99 = self.latency
@@ -215,10 +263,10 @@ class SimServer:
             rng = random.Random(key)
         return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 
-    def pick_fault(self) -> Fault | None:
+    def pick_fault(self, ids: list[int]) -> Fault | None:
         for name in FAULT_ORDER:
             fault = self.faults.get(name)
-            if fault is not None and fault.hits(self.rng):
+            if fault is not None and fault.hits(self.rng, ids):
                 self.stats["injected"][name] += 1
                 return fault
         return None
@@ -228,13 +276,42 @@ class SimServer:
         self.counter += 1
         return f"req_{os.getpid()}_{self.counter}.safetensors"
 
-    def tensors(self, ids: list[int], fault: Fault | None) -> dict[str, Any]:
-        import torch
-
+    def values(self, ids: list[int], fault: Fault | None) -> np.ndarray:
+        """[T, L, H] float32: the formula's values, with the nan / inf fault applied."""
         values = hidden_states_for(ids, self.layers, self.hidden, self.seed)
         if fault is not None and fault.name in ("nan", "inf") and len(ids) > 0:
             layer = int(fault.params.get("layer", 0))
             values[0, layer, 0] = np.nan if fault.name == "nan" else np.inf
+        return values
+
+    def hidden_tensor(self, ids: list[int], fault: Fault | None) -> Any:
+        """The sample's hidden states as a tensor of --dtype, kept (--memo-mib) for the next request
+        with the same prompt: the formula costs far more than the rest of a request."""
+        import torch
+
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
+            self.dtype
+        ]
+        key = None
+        if self.memo_limit and (fault is None or fault.name not in ("nan", "inf")):
+            key = np.asarray(ids, dtype=np.int64).tobytes()
+            with self.write_lock:
+                found = self.memo.get(key)
+            if found is not None:
+                return found
+        tensor = torch.from_numpy(self.values(ids, fault)).to(dtype)
+        if key is not None:
+            size = tensor.numel() * tensor.element_size()
+            with self.write_lock:
+                if self.memo_bytes + size <= self.memo_limit and key not in self.memo:
+                    self.memo[key] = tensor
+                    self.memo_bytes += size
+        return tensor
+
+    def tensors(self, ids: list[int], fault: Fault | None) -> dict[str, Any]:
+        import torch
+
+        values = self.values(ids, fault)
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
             self.dtype
         ]
@@ -363,7 +440,7 @@ class SimServer:
         if body.get("max_tokens") != 1 or body.get("return_token_ids") is not True:
             return self.bad_request("expected max_tokens=1 and return_token_ids=true")
 
-        fault = self.pick_fault()
+        fault = self.pick_fault(ids)
         latency = self.sample_latency(ids)
         self.stats["service_seconds"] += latency
         self.stats["max_service_seconds"] = max(self.stats["max_service_seconds"], latency)
@@ -393,7 +470,14 @@ class SimServer:
         if name == "wrong_ids" and echoed:
             echoed[0] += 1
         params: dict[str, Any] = {}
-        if name != "no_handle":
+        if name != "no_handle" and self.producer is not None:
+            loop = asyncio.get_running_loop()
+            values = await loop.run_in_executor(None, self.hidden_tensor, ids, fault)
+            params = await self.producer.produce(
+                loop, ids, values, fault, body.get("kv_transfer_params"), self.write_async,
+                self.pending_writes)
+            self.stats["handles"].append(params["handle"])
+        elif name != "no_handle":
             handle = await self.produce_file(ids, fault)
             params[self.handle_key] = handle
             self.stats["handles"].append(handle)
@@ -434,6 +518,8 @@ class SimServer:
 
     async def get_stats(self, request: web.Request) -> web.Response:
         self.stats["pending_writes"] = len(self.pending_writes)
+        if self.producer is not None:
+            self.stats["mooncake"] = self.producer.stats()
         return web.json_response(self.stats)
 
     async def post_reset(self, request: web.Request) -> web.Response:
@@ -519,7 +605,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--handle-key", default="hidden_states_path",
                    choices=["hidden_states_path", "handle"])
     p.add_argument("--write", default="sync", choices=["sync", "async"],
-                   help="write the file before answering, or after (under its lock)")
+                   help="write the file (mooncake mode: put the sample) before answering, or after"
+                   " (a file under its lock)")
     p.add_argument("--remove-lock", action="store_true",
                    help="remove the lock file after writing (default: leave it to the reader)")
     p.add_argument("--latency-median", type=float, help="median service time, seconds")
@@ -527,6 +614,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-keyed", action="store_true",
                    help="draw each prompt's latency from (seed, prompt ids): equal across runs")
     p.add_argument("--faults", help='JSON, e.g. \'{"http_503": {"first": 2}, "nan": {"prob": 0.1}}\'')
+    p.add_argument("--memo-mib", type=int, default=0,
+                   help="mooncake mode: keep up to this many MiB of generated hidden states to answer"
+                   " the same prompt again without recomputing them (benchmarks)")
+    p.add_argument("--mooncake-master", metavar="HOST:PORT",
+                   help="mooncake mode: put each sample into this master's store (see above)")
+    p.add_argument("--mooncake-local-hostname", default="127.0.0.1",
+                   help="the address the store client announces to the master and its peers")
+    p.add_argument("--mooncake-segment-mib", type=int, default=256,
+                   help="memory this client mounts into the store (global_segment_size), MiB")
+    p.add_argument("--mooncake-buffer-mib", type=int, default=64,
+                   help="the client's local buffer (local_buffer_size), MiB")
+    p.add_argument("--mooncake-writer-threads", type=int, default=4,
+                   help="the connector's num_writer_threads")
     return p.parse_args(argv)
 
 
@@ -535,6 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.port_file and os.path.exists(args.port_file):
         os.remove(args.port_file)
     asyncio.run(serve(args))
+    if args.mooncake_master:
+        # The store client's destructor unmounts its segment from the master, retrying for many
+        # seconds if the master is gone: nothing is left to save, so leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
