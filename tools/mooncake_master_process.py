@@ -38,6 +38,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from sim_vllm_process import stop_process  # tools/ is on sys.path wherever this module is used
+
 IN_PRIVATE_NETWORK = "DRAFTFEED_PRIVATE_NETWORK"  # set in the environment of programs run inside
 
 
@@ -214,13 +216,7 @@ class MooncakeMasterProcess:
             self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process)
         if not self._log.closed:
             self._log.close()
 

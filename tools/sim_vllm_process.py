@@ -27,6 +27,17 @@ from typing import Any
 SERVER = Path(__file__).resolve().parent / "sim_vllm_server.py"
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `timeout` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout)
+
+
 class SimServerProcess:
     def __init__(
         self,
@@ -115,13 +126,7 @@ class SimServerProcess:
         return self._call("/admin/reset" + ("?connections=1" if connections else ""), {})
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process)
         self._log.close()
 
     def __enter__(self) -> SimServerProcess:

@@ -11,24 +11,8 @@ namespace draftfeed {
 namespace {
 
 bool supported(DType dtype) {
-  switch (dtype) {
-    case DType::kBool:
-    case DType::kU8:
-    case DType::kI8:
-    case DType::kI16:
-    case DType::kU16:
-    case DType::kI32:
-    case DType::kU32:
-    case DType::kI64:
-    case DType::kU64:
-    case DType::kF16:
-    case DType::kBF16:
-    case DType::kF32:
-    case DType::kF64:
-      return true;
-    default:
-      return false;
-  }
+  return dtype == DType::kBool || dtype_is_integer(dtype) || dtype == DType::kF16 ||
+         dtype == DType::kBF16 || dtype == DType::kF32 || dtype == DType::kF64;
 }
 
 std::size_t element_bytes(DType dtype) { return dtype_bits(dtype) / 8; }
