@@ -6,6 +6,7 @@ from typing import Annotated, overload
 import numpy
 from numpy.typing import NDArray
 
+
 class FormatError(ValueError):
     pass
 
