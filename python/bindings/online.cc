@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/online/lookahead.h"
 #include "draftfeed/online/online_source.h"
@@ -131,6 +132,12 @@ nb::ndarray<nb::numpy, float> hidden_as_float(const HiddenStatesView& hs) {
       case HiddenDType::kF32:
         std::memcpy(&values[i], hs.data + 4 * i, 4);
         break;
+      case HiddenDType::kF8E4M3: {
+        float scale;
+        std::memcpy(&scale, hs.scales + 4 * (i / (hs.layers * hs.hidden)), 4);
+        values[i] = dequantize_fp8(hs.data[i], scale, hs.dequantize);
+        break;
+      }
     }
   }
   nb::capsule owner(values, [](void* p) noexcept { delete[] static_cast<float*>(p); });

@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/common/dtype.h"
+#include "draftfeed/common/error.h"
 
 // Kernels are compiled twice, for AVX2 and for the baseline, and chosen at load time (GCC ifunc),
 // so one binary runs everywhere and uses wide vectors where it can. Sanitizer builds keep one
@@ -61,24 +63,54 @@ inline void store(std::uint8_t* base, std::int64_t i, float value) {
   }
 }
 
+// Where a row's values come from: a file's bf16/f16/f32 elements as they are...
+template <HiddenDType kSrc>
+struct Elements {
+  static constexpr HiddenDType kDType = kSrc;
+  const std::uint8_t* row;
+  float value(std::int64_t i) const { return load<kSrc>(row, i); }
+  bool nonfinite(std::int64_t i) const { return is_nonfinite<kSrc>(row, i); }
+};
+
+// ...or FP8 codes with their token's scale, dequantized in kD as FP8Transfer does
+// (fp8_dequantize.h). A value is non-finite after dequantizing: NaN codes, and overflow of kD.
+template <HiddenDType kD>
+struct Fp8Elements {
+  static constexpr HiddenDType kDType = HiddenDType::kF8E4M3;
+  const std::uint8_t* row;
+  float scale;  // the token's scale, rounded to kD
+  static float scale_of(const std::uint8_t* scales, std::int64_t r) {
+    float raw;
+    std::memcpy(&raw, scales + r * 4, 4);
+    return round_to_dtype<kD>(raw);
+  }
+  float value(std::int64_t i) const { return dequantize_fp8<kD>(row[i], scale); }
+  bool nonfinite(std::int64_t i) const {
+    const float v = value(i);
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return (bits & 0x7F800000U) == 0x7F800000U;
+  }
+};
+
 // One row with no noise. bf16 -> bf16 and f32 -> f32 are bit copies.
-template <HiddenDType kSrc, HiddenDType kDst>
-inline std::int64_t row_plain(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n) {
-  std::int64_t bad = 0;
-  if constexpr (kSrc == kDst) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * hidden_dtype_size(kSrc));
-    for (std::int64_t i = 0; i < n; ++i) bad += is_nonfinite<kSrc>(src, i);
+template <class Source, HiddenDType kDst>
+inline std::int64_t row_plain(const Source& src, std::uint8_t* dst, std::int64_t n) {
+  std::uint32_t bad = 0;
+  if constexpr (Source::kDType == kDst) {
+    std::memcpy(dst, src.row, static_cast<std::size_t>(n) * hidden_dtype_size(kDst));
+    for (std::int64_t i = 0; i < n; ++i) bad += src.nonfinite(i);
   } else {
     for (std::int64_t i = 0; i < n; ++i) {
-      bad += is_nonfinite<kSrc>(src, i);
-      store<kDst>(dst, i, load<kSrc>(src, i));
+      bad += src.nonfinite(i);
+      store<kDst>(dst, i, src.value(i));
     }
   }
   return bad;
 }
 
-template <HiddenDType kSrc, HiddenDType kDst>
-inline std::int64_t row_uniform(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
+template <class Source, HiddenDType kDst>
+inline std::int64_t row_uniform(const Source& src, std::uint8_t* dst, std::int64_t n,
                                 std::uint32_t key, float std_dev) {
   // One 32-bit draw serves an element pair: half the hashing. A row has far fewer than 2^32
   // elements.
@@ -87,20 +119,20 @@ inline std::int64_t row_uniform(const std::uint8_t* src, std::uint8_t* dst, std:
   for (std::int64_t k = 0; k < pairs; ++k) {
     const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(k));
     const std::int64_t i = 2 * k;
-    bad += is_nonfinite<kSrc>(src, i) + is_nonfinite<kSrc>(src, i + 1);
-    store<kDst>(dst, i, load<kSrc>(src, i) + noise_signed_low(bits) * std_dev);
-    store<kDst>(dst, i + 1, load<kSrc>(src, i + 1) + noise_signed_high(bits) * std_dev);
+    bad += src.nonfinite(i) + src.nonfinite(i + 1);
+    store<kDst>(dst, i, src.value(i) + noise_signed_low(bits) * std_dev);
+    store<kDst>(dst, i + 1, src.value(i + 1) + noise_signed_high(bits) * std_dev);
   }
   if (n % 2 != 0) {
     const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(pairs));
-    bad += is_nonfinite<kSrc>(src, n - 1);
-    store<kDst>(dst, n - 1, load<kSrc>(src, n - 1) + noise_signed_low(bits) * std_dev);
+    bad += src.nonfinite(n - 1);
+    store<kDst>(dst, n - 1, src.value(n - 1) + noise_signed_low(bits) * std_dev);
   }
   return bad;
 }
 
-template <HiddenDType kSrc, HiddenDType kDst>
-inline std::int64_t row_gaussian(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
+template <class Source, HiddenDType kDst>
+inline std::int64_t row_gaussian(const Source& src, std::uint8_t* dst, std::int64_t n,
                                  std::uint32_t key, float std_dev) {
   std::int64_t bad = 0;
   constexpr float kTwoPi = 6.28318530717958647692f;
@@ -108,43 +140,70 @@ inline std::int64_t row_gaussian(const std::uint8_t* src, std::uint8_t* dst, std
     const float u1 = noise_uniform(key, static_cast<std::uint32_t>(i));
     const float u2 = noise_uniform(key, static_cast<std::uint32_t>(i + 1));
     const float radius = std::sqrt(-2.0f * std::log(1.0f - u1));
-    bad += is_nonfinite<kSrc>(src, i);
-    store<kDst>(dst, i, load<kSrc>(src, i) + std_dev * radius * std::cos(kTwoPi * u2));
+    bad += src.nonfinite(i);
+    store<kDst>(dst, i, src.value(i) + std_dev * radius * std::cos(kTwoPi * u2));
     if (i + 1 < n) {
-      bad += is_nonfinite<kSrc>(src, i + 1);
-      store<kDst>(dst, i + 1, load<kSrc>(src, i + 1) + std_dev * radius * std::sin(kTwoPi * u2));
+      bad += src.nonfinite(i + 1);
+      store<kDst>(dst, i + 1, src.value(i + 1) + std_dev * radius * std::sin(kTwoPi * u2));
     }
   }
   return bad;
 }
 
-template <HiddenDType kSrc, HiddenDType kDst>
+// Row r's source: its elements, with the token's scale for FP8.
+template <class Source>
+inline Source source_row(const RowCopy& job, const std::uint8_t* row, std::int64_t r) {
+  if constexpr (Source::kDType == HiddenDType::kF8E4M3) {
+    return Source{row, Source::scale_of(job.src_scales, r)};
+  } else {
+    (void)job;
+    (void)r;
+    return Source{row};
+  }
+}
+
+template <class Source, HiddenDType kDst>
 DRAFTFEED_KERNEL std::int64_t copy_rows(const RowCopy& job) {
   const std::size_t src_stride =
-      static_cast<std::size_t>(job.src_row_stride) * hidden_dtype_size(kSrc);
+      static_cast<std::size_t>(job.src_row_stride) * hidden_dtype_size(Source::kDType);
   const std::size_t dst_stride =
       static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(kDst);
   std::int64_t bad = 0;
   for (std::int64_t r = 0; r < job.rows; ++r) {
-    const std::uint8_t* src = job.src + static_cast<std::size_t>(r) * src_stride;
+    const Source src =
+        source_row<Source>(job, job.src + static_cast<std::size_t>(r) * src_stride, r);
     std::uint8_t* dst = job.dst + static_cast<std::size_t>(r) * dst_stride;
     if (job.noise == NoiseKind::kNone) {
-      bad += row_plain<kSrc, kDst>(src, dst, job.width);
+      bad += row_plain<Source, kDst>(src, dst, job.width);
       continue;
     }
     const auto token = static_cast<std::uint64_t>(job.first_token + r);
     const std::uint32_t key = noise_token_key(job.noise_sample_key, token);
     bad += job.noise == NoiseKind::kUniform
-               ? row_uniform<kSrc, kDst>(src, dst, job.width, key, job.noise_std)
-               : row_gaussian<kSrc, kDst>(src, dst, job.width, key, job.noise_std);
+               ? row_uniform<Source, kDst>(src, dst, job.width, key, job.noise_std)
+               : row_gaussian<Source, kDst>(src, dst, job.width, key, job.noise_std);
   }
   return bad;
 }
 
-template <HiddenDType kSrc>
+template <class Source>
 std::int64_t copy_from(const RowCopy& job) {
-  return job.dst_dtype == HiddenDType::kF32 ? copy_rows<kSrc, HiddenDType::kF32>(job)
-                                            : copy_rows<kSrc, HiddenDType::kBF16>(job);
+  return job.dst_dtype == HiddenDType::kF32 ? copy_rows<Source, HiddenDType::kF32>(job)
+                                            : copy_rows<Source, HiddenDType::kBF16>(job);
+}
+
+std::int64_t copy_from_fp8(const RowCopy& job) {
+  switch (job.dequantize) {
+    case HiddenDType::kBF16:
+      return copy_from<Fp8Elements<HiddenDType::kBF16>>(job);
+    case HiddenDType::kF16:
+      return copy_from<Fp8Elements<HiddenDType::kF16>>(job);
+    case HiddenDType::kF32:
+      return copy_from<Fp8Elements<HiddenDType::kF32>>(job);
+    case HiddenDType::kF8E4M3:
+      break;
+  }
+  throw Error(ErrorKind::kInvalidArgument, "FP8 values dequantize into bf16, f16 or f32");
 }
 
 }  // namespace
@@ -152,11 +211,13 @@ std::int64_t copy_from(const RowCopy& job) {
 std::int64_t copy_hidden_rows(const RowCopy& job) {
   switch (job.src_dtype) {
     case HiddenDType::kBF16:
-      return copy_from<HiddenDType::kBF16>(job);
+      return copy_from<Elements<HiddenDType::kBF16>>(job);
     case HiddenDType::kF16:
-      return copy_from<HiddenDType::kF16>(job);
+      return copy_from<Elements<HiddenDType::kF16>>(job);
     case HiddenDType::kF32:
-      return copy_from<HiddenDType::kF32>(job);
+      return copy_from<Elements<HiddenDType::kF32>>(job);
+    case HiddenDType::kF8E4M3:
+      return copy_from_fp8(job);
   }
   return 0;
 }

@@ -35,6 +35,11 @@ struct HiddenStatesView {
   std::int64_t tokens = 0;
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
+  // F8 E4M3 only (hs-connectors' FP8 files): one float32 scale per token (`tokens` of them,
+  // little-endian, any alignment), and the dtype FP8Transfer dequantizes in (bf16, f16 or f32):
+  // value = round_D(D(fp8) x D(scale)). Null for other dtypes.
+  const std::uint8_t* scales = nullptr;
+  HiddenDType dequantize = HiddenDType::kBF16;
 };
 
 struct FetchedSample {

@@ -31,6 +31,7 @@ FileProblem from_sample_problem(SampleProblem problem) {
     case SampleProblem::kNone:
       return FileProblem::kNone;
     case SampleProblem::kMissingKey:
+    case SampleProblem::kBadScales:
       return FileProblem::kCorrupt;
     case SampleProblem::kTokenMismatch:
       return FileProblem::kTokenMismatch;
@@ -223,8 +224,9 @@ void release_generated(const CacheStore& cache, const GeneratedFile& file,
     if (errno == ENOENT) return;  // already gone
     throw Error(ErrorKind::kIo, file.path + ": cannot stat: " + std::strerror(errno));
   }
-  if (file.proven && (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != file.device ||
-                      static_cast<std::uint64_t>(st.st_ino) != file.inode)) {
+  if (file.proven &&
+      (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != file.device ||
+       static_cast<std::uint64_t>(st.st_ino) != file.inode)) {
     throw Error(ErrorKind::kInvalidArgument,
                 file.path + ": replaced since it was read: left in place");
   }
@@ -244,7 +246,8 @@ void release_generated(const CacheStore& cache, const GeneratedFile& file,
   const std::string lock_path = file.path + ".lock";
   struct stat lock_st {};
   if (::lstat(lock_path.c_str(), &lock_st) == 0 && S_ISREG(lock_st.st_mode)) {
-    (void)wait_for_lock(lock_path, std::chrono::duration<double>(0), std::chrono::duration<double>(0));
+    (void)wait_for_lock(lock_path, std::chrono::duration<double>(0),
+                        std::chrono::duration<double>(0));
   }
 }
 

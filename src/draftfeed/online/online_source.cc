@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
   CacheStoreOptions store;
   store.root = options.hidden_states_path;
@@ -62,6 +61,8 @@ DType finite_dtype(HiddenDType dtype) {
       return DType::kBF16;
     case HiddenDType::kF16:
       return DType::kF16;
+    case HiddenDType::kF8E4M3:
+      return DType::kF8E4M3;
     case HiddenDType::kF32:
       break;
   }
@@ -117,7 +118,8 @@ OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
       client_(options_.client),
       log_(options_.log_failures) {
   if (options_.on_missing != "generate" && options_.transfer == nullptr) {
-    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing));
+    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing),
+                                                   options_.fp8_dequantize);
   }
 }
 
@@ -198,7 +200,8 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (found.value()) {
-    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value());
+    FetchOutcome outcome =
+        CacheSampleSource::check(row, input_ids, *found.value(), options_.fp8_dequantize);
     std::lock_guard lock(mutex_);
     ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
     return outcome;
@@ -303,7 +306,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     }
     finish_generated(row, file);
     record_success();
-    return CacheSampleSource::check(row, input_ids, *file.sample);
+    return CacheSampleSource::check(row, input_ids, *file.sample, options_.fp8_dequantize);
   }
 
   std::lock_guard lock(mutex_);
