@@ -16,6 +16,7 @@
 
 #include "bindings.h"
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/pipeline/cache_source.h"
@@ -177,7 +178,7 @@ PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::str
                      const std::string& noise, double noise_std, std::uint64_t seed,
                      bool apply_noise, const std::string& on_missing, int num_threads, int prefetch,
                      bool in_order, bool pin_memory, double lock_timeout, std::int64_t chunk_bytes,
-                     bool fatal_failures_in_batch) {
+                     bool fatal_failures_in_batch, const std::string& fp8_dequantize) {
   BatchSpec spec;
   spec.max_len = total_seq_len;
   spec.hidden_size = hidden_size;
@@ -192,7 +193,10 @@ PyEngine make_engine(std::shared_ptr<SampleSource> custom_source, const std::str
   store_options.lock_timeout = std::chrono::duration<double>(lock_timeout);
   auto store = std::make_shared<const CacheStore>(store_options);
   std::shared_ptr<SampleSource> source = custom_source;
-  if (!source) source = std::make_shared<CacheSampleSource>(store, parse_on_missing(on_missing));
+  if (!source) {
+    source = std::make_shared<CacheSampleSource>(store, parse_on_missing(on_missing),
+                                                 parse_fp8_dequantize(fp8_dequantize));
+  }
 
   PipelineOptions options;
   options.num_threads = num_threads;
@@ -222,11 +226,19 @@ void init_engine(nb::module_& m) {
             const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
             if (outcome.sample) {
               const HiddenStatesView& hs = outcome.sample->hidden;
-              out["dtype"] = hidden_dtype_name(hs.dtype);
-              out["hidden_bytes"] =
-                  nb::bytes(reinterpret_cast<const char*>(hs.data),
-                            static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden) *
-                                hidden_dtype_size(hs.dtype));
+              const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
+              if (hs.dtype == HiddenDType::kF8E4M3) {
+                // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
+                const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
+                    hs.data, hs.scales, hs.tokens, hs.layers * hs.hidden, hs.dequantize);
+                out["dtype"] = hidden_dtype_name(hs.dequantize);
+                out["hidden_bytes"] =
+                    nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
+              } else {
+                out["dtype"] = hidden_dtype_name(hs.dtype);
+                out["hidden_bytes"] = nb::bytes(reinterpret_cast<const char*>(hs.data),
+                                                count * hidden_dtype_size(hs.dtype));
+              }
               out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
             }
             return out;
@@ -279,12 +291,13 @@ void init_engine(nb::module_& m) {
              const std::string& dtype, const std::string& preprocess, const std::string& noise,
              double noise_std, std::uint64_t seed, bool apply_noise, const std::string& on_missing,
              int num_threads, int prefetch, bool in_order, bool pin_memory, double lock_timeout,
-             std::int64_t chunk_bytes, const PySampleSource* source, bool fatal_failures_in_batch) {
+             std::int64_t chunk_bytes, const PySampleSource* source, bool fatal_failures_in_batch,
+             const std::string& fp8_dequantize) {
             new (self) PyEngine(make_engine(
                 source != nullptr ? source->source : nullptr, data_path, hidden_states_path,
                 total_seq_len, hidden_size, num_target_layers, dtype, preprocess, noise, noise_std,
                 seed, apply_noise, on_missing, num_threads, prefetch, in_order, pin_memory,
-                lock_timeout, chunk_bytes, fatal_failures_in_batch));
+                lock_timeout, chunk_bytes, fatal_failures_in_batch, fp8_dequantize));
           },
           nb::arg("data_path"), nb::arg("hidden_states_path"), nb::arg("total_seq_len"),
           nb::arg("hidden_size"), nb::arg("num_target_layers") = 3,
@@ -293,7 +306,8 @@ void init_engine(nb::module_& m) {
           nb::arg("apply_noise") = false, nb::arg("on_missing") = "skip",
           nb::arg("num_threads") = 2, nb::arg("prefetch") = 4, nb::arg("in_order") = true,
           nb::arg("pin_memory") = true, nb::arg("lock_timeout") = 10.0, nb::arg("chunk_bytes") = 0,
-          nb::arg("source").none() = nb::none(), nb::arg("fatal_failures_in_batch") = false)
+          nb::arg("source").none() = nb::none(), nb::arg("fatal_failures_in_batch") = false,
+          nb::arg("fp8_dequantize") = "bfloat16")
       .def("start", &PyEngine::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
            "start delivering `batches` (arrays of global rows) with their plan `indices`")
       .def("next", &PyEngine::next, "the next batch, or None at the end of the epoch")

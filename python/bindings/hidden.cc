@@ -130,6 +130,7 @@ nb::object sample_dict(const std::optional<HiddenStateSample>& sample) {
   out["token_ids"] = array_of(sample->token_ids, sample->file);
   out["hidden_states"] = array_of(sample->hidden_states, sample->file);
   out["hidden_states_dtype"] = std::string(dtype_name(sample->hidden_states.dtype));
+  if (sample->scales) out["hidden_states_scales"] = array_of(*sample->scales, sample->file);
   out["path"] = sample->path();
   return out;
 }

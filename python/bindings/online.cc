@@ -26,6 +26,7 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/online/lookahead.h"
 #include "draftfeed/online/online_source.h"
+#include "draftfeed/pipeline/cache_source.h"
 #include "python_transfer.h"
 #include "sample_source.h"
 
@@ -226,8 +227,10 @@ void init_online(nb::module_& m) {
              int fetch_threads, bool keepalive, const std::string& server_dir, double lock_timeout,
              double lock_poll, std::uint64_t max_response_bytes, std::uint64_t max_file_bytes,
              int rest_after_failures, double rest_time, bool log_failures,
-             const std::string& data_path, int lookahead, nb::object transfer) {
+             const std::string& data_path, int lookahead, nb::object transfer,
+             const std::string& fp8_dequantize) {
             OnlineSourceOptions options;
+            options.fp8_dequantize = parse_fp8_dequantize(fp8_dequantize);
             options.hidden_states_path = hidden_states_path;
             options.client.endpoints = endpoints;
             options.client.model = model;
@@ -286,7 +289,8 @@ void init_online(nb::module_& m) {
           nb::arg("lock_poll") = 0.1, nb::arg("max_response_bytes") = kDefaultMaxResponseBytes,
           nb::arg("max_file_bytes") = std::uint64_t{64} << 30, nb::arg("rest_after_failures") = 3,
           nb::arg("rest_time") = 30.0, nb::arg("log_failures") = true, nb::arg("data_path") = "",
-          nb::arg("lookahead") = 0, nb::arg("transfer") = nb::none())
+          nb::arg("lookahead") = 0, nb::arg("transfer") = nb::none(),
+          nb::arg("fp8_dequantize") = "bfloat16")
       .def("stats",
            [](const PyOnlineSource& s) {
              nb::dict out = source_stats(s.online->stats());

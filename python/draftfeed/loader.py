@@ -134,6 +134,10 @@ class Loader:
     """Batches of one split of a dataset, packed, assembled and delivered by the C++ engine.
 
     Iterating yields `dict[str, torch.Tensor]` with the reference's keys, shapes and dtypes (SPEC §5).
+
+    The cache may hold bf16, f16 or f32 files and hs-connectors' FP8 files (F8_E4M3 hidden states with
+    per-token `hidden_states_scales`), mixed: FP8 values are dequantized in the batch copy exactly as
+    `FP8Transfer(dequantize_dtype=fp8_dequantize_dtype)` does, then cast to `hidden_states_dtype`.
     """
 
     def __init__(
@@ -164,6 +168,7 @@ class Loader:
         lock_timeout: float = 10.0,
         source: _core.SampleSource | None = None,
         fatal_failures_in_batch: bool = False,
+        fp8_dequantize_dtype: Any = "bfloat16",
     ) -> None:
         if split not in ("train", "val", "all"):
             raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
@@ -231,6 +236,7 @@ class Loader:
             lock_timeout=lock_timeout,
             source=source,
             fatal_failures_in_batch=fatal_failures_in_batch,
+            fp8_dequantize=_dtype_name(fp8_dequantize_dtype),
         )
         _LIVE_ENGINES.add(self._engine)
         self._delivered: set[int] = set()

@@ -103,6 +103,7 @@ class PythonPreprocessLoader(Loader):
 
     def __init__(self, data_path: str, *, preprocess: Callable[[dict], dict], source=None, **kwargs):
         super().__init__(data_path, preprocess="none", source=source, **kwargs)
+        self._fp8_dequantize = str(kwargs.get("fp8_dequantize_dtype", "bfloat16")).replace("torch.", "")
         self._preprocess = preprocess
         self._store = _core.HiddenStateStore(self.hidden_states_path)
         self._dataset = _core.open_dataset(data_path)
@@ -121,6 +122,16 @@ class PythonPreprocessLoader(Loader):
         if not np.array_equal(ids, self._dataset.row(row)["input_ids"]):
             return None
         hs = np.asarray(found["hidden_states"])
+        if "hidden_states_scales" in found or found.get("hidden_states_dtype") == "F8_E4M3":
+            # hs-connectors' FP8 file: checked (scales, shape) and dequantized as FP8Transfer does.
+            check = _core.validate_hidden_states(found["path"], np.ascontiguousarray(ids, dtype=np.int64), row)
+            if not check["ok"]:
+                return None
+            raw, name = _core.fp8_dequantize(
+                np.ascontiguousarray(hs).reshape(-1), np.asarray(found["hidden_states_scales"]).reshape(-1),
+                self._fp8_dequantize)
+            tensor = torch.frombuffer(bytearray(raw), dtype=getattr(torch, name)).reshape(hs.shape)
+            return torch.from_numpy(ids.copy()), tensor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the mapping is read-only; we never write through it
             tensor = torch.from_numpy(hs)

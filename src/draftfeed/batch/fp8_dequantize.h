@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/common/dtype.h"
@@ -57,5 +58,12 @@ inline float dequantize_fp8(std::uint8_t code, float scale, HiddenDType dequanti
   }
   return dequantize_fp8<HiddenDType::kF32>(code, scale);
 }
+
+// A whole [tokens, per_token] FP8 tensor dequantized into D's own bytes (bf16 or f16 bits, f32),
+// little-endian: for the per-sample Python paths, which hand tensors to a user's callable.
+// `scales` holds `tokens` float32 values (any alignment).
+std::vector<std::uint8_t> dequantize_fp8_tensor(const std::uint8_t* codes,
+                                                const std::uint8_t* scales, std::int64_t tokens,
+                                                std::int64_t per_token, HiddenDType dequantize);
 
 }  // namespace draftfeed

@@ -19,17 +19,20 @@ std::uint8_t float_to_fp8_e4m3(float value) {
   const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
   const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
   constexpr std::uint8_t kNaN = 0x7F;
-  // 480 = 2^8 x 1.875 would be the code 0x7F, which is NaN: anything from there up (Inf and NaN
-  // included) has no finite E4M3 value.
-  constexpr std::uint32_t k480 = 0x43F00000u;
+  constexpr std::uint8_t kLargest = 0x7E;  // 448
+  constexpr std::uint32_t kInfinity = 0x7F800000u;
+  constexpr std::uint32_t k464 = 0x43E80000u;             // halfway between 448 and 480
   constexpr std::uint32_t kSmallestNormal = 0x3C800000u;  // 2^-6
-  if (magnitude >= k480) return static_cast<std::uint8_t>(sign | kNaN);
+  if (magnitude > kInfinity) return static_cast<std::uint8_t>(sign | kNaN);
+  // Everything that would round past 448 (to 480, whose code 0x7F is NaN) saturates; 464 itself
+  // ties to 448, the even neighbour.
+  if (magnitude > k464) return static_cast<std::uint8_t>(sign | kLargest);
   const std::uint32_t exponent = magnitude >> 23;  // biased by 127
   const std::uint32_t mantissa = magnitude & 0x7FFFFFu;
   std::uint32_t code;
   if (magnitude >= kSmallestNormal) {
     // Normal: keep the top 3 mantissa bits of 23; a carry out of them moves into the exponent, as
-    // it should (and from 0x7E up to 0x7F, NaN: values in (464, 480) round to 480).
+    // it should (never up to 0x7F: magnitudes above 464 were saturated above).
     const std::uint32_t kept = ((exponent - 120u) << 3) | (mantissa >> 20);
     code = round_half_even(kept, mantissa & 0xFFFFFu, 20u);
   } else if (exponent == 0) {

@@ -43,10 +43,11 @@ inline float fp8_e4m3_to_float(std::uint8_t code) {
   return value;
 }
 
-// `value` rounded to the nearest E4M3 value, ties to even. Magnitudes that round to 480 or more
-// (there is no larger finite value than 448 and no infinity), infinities and NaN give NaN (0x7F
-// with the input's sign bit), as torch's float -> float8_e4m3fn cast does. Subnormal results are
-// rounded, not flushed.
+// `value` rounded to the nearest E4M3 value, ties to even. Magnitudes past the largest finite
+// value (infinities included) saturate to +-448 and NaN gives NaN (0x7F with the input's sign
+// bit), as torch's float -> float8_e4m3fn cast does (torch 2.13, the tests' oracle; some older
+// versions gave NaN from 480 up). A quantizer never gets there: |x / scale| <= 448 up to one
+// rounding. Subnormal results are rounded, not flushed.
 std::uint8_t float_to_fp8_e4m3(float value);
 
 }  // namespace draftfeed

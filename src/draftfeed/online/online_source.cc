@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "draftfeed/common/finite.h"
+#include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/pipeline/cache_source.h"
 
 namespace draftfeed {
@@ -361,6 +362,17 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
     return;
   }
   try {
+    if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
+      // Quantized into the cache (the old file, if any, is replaced atomically), then the
+      // server's file removed as on_generate = delete removes it.
+      std::error_code ignored;  // a folder that cannot be made fails the write, with its message
+      std::filesystem::create_directories(store_->root(), ignored);
+      write_fp8_sample(store_->path_for(row), *file.sample);
+      release_generated(*store_, file, std::nullopt);
+      std::lock_guard lock(mutex_);
+      ++stats_.adopted;
+      return;
+    }
     release_generated(*store_, file, cache ? std::optional<std::int64_t>(row) : std::nullopt);
     std::lock_guard lock(mutex_);
     ++(cache ? stats_.adopted : stats_.deleted);
