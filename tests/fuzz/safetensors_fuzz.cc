@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                      finite_scan_supports(view.dtype) ? view.dtype : DType::kU8);
     tensors.push_back(TensorToWrite{view.name, view.dtype, view.shape, view.bytes()});
   }
-  fuzz_fp8(*layout);
+  fuzz_fp8(layout.value());
   const auto written =
       serialize_safetensors(tensors, layout->has_metadata ? &layout->metadata : nullptr);
   auto reread = parse_safetensors(written, "fuzz-rewritten");

@@ -67,9 +67,11 @@ inline void store(std::uint8_t* base, std::int64_t i, float value) {
 template <HiddenDType kSrc>
 struct Elements {
   static constexpr HiddenDType kDType = kSrc;
+  static constexpr bool kDequantized = false;
   const std::uint8_t* row;
   float value(std::int64_t i) const { return load<kSrc>(row, i); }
-  bool nonfinite(std::int64_t i) const { return is_nonfinite<kSrc>(row, i); }
+  // Checked on the file's bits (a value read is never more or less finite than its bits).
+  bool nonfinite(std::int64_t i, float /*value*/) const { return is_nonfinite<kSrc>(row, i); }
 };
 
 // ...or FP8 codes with their token's scale, dequantized in kD as FP8Transfer does
@@ -77,6 +79,8 @@ struct Elements {
 template <HiddenDType kD>
 struct Fp8Elements {
   static constexpr HiddenDType kDType = HiddenDType::kF8E4M3;
+  static constexpr bool kDequantized = true;
+  static constexpr HiddenDType kDequantize = kD;
   const std::uint8_t* row;
   float scale;  // the token's scale, rounded to kD
   static float scale_of(const std::uint8_t* scales, std::int64_t r) {
@@ -85,13 +89,35 @@ struct Fp8Elements {
     return round_to_dtype<kD>(raw);
   }
   float value(std::int64_t i) const { return dequantize_fp8<kD>(row[i], scale); }
-  bool nonfinite(std::int64_t i) const {
-    const float v = value(i);
+  bool nonfinite(std::int64_t /*i*/, float value) const {
     std::uint32_t bits;
-    std::memcpy(&bits, &v, 4);
+    std::memcpy(&bits, &value, 4);
     return (bits & 0x7F800000U) == 0x7F800000U;
   }
 };
+
+// A value already rounded to the batch dtype (FP8 dequantized in that dtype): stored without
+// rounding again. Same bits as store<kDst>.
+template <HiddenDType kDst>
+inline void store_exact(std::uint8_t* base, std::int64_t i, float value) {
+  if constexpr (kDst == HiddenDType::kF32) {
+    std::memcpy(base + i * 4, &value, 4);
+  } else {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    const auto high = static_cast<std::uint16_t>(bits >> 16);
+    std::memcpy(base + i * 2, &high, 2);
+  }
+}
+
+template <class Source>
+constexpr bool exact_in(HiddenDType dst) {
+  if constexpr (Source::kDequantized) {
+    return Source::kDequantize == dst;
+  } else {
+    return false;
+  }
+}
 
 // One row with no noise. bf16 -> bf16 and f32 -> f32 are bit copies.
 template <class Source, HiddenDType kDst>
@@ -99,11 +125,16 @@ inline std::int64_t row_plain(const Source& src, std::uint8_t* dst, std::int64_t
   std::uint32_t bad = 0;
   if constexpr (Source::kDType == kDst) {
     std::memcpy(dst, src.row, static_cast<std::size_t>(n) * hidden_dtype_size(kDst));
-    for (std::int64_t i = 0; i < n; ++i) bad += src.nonfinite(i);
+    for (std::int64_t i = 0; i < n; ++i) bad += src.nonfinite(i, 0.0f);
   } else {
     for (std::int64_t i = 0; i < n; ++i) {
-      bad += src.nonfinite(i);
-      store<kDst>(dst, i, src.value(i));
+      const float v = src.value(i);
+      bad += src.nonfinite(i, v);
+      if constexpr (exact_in<Source>(kDst)) {
+        store_exact<kDst>(dst, i, v);
+      } else {
+        store<kDst>(dst, i, v);
+      }
     }
   }
   return bad;
@@ -119,14 +150,17 @@ inline std::int64_t row_uniform(const Source& src, std::uint8_t* dst, std::int64
   for (std::int64_t k = 0; k < pairs; ++k) {
     const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(k));
     const std::int64_t i = 2 * k;
-    bad += src.nonfinite(i) + src.nonfinite(i + 1);
-    store<kDst>(dst, i, src.value(i) + noise_signed_low(bits) * std_dev);
-    store<kDst>(dst, i + 1, src.value(i + 1) + noise_signed_high(bits) * std_dev);
+    const float a = src.value(i);
+    const float b = src.value(i + 1);
+    bad += src.nonfinite(i, a) + src.nonfinite(i + 1, b);
+    store<kDst>(dst, i, a + noise_signed_low(bits) * std_dev);
+    store<kDst>(dst, i + 1, b + noise_signed_high(bits) * std_dev);
   }
   if (n % 2 != 0) {
     const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(pairs));
-    bad += src.nonfinite(n - 1);
-    store<kDst>(dst, n - 1, src.value(n - 1) + noise_signed_low(bits) * std_dev);
+    const float a = src.value(n - 1);
+    bad += src.nonfinite(n - 1, a);
+    store<kDst>(dst, n - 1, a + noise_signed_low(bits) * std_dev);
   }
   return bad;
 }
@@ -140,11 +174,13 @@ inline std::int64_t row_gaussian(const Source& src, std::uint8_t* dst, std::int6
     const float u1 = noise_uniform(key, static_cast<std::uint32_t>(i));
     const float u2 = noise_uniform(key, static_cast<std::uint32_t>(i + 1));
     const float radius = std::sqrt(-2.0f * std::log(1.0f - u1));
-    bad += src.nonfinite(i);
-    store<kDst>(dst, i, src.value(i) + std_dev * radius * std::cos(kTwoPi * u2));
+    const float a = src.value(i);
+    bad += src.nonfinite(i, a);
+    store<kDst>(dst, i, a + std_dev * radius * std::cos(kTwoPi * u2));
     if (i + 1 < n) {
-      bad += src.nonfinite(i + 1);
-      store<kDst>(dst, i + 1, src.value(i + 1) + std_dev * radius * std::sin(kTwoPi * u2));
+      const float b = src.value(i + 1);
+      bad += src.nonfinite(i + 1, b);
+      store<kDst>(dst, i + 1, b + std_dev * radius * std::sin(kTwoPi * u2));
     }
   }
   return bad;

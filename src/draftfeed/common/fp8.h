@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "draftfeed/common/dtype.h"
+
 namespace draftfeed {
 
 // The largest finite E4M3 value, torch.finfo(torch.float8_e4m3fn).max.
@@ -35,9 +37,8 @@ inline float fp8_e4m3_to_float(std::uint8_t code) {
   const float subnormal = static_cast<float>(magnitude) * 0x1p-9f;
   std::uint32_t subnormal_bits;
   std::memcpy(&subnormal_bits, &subnormal, sizeof subnormal_bits);
-  std::uint32_t bits = magnitude < 8u ? subnormal_bits : normal;
-  bits = magnitude == 0x7Fu ? 0x7FC00000u : bits;
-  bits |= sign;
+  std::uint32_t bits = select_bits(magnitude < 8u, subnormal_bits, normal);
+  bits = select_bits(magnitude == 0x7Fu, 0x7FC00000u, bits) | sign;
   float value;
   std::memcpy(&value, &bits, sizeof value);
   return value;
