@@ -75,20 +75,38 @@ struct Elements {
 };
 
 // ...or FP8 codes with their token's scale, dequantized in kD as FP8Transfer does
-// (fp8_dequantize.h). A value is non-finite after dequantizing: NaN codes, and overflow of kD.
+// (fp8_dequantize.h). When kD rounds (bf16, f16), the token's 256 possible values are tabulated
+// once from the scalar definition and each element is a lookup: the same bits in fewer
+// instructions than converting and rounding every element (measured: 12% faster for bf16, 10x
+// for f16, whose conversions do not vectorise). For f32 one multiply per element is cheaper than
+// a lookup. A value is non-finite after dequantizing: NaN codes, and overflow of kD.
 template <HiddenDType kD>
 struct Fp8Elements {
   static constexpr HiddenDType kDType = HiddenDType::kF8E4M3;
   static constexpr bool kDequantized = true;
   static constexpr HiddenDType kDequantize = kD;
+  static constexpr bool kTabulated = kD != HiddenDType::kF32;
   const std::uint8_t* row;
   float scale;  // the token's scale, rounded to kD
-  static float scale_of(const std::uint8_t* scales, std::int64_t r) {
+  float table[kTabulated ? 256 : 1];
+
+  Fp8Elements(const std::uint8_t* codes, const std::uint8_t* scales, std::int64_t r) : row(codes) {
     float raw;
     std::memcpy(&raw, scales + r * 4, 4);
-    return round_to_dtype<kD>(raw);
+    scale = round_to_dtype<kD>(raw);
+    if constexpr (kTabulated) {
+      for (unsigned code = 0; code < 256; ++code) {
+        table[code] = dequantize_fp8<kD>(static_cast<std::uint8_t>(code), scale);
+      }
+    }
   }
-  float value(std::int64_t i) const { return dequantize_fp8<kD>(row[i], scale); }
+  float value(std::int64_t i) const {
+    if constexpr (kTabulated) {
+      return table[row[i]];
+    } else {
+      return dequantize_fp8<kD>(row[i], scale);
+    }
+  }
   bool nonfinite(std::int64_t /*i*/, float value) const {
     std::uint32_t bits;
     std::memcpy(&bits, &value, 4);
@@ -190,7 +208,7 @@ inline std::int64_t row_gaussian(const Source& src, std::uint8_t* dst, std::int6
 template <class Source>
 inline Source source_row(const RowCopy& job, const std::uint8_t* row, std::int64_t r) {
   if constexpr (Source::kDType == HiddenDType::kF8E4M3) {
-    return Source{row, Source::scale_of(job.src_scales, r)};
+    return Source(row, job.src_scales, r);
   } else {
     (void)job;
     (void)r;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "draftfeed/batch/batch_spec.h"
@@ -74,6 +75,12 @@ class SampleSource {
   // `input_ids` is the dataset row (for the token check). Must not throw for a bad sample (return a
   // drop); may throw for a failure that ends the run.
   virtual FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) = 0;
+
+  // A hint, from the pipeline's scheduler as it takes a batch on (before that batch's fetches run,
+  // and up to `prefetch` batches ahead of the consumer): these rows come soon. A source whose
+  // reads can start early (cache files: page-cache readahead) starts them; must be cheap and must
+  // not block for long. Called from one thread; concurrently with fetch().
+  virtual void will_need(std::span<const std::int64_t> /*rows*/) {}
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
   // request with a two-minute timeout) end now, and resume() once its threads have joined, before

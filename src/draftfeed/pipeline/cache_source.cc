@@ -34,12 +34,16 @@ HiddenDType parse_fp8_dequantize(const std::string& text) {
 
 CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
                                      HiddenDType fp8_dequantize)
-    : store_(std::move(store)), on_missing_(on_missing), fp8_dequantize_(fp8_dequantize) {
+    : store_(std::move(store)),
+      on_missing_(on_missing),
+      fp8_dequantize_(fp8_dequantize),
+      readahead_(std::make_unique<CacheReadahead>()) {
   require(fp8_dequantize != HiddenDType::kF8E4M3, ErrorKind::kInvalidArgument,
           "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
 }
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
+  readahead_->reached(global_row);
   auto found = store_->lookup(global_row);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
@@ -56,6 +60,15 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
   }
   return check(global_row, input_ids, *found.value(), fp8_dequantize_);
 }
+
+void CacheSampleSource::will_need(std::span<const std::int64_t> rows) {
+  std::vector<std::pair<std::int64_t, std::string>> files;
+  files.reserve(rows.size());
+  for (const std::int64_t row : rows) files.emplace_back(row, store_->path_for(row));
+  readahead_->add(std::move(files));
+}
+
+void CacheSampleSource::interrupt() { readahead_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
                                       const HiddenStateSample& sample, HiddenDType fp8_dequantize) {

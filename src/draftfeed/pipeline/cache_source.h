@@ -8,6 +8,7 @@
 #include <string>
 
 #include "draftfeed/batch/sample.h"
+#include "draftfeed/hidden/cache_readahead.h"
 #include "draftfeed/hidden/cache_store.h"
 
 namespace draftfeed {
@@ -27,6 +28,12 @@ class CacheSampleSource : public SampleSource {
   CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
                     HiddenDType fp8_dequantize = HiddenDType::kBF16);
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
+  // Queues the rows' files for reading ahead (hidden/cache_readahead.h), so a cold cache is read
+  // at the disk's speed, in plan order, ahead of the copy.
+  void will_need(std::span<const std::int64_t> rows) override;
+  // The pipeline stopped: the queued readahead is dropped.
+  void interrupt() override;
+  CacheReadaheadStats readahead_stats() const { return readahead_->stats(); }
 
   // Checks a loaded file against the row: token ids (int64 [T], equal to the row), hidden states
   // (bf16/f16/f32 [T, L, H], or F8_E4M3 with its scales). Shared with the online source.
@@ -38,6 +45,7 @@ class CacheSampleSource : public SampleSource {
   std::shared_ptr<const CacheStore> store_;
   OnMissing on_missing_;
   HiddenDType fp8_dequantize_;
+  std::unique_ptr<CacheReadahead> readahead_;
 };
 
 }  // namespace draftfeed
