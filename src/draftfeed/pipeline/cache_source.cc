@@ -70,6 +70,8 @@ void CacheSampleSource::will_need(std::span<const std::int64_t> rows) {
 
 void CacheSampleSource::interrupt() { readahead_->clear(); }
 
+void CacheSampleSource::resume() { readahead_->clear(); }
+
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
                                       const HiddenStateSample& sample, HiddenDType fp8_dequantize) {
   // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).

@@ -31,8 +31,10 @@ class CacheSampleSource : public SampleSource {
   // Queues the rows' files for reading ahead (hidden/cache_readahead.h), so a cold cache is read
   // at the disk's speed, in plan order, ahead of the copy.
   void will_need(std::span<const std::int64_t> rows) override;
-  // The pipeline stopped: the queued readahead is dropped.
+  // The pipeline stops: the queued readahead is dropped, at once and again once its threads have
+  // joined (its scheduler may queue a batch between the two).
   void interrupt() override;
+  void resume() override;
   CacheReadaheadStats readahead_stats() const { return readahead_->stats(); }
 
   // Checks a loaded file against the row: token ids (int64 [T], equal to the row), hidden states
