@@ -61,10 +61,12 @@ def cli() -> str:
     return path
 
 
-def prepare(root: str, size: str, hidden: int) -> dict:
-    """The dataset, its bf16 cache and its FP8 cache (written once, reused)."""
+def prepare(root: str, size: str, hidden: int, scale: float = 1.0) -> dict:
+    """The dataset, its bf16 cache and its FP8 cache (written once, reused). `scale` scales the
+    number of rows (--quick)."""
     min_len, max_len, rows = ROW_SIZES[size]
-    data = os.path.join(root, f"{size}_h{hidden}", "data")
+    rows = max(8, round(rows * scale))
+    data = os.path.join(root, f"{size}_h{hidden}_{rows}", "data")
     spec = make_cached_dataset(data, rows=rows, hidden_size=hidden, min_len=min_len, max_len=max_len)
     fp8 = os.path.join(data, "hidden_states_fp8")
     done = os.path.join(fp8, ".complete")
@@ -234,6 +236,7 @@ def main() -> None:
     p.add_argument("--row-sizes", default="small,medium,large")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     p.add_argument("--repeat", type=int, default=2, help="cold/warm epoch pairs per side (best kept)")
+    p.add_argument("--scale", type=float, default=1.0, help="scale the rows of every dataset (0.1: a quick check)")
     p.add_argument("--sides", default=",".join(SIDES))
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_cold"))
     p.add_argument("--out", default=str(HERE / "results"))
@@ -252,7 +255,7 @@ def main() -> None:
                    hidden_size=args.hidden_size, workers=args.workers, configs=[], notes=[])
     started = time.perf_counter()
     for size in [s for s in args.row_sizes.split(",") if s]:
-        config = prepare(args.data, size, args.hidden_size)
+        config = prepare(args.data, size, args.hidden_size, args.scale)
         paths = split_files(config["data"], config["bf16"])
         total, left = evict_checked(paths)
         if left > 0.01 * total:

@@ -2,7 +2,10 @@
 // ahead of the fetches, rows a fetch reached first skipped, and clear() dropping everything.
 // (Whether the kernel reads is the kernel's business; the queue's bookkeeping is checked here,
 // and bench/bench_cold.py measures the effect.)
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -43,13 +46,28 @@ bool eventually(F done) {
   return done();
 }
 
-TEST_F(ConcurrentCacheReadaheadTest, ReadaheadOfAFileAsksForAllOfIt) {
-  EXPECT_EQ(readahead_file(path(0), 4096), 10000u);
+TEST_F(ConcurrentCacheReadaheadTest, ReadaheadOfAFileAsksForAllOfItUnlessItIsCached) {
+  EXPECT_EQ(readahead_file(path(0), 4096, /*skip_cached=*/false), 10000u);
   EXPECT_EQ(readahead_file((dir_ / "missing").string()), 0u);
+  // Just written, so in the page cache: nothing to ask for.
+  EXPECT_EQ(readahead_file(path(1), 4096), 0u);
+  // Evicted (where the file system can drop its pages): asked for again.
+  const int fd = ::open(path(1).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  char byte;
+  struct iovec io {
+    &byte, 1
+  };
+  const bool evicted = ::preadv2(fd, &io, 1, 9999, RWF_NOWAIT) != 1;
+  ::close(fd);
+  if (!evicted) GTEST_SKIP() << "this file system keeps the pages after POSIX_FADV_DONTNEED";
+  EXPECT_EQ(readahead_file(path(1), 4096), 10000u);
 }
 
 TEST_F(ConcurrentCacheReadaheadTest, StaysWithinItsBudgetAheadOfTheFetches) {
-  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096});
+  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false});
   readahead.add(rows({0, 1, 2, 3}));
   // 10 KB ahead < 15 KB: a second file; 20 KB ahead: it waits.
   ASSERT_TRUE(eventually([&] { return readahead.stats().files == 2; }));
@@ -62,7 +80,7 @@ TEST_F(ConcurrentCacheReadaheadTest, StaysWithinItsBudgetAheadOfTheFetches) {
 }
 
 TEST_F(ConcurrentCacheReadaheadTest, RowsAFetchReachedFirstAreSkipped) {
-  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096});
+  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false});
   readahead.reached(1);  // fetched before its readahead
   readahead.add(rows({0, 1, 2}));
   ASSERT_TRUE(eventually([&] { return readahead.stats().files == 2; }));
@@ -72,7 +90,7 @@ TEST_F(ConcurrentCacheReadaheadTest, RowsAFetchReachedFirstAreSkipped) {
 }
 
 TEST_F(ConcurrentCacheReadaheadTest, ClearDropsTheQueueAndTheBudget) {
-  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096});
+  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false});
   readahead.add(rows({0, 1, 2, 3}));
   ASSERT_TRUE(eventually([&] { return readahead.stats().files == 2; }));
   readahead.clear();  // an epoch stopped: rows 2 and 3 never come

@@ -69,7 +69,7 @@ void CacheReadahead::run() {
     }
     const std::uint64_t generation = generation_;
     lock.unlock();
-    const std::size_t bytes = readahead_file(path, options_.chunk);
+    const std::size_t bytes = readahead_file(path, options_.chunk, options_.skip_cached);
     lock.lock();
     if (generation != generation_) continue;  // cleared meanwhile: not counted
     if (reached_early_.erase(row) != 0) {

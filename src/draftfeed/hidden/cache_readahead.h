@@ -30,6 +30,7 @@ namespace draftfeed {
 struct CacheReadaheadOptions {
   std::size_t max_ahead_bytes = std::size_t{256} << 20;
   std::size_t chunk = std::size_t{512} << 10;  // bytes per readahead request (file_readahead.h)
+  bool skip_cached = true;                     // files already in the page cache are not asked for
 };
 
 struct CacheReadaheadStats {
