@@ -15,5 +15,6 @@ void init_transfer_source(nb::module_& m);  // transfer_source.cc: a Python tran
 void init_online(nb::module_& m);           // online.cc: the vLLM client and the online source
 void init_sampler(nb::module_& m);          // sampler.cc: numpy's permutation, the planner
 void init_pack(nb::module_& m);             // pack.cc: the collate for a preprocess callable
+void init_fp8(nb::module_& m);              // fp8.cc: E4M3 conversions, quantize, dequantize
 
 }  // namespace draftfeed::python

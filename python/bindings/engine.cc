@@ -16,6 +16,7 @@
 
 #include "bindings.h"
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
@@ -348,6 +349,8 @@ void bind_loader_options(nb::module_& m) {
           [](O& o, bool v) { o.pipeline.fatal_failures_in_batch = v; })
       .def_rw("on_missing", &O::on_missing, "'skip', 'warn' or 'raise' (the cache source)")
       .def_rw("lock_timeout", &O::lock_timeout)
+      .def_rw("fp8_dequantize", &O::fp8_dequantize,
+              "FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32'")
       .def_prop_rw(
           "source", [](const O&) { return nb::none(); },
           [](O& o, const PySampleSource* source) {
@@ -371,11 +374,19 @@ void init_engine(nb::module_& m) {
             const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
             if (outcome.sample) {
               const HiddenStatesView& hs = outcome.sample->hidden;
-              out["dtype"] = hidden_dtype_name(hs.dtype);
-              out["hidden_bytes"] =
-                  nb::bytes(reinterpret_cast<const char*>(hs.data),
-                            static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden) *
-                                hidden_dtype_size(hs.dtype));
+              const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
+              if (hs.dtype == HiddenDType::kF8E4M3) {
+                // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
+                const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
+                    hs.data, hs.scales, hs.tokens, hs.layers * hs.hidden, hs.dequantize);
+                out["dtype"] = hidden_dtype_name(hs.dequantize);
+                out["hidden_bytes"] =
+                    nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
+              } else {
+                out["dtype"] = hidden_dtype_name(hs.dtype);
+                out["hidden_bytes"] = nb::bytes(reinterpret_cast<const char*>(hs.data),
+                                                count * hidden_dtype_size(hs.dtype));
+              }
               out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
             }
             return out;

@@ -12,9 +12,10 @@
 //   draftfeed.synthetic_hidden_value(seed, row, position, layer, h) -> float
 // and, under draftfeed._core only, the kernels for direct tests: hidden_all_finite,
 // hidden_count_nonfinite_per_slot, hidden_finite_kernel, hidden_convert_bits.
-// BF16 tensors come back as uint16 arrays of the raw bits (numpy has no bfloat16); F8/F6/F4 as
-// uint8 arrays of the raw bytes. Every array keeps its file mapped (its owner holds the file).
-// Blocking calls (lock waits, file I/O, scans) release the GIL.
+// BF16 tensors come back as uint16 arrays of the raw bits (numpy has no bfloat16); F8 as uint8
+// arrays of the codes (shaped); F6/F4 as flat uint8 arrays of the raw bytes. Every array keeps its
+// file mapped (its owner holds the file). Blocking calls (lock waits, file I/O, scans) release the
+// GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -86,8 +87,14 @@ std::optional<nb::dlpack::dtype> numpy_dtype(DType dtype) {
       return make(dtype_code::Float, dtype_bits(dtype));
     case DType::kC64:
       return make(dtype_code::Complex, 64);
+    case DType::kF8E5M2:
+    case DType::kF8E4M3:
+    case DType::kF8E8M0:
+    case DType::kF8E4M3Fnuz:
+    case DType::kF8E5M2Fnuz:  // one byte per element: raw codes, shaped
+      return make(dtype_code::UInt, 8);
     default:
-      return std::nullopt;  // F8, F6, F4: raw bytes
+      return std::nullopt;  // F6, F4: raw bytes
   }
 }
 
@@ -130,6 +137,7 @@ nb::object sample_dict(const std::optional<HiddenStateSample>& sample) {
   out["token_ids"] = array_of(sample->token_ids, sample->file);
   out["hidden_states"] = array_of(sample->hidden_states, sample->file);
   out["hidden_states_dtype"] = std::string(dtype_name(sample->hidden_states.dtype));
+  if (sample->scales) out["hidden_states_scales"] = array_of(*sample->scales, sample->file);
   out["path"] = sample->path();
   return out;
 }
@@ -168,7 +176,8 @@ void init_hidden(nb::module_& m) {
       "load_safetensors", [](const std::string& path) { return tensors_of(open_file(path)); },
       "path"_a,
       "Maps a safetensors file and returns {name: read-only numpy array} without copying (BF16 "
-      "as uint16 bits, F8/F6/F4 as raw uint8 bytes). Raises FormatError naming the problem.");
+      "as uint16 bits, F8 as uint8 codes, F6/F4 as raw uint8 bytes). Raises FormatError naming "
+      "the problem.");
   m.def(
       "safetensors_metadata",
       [](const std::string& path) -> std::optional<std::map<std::string, std::string>> {

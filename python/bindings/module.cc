@@ -51,4 +51,5 @@ NB_MODULE(_core, m) {
   py::init_online(m);
   py::init_sampler(m);
   py::init_pack(m);
+  py::init_fp8(m);
 }

@@ -22,9 +22,11 @@
 #include <vector>
 
 #include "bindings.h"
+#include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/online/lookahead.h"
 #include "draftfeed/online/online_source.h"
+#include "draftfeed/pipeline/cache_source.h"
 #include "python_transfer.h"
 #include "sample_source.h"
 
@@ -131,6 +133,12 @@ nb::ndarray<nb::numpy, float> hidden_as_float(const HiddenStatesView& hs) {
       case HiddenDType::kF32:
         std::memcpy(&values[i], hs.data + 4 * i, 4);
         break;
+      case HiddenDType::kF8E4M3: {
+        float scale;
+        std::memcpy(&scale, hs.scales + 4 * (i / (hs.layers * hs.hidden)), 4);
+        values[i] = dequantize_fp8(hs.data[i], scale, hs.dequantize);
+        break;
+      }
     }
   }
   nb::capsule owner(values, [](void* p) noexcept { delete[] static_cast<float*>(p); });
@@ -216,7 +224,12 @@ void bind_online_options(nb::module_& m) {
       .def_prop_rw(
           "rest_time", [](const O& o) { return o.client.rest_time.count(); },
           [](O& o, double v) { o.client.rest_time = seconds(v); })
-      .def_rw("log_failures", &O::log_failures);
+      .def_rw("log_failures", &O::log_failures)
+      .def_prop_rw(
+          "fp8_dequantize",
+          [](const O& o) { return std::string(hidden_dtype_name(o.fp8_dequantize)); },
+          [](O& o, const std::string& v) { o.fp8_dequantize = parse_fp8_dequantize(v); },
+          "FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32'");
 }
 
 }  // namespace

@@ -120,6 +120,10 @@ class Loader:
     """Batches of one split of a dataset, packed, assembled and delivered by the C++ engine.
 
     Iterating yields `dict[str, torch.Tensor]` with the reference's keys, shapes and dtypes (SPEC §5).
+
+    The cache may hold bf16, f16 or f32 files and hs-connectors' FP8 files (F8_E4M3 hidden states with
+    per-token `hidden_states_scales`), mixed: FP8 values are dequantized in the batch copy exactly as
+    `FP8Transfer(dequantize_dtype=fp8_dequantize_dtype)` does, then cast to `hidden_states_dtype`.
     """
 
     def __init__(
@@ -140,7 +144,8 @@ class Loader:
         torch dtype), noise ("uniform") and noise_std (0: none), seed (0, of the plan and the noise),
         num_threads (2), prefetch (4 buffers), in_order (True), max_batches, truncate (True),
         on_missing ("skip"), pin_memory (True), lock_timeout (10 s), chunk_bytes,
-        fatal_failures_in_batch (False). An unknown name is a TypeError."""
+        fatal_failures_in_batch (False), fp8_dequantize_dtype ("bfloat16", FP8Transfer's
+        dequantize_dtype for FP8 files: a string or torch dtype). An unknown name is a TypeError."""
         topology = Topology.resolve(rank, world_size, sp_size)
         core = _core.LoaderOptions()
         core.data_path = os.fspath(data_path)
@@ -148,6 +153,8 @@ class Loader:
         core.rank, core.world_size = topology.dp_rank, topology.dp_size
         core.preprocess = "custom" if callable(preprocess) else preprocess
         for name, value in options.items():
+            if name == "fp8_dequantize_dtype":  # FP8Transfer's name for it
+                name, value = "fp8_dequantize", _dtype_name(value)
             if name.startswith("_") or not hasattr(core, name) or name in ("data_path", "source"):
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
             if name == "hidden_states_dtype":

@@ -54,6 +54,7 @@ def OnlineSource(
     log_failures: bool = True,
     lookahead: int | None = None,
     transfer: Any = None,
+    fp8_dequantize_dtype: Any = "bfloat16",
 ) -> _core.OnlineSource:
     """The online sample source (a `_core.SampleSource`; `Loader(..., source=...)` takes it).
 
@@ -80,6 +81,9 @@ def OnlineSource(
         optional `setup()` (called once before the first load) and `cache(handle, idx)` (used by
         on_generate="cache"; without it a generated sample is deleted). Called back from C++ with the
         GIL held per call: slower than the native store. Needs on_missing="generate".
+    fp8_dequantize_dtype: FP8 files (hs-connectors' FP8 connector: F8_E4M3 with per-token scales), cached
+        or generated, are dequantized natively in this dtype, as `FP8Transfer(dequantize_dtype=...)`:
+        torch.bfloat16 (default), torch.float16 or torch.float32.
     """
     if hidden_states_path is None:
         if data_path is None:
@@ -114,6 +118,7 @@ def OnlineSource(
         rest_after_failures=rest_after_failures,
         rest_time=rest_time,
         log_failures=log_failures,
+        fp8_dequantize=str(fp8_dequantize_dtype),  # "torch.float16" is taken as "float16"
     ).items():
         setattr(options, name, value)
     return _core.OnlineSource(

@@ -20,8 +20,10 @@ How the reference's arguments map:
 - `preprocess`: speculators' own `shift_batch` (EAGLE-3, P-EAGLE) and `shift_batch_mtp` run natively in
   the copy; any other callable runs in Python on each sample the engine fetched, validated, cast and
   noised (views of the engine's buffer), and the engine packs what it returns (`_core.pack_samples`).
-- `transfer`: None or an hs-connectors `FileTransfer` use the native cache store (its folder); any other
-  object with the transfer interface (an `FP8Transfer`, a Mooncake transfer, a custom one) is called back
+- `transfer`: None, an hs-connectors `FileTransfer` or `FP8Transfer` use the native cache store (its
+  folder): FP8 files (F8_E4M3 + per-token scales, alone or mixed with bf16 files) are dequantized inside
+  the batch copy exactly as `FP8Transfer` does, in its `dequantize_dtype` (bf16, f16 or f32). Any other
+  object with the transfer interface (a Mooncake transfer, a custom one) is called back
   from C++ per sample (slower: it holds the GIL per call): `get_cached` offline, and with
   `on_missing="generate"` also `setup`, `get_generated` after each request, then `cache` (when it has one
   and on_generate="cache") or `delete`.
@@ -108,16 +110,36 @@ def _topology() -> Topology:
     return Topology.resolve(None, None, int(os.environ.get("SP_SIZE", "1")))
 
 
-def _hidden_states_path(data_path: str, transfer: Any) -> tuple[str, Any]:
-    """(cache folder, transfer to call back or None)."""
+# The dtypes FP8Transfer's dequantize can take that the native copy reproduces bit for bit.
+_NATIVE_DEQUANTIZE = ("bfloat16", "float16", "float32")
+
+
+def _is_hs_connectors(transfer: Any, name: str) -> bool:
+    """`transfer` is exactly hs-connectors' class `name` (a subclass may override get_cached)."""
+    cls = type(transfer)
+    return cls.__name__ == name and cls.__module__.split(".")[0] == "hs_connectors"
+
+
+def _hidden_states_path(data_path: str, transfer: Any) -> tuple[str, Any, str]:
+    """(cache folder, transfer to call back or None, dtype FP8 files are dequantized in).
+
+    None, a `FileTransfer` and an `FP8Transfer` (whose dequantize dtype the native copy reproduces)
+    read the cache natively; FP8 files in it (alone or mixed with bf16 ones) are dequantized in the
+    batch copy exactly as `FP8Transfer.get_cached` does. Without an FP8Transfer the reference would
+    not dequantize FP8 files at all (their values would reach the batch unscaled); the native store
+    always applies the scales, in bf16 as FP8Transfer's default."""
     if transfer is None:
-        return os.path.join(data_path, "hidden_states"), None
+        return os.path.join(data_path, "hidden_states"), None, "bfloat16"
     if type(transfer).__name__ == "FileTransfer" and hasattr(transfer, "hidden_states_path"):
-        return str(transfer.hidden_states_path), None
+        return str(transfer.hidden_states_path), None, "bfloat16"
+    if _is_hs_connectors(transfer, "FP8Transfer") and hasattr(transfer, "hidden_states_path"):
+        dequantize = str(getattr(transfer, "dequantize_dtype", "bfloat16")).replace("torch.", "")
+        if dequantize in _NATIVE_DEQUANTIZE:
+            return str(transfer.hidden_states_path), None, dequantize
     for method in ("get_cached",):
         if not callable(getattr(transfer, method, None)):
             raise TypeError(f"transfer {type(transfer).__name__} has no {method}() method")
-    return os.path.join(data_path, "hidden_states"), transfer
+    return os.path.join(data_path, "hidden_states"), transfer, "bfloat16"
 
 
 class SpeculatorsLoader(Loader):
@@ -208,7 +230,7 @@ def create_train_val_loaders(
     if max_train_batches is not None and max_train_batches < 0:
         raise ValueError(f"max_train_batches must be >= 0, got {max_train_batches}")
 
-    hidden_states_path, python_transfer = _hidden_states_path(data_path, transfer)
+    hidden_states_path, python_transfer, fp8_dequantize = _hidden_states_path(data_path, transfer)
     native = _native_preprocess(preprocess)
     topology = _topology()
 
@@ -236,6 +258,7 @@ def create_train_val_loaders(
             # Not in the reference's signature: where the servers write, as a stricter confinement
             # (handles elsewhere are refused).
             server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
+            fp8_dequantize_dtype=fp8_dequantize,
         )
     elif python_transfer is not None:
         source = _core.python_transfer_source(python_transfer, on_missing)
@@ -266,6 +289,7 @@ def create_train_val_loaders(
         on_missing="skip" if on_missing == "generate" else on_missing,
         source=source,
         fatal_failures_in_batch=True,
+        fp8_dequantize_dtype=fp8_dequantize,
     )
     # As speculators 0.9.0, by the engine's one rule: validation has no noise, every batch, and
     # seed 0 whatever `seed` (runs with different seeds are validated on the same batches).

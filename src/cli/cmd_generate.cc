@@ -17,6 +17,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/validate.h"
 #include "draftfeed/online/online_source.h"
+#include "row_range.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -46,44 +47,14 @@ options:
   --rows A:B                          only rows A..B-1 (either side may be left out)
   --lock-timeout S                    wait for a writer's lock at most S seconds (default 10)
   --no-keepalive                      open a new connection per request
+  --fp8                               store each generated file as hs-connectors' FP8 file
+                                      (float8_e4m3fn + per-token scales, about half the bytes;
+                                      files already valid are kept as they are: see quantize)
   --no-progress                       no progress bar
   --json                              print the summary as JSON
 
 Exit status: 0 when every row of the range has a valid file, 1 when some remain unfilled,
 2 for bad arguments.)";
-
-struct RowRange {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
-};
-
-RowRange parse_rows(const std::string& text, std::int64_t n_rows) {
-  RowRange range{0, n_rows};
-  if (text.empty()) return range;
-  const auto colon = text.find(':');
-  require(colon != std::string::npos, ErrorKind::kInvalidArgument,
-          "--rows wants A:B, got '" + text + "'");
-  auto parse = [&](const std::string& part, std::int64_t fallback) {
-    if (part.empty()) return fallback;
-    std::size_t used = 0;
-    std::int64_t value = 0;
-    try {
-      value = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    require(used == part.size() && used > 0, ErrorKind::kInvalidArgument,
-            "--rows wants integers A:B, got '" + text + "'");
-    return value;
-  };
-  range.begin = parse(text.substr(0, colon), 0);
-  range.end = parse(text.substr(colon + 1), n_rows);
-  require(range.begin >= 0 && range.begin <= range.end && range.end <= n_rows,
-          ErrorKind::kInvalidArgument,
-          "--rows " + text + " is not a range inside the dataset's " + std::to_string(n_rows) +
-              " rows");
-  return range;
-}
 
 // True when the row's cached file exists and passes every check.
 bool has_valid_file(const CacheStore& store, const TokenDataset& dataset, std::int64_t row) {
@@ -127,7 +98,7 @@ int run_generate(const std::vector<std::string>& argv) {
       {"endpoint", "hidden-states", "server-dir", "concurrency", "model", "request-timeout",
        "max-retries", "retry-backoff", "generation-validation-retries", "max-consecutive-failures",
        "rows", "lock-timeout"},
-      {"fail-on-error", "no-keepalive", "no-progress", "json"});
+      {"fail-on-error", "no-keepalive", "no-progress", "json", "fp8"});
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
   const std::vector<std::string> endpoints = args.all("endpoint");
@@ -141,6 +112,7 @@ int run_generate(const std::vector<std::string>& argv) {
   options.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
   options.server_dir = args.str("server-dir", "");
   options.on_generate = OnGenerate::kCache;
+  options.cache_fp8 = args.has("fp8");
   options.client.endpoints = endpoints;
   options.client.model = args.str("model", "");
   options.client.request_timeout = std::chrono::duration<double>(args.real("request-timeout", 120));
@@ -158,7 +130,7 @@ int run_generate(const std::vector<std::string>& argv) {
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
 
   const auto dataset = TokenDataset::open(data);
-  const RowRange range = parse_rows(args.str("rows", ""), dataset->num_rows());
+  const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());
   const std::int64_t total = range.end - range.begin;
   options.dataset = dataset;  // multimodal rows: the chat request with their messages
   OnlineSampleSource source(options);

@@ -126,7 +126,7 @@ TEST_F(HiddenValidateTest, WrongRankDtypeAndTokenTensor) {
   check = validate_file(write(kIds, {3, 1, 1}, DType::kI32), RowIds(kIds));
   EXPECT_EQ(check.problem, SampleProblem::kBadDtype);
   EXPECT_EQ(check.error_kind(), ErrorKind::kUnsupported);
-  EXPECT_CONTAINS(check.message, "hidden_states is I32, expected BF16, F16 or F32");
+  EXPECT_CONTAINS(check.message, "hidden_states is I32, expected BF16, F16, F32 or F8_E4M3");
   check = validate_file(write(kIds, {3, 1, 1}, DType::kF32, DType::kF64), RowIds(kIds));
   EXPECT_EQ(check.problem, SampleProblem::kBadTokenIds);
   EXPECT_CONTAINS(check.message, "token_ids is F64 [3], expected a 1-D integer tensor");

@@ -55,7 +55,19 @@ class MemorySource : public SampleSource {
     ++resumes;
   }
 
+  // will_need: the rows hinted, in order, and fetches of rows not hinted before them.
+  std::vector<std::int64_t> hinted;
+  std::atomic<int> fetched_unhinted{0};
+  void will_need(std::span<const std::int64_t> rows) override {
+    std::lock_guard lock(mutex_);
+    hinted.insert(hinted.end(), rows.begin(), rows.end());
+  }
+
   FetchOutcome fetch(std::int64_t row, const IntArrayView& ids) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (std::find(hinted.begin(), hinted.end(), row) == hinted.end()) ++fetched_unhinted;
+    }
     if (blocks.count(row)) {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] { return interrupted_; });
@@ -230,6 +242,20 @@ TEST_F(PipelineTest, InOrderDeliversThePlanInOrderWithExactContents) {
   }
   EXPECT_EQ(pipeline->next(), nullptr);
   EXPECT_EQ(pipeline->metrics().dropped[static_cast<std::size_t>(DropReason::kMissing)], 2);
+}
+
+TEST_F(PipelineTest, EveryBatchIsAnnouncedToTheSourceInPlanOrderBeforeItsFetches) {
+  auto pipeline = make(/*in_order=*/true, 3, 2);
+  const auto batches = plan();
+  pipeline->start(0, batches);
+  while (pipeline->next() != nullptr) {
+  }
+  std::vector<std::int64_t> expected;
+  for (const PlannedBatch& batch : batches) {
+    expected.insert(expected.end(), batch.rows.begin(), batch.rows.end());
+  }
+  EXPECT_EQ(source_->hinted, expected);
+  EXPECT_EQ(source_->fetched_unhinted.load(), 0);
 }
 
 TEST_F(PipelineTest, AsReadyDeliversEveryBatchOnce) {

@@ -1,6 +1,8 @@
 // libFuzzer target for the safetensors parser. Any input must either be refused with a message or
 // give views that lie inside the input; an accepted file must survive a write/re-read round trip
-// through our writer with the same tensors and metadata.
+// through our writer with the same tensors and metadata. A file with F8_E4M3 `hidden_states` also
+// goes through the FP8 scales check and, when its scales pass, the batch copy's dequantize (what
+// the engine runs on such a sample), in every dequantize dtype.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -8,9 +10,46 @@
 #include <span>
 #include <vector>
 
+#include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/common/finite.h"
 #include "draftfeed/hidden/safetensors.h"
 #include "draftfeed/hidden/safetensors_writer.h"
+#include "draftfeed/hidden/validate.h"
+
+namespace {
+
+void fuzz_fp8(const draftfeed::SafetensorsLayout& layout) {
+  using namespace draftfeed;
+  const TensorView* states = nullptr;
+  const TensorView* scales = nullptr;
+  for (const auto& view : layout.tensors) {
+    if (view.name == kHiddenStatesKey) states = &view;
+    if (view.name == kHiddenStatesScalesKey) scales = &view;
+  }
+  if (states == nullptr || states->shape.size() != 3) return;
+  const std::string problem = fp8_scales_problem(states->dtype, states->shape[0], scales);
+  if (!problem.empty() || states->dtype != DType::kF8E4M3 || states->nbytes == 0) return;
+  if (states->shape[0] == 0 || states->nbytes > (1u << 20)) return;
+  std::vector<float> out(states->nbytes);
+  for (const HiddenDType dequantize : {HiddenDType::kBF16, HiddenDType::kF16, HiddenDType::kF32}) {
+    RowCopy job;
+    job.src = states->data;
+    job.src_dtype = HiddenDType::kF8E4M3;
+    job.width = states->shape[1] * states->shape[2];
+    job.src_row_stride = job.width;
+    job.src_scales = scales->data;
+    job.dequantize = dequantize;
+    job.dst = reinterpret_cast<std::uint8_t*>(out.data());
+    job.dst_dtype = HiddenDType::kF32;
+    job.dst_row_stride = job.width;
+    job.rows = states->shape[0];
+    job.noise = NoiseKind::kUniform;
+    job.noise_std = 0.05f;
+    if (copy_hidden_rows(job) < 0) std::abort();
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace draftfeed;
@@ -28,6 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                      finite_scan_supports(view.dtype) ? view.dtype : DType::kU8);
     tensors.push_back(TensorToWrite{view.name, view.dtype, view.shape, view.bytes()});
   }
+  fuzz_fp8(layout.value());
   const auto written =
       serialize_safetensors(tensors, layout->has_metadata ? &layout->metadata : nullptr);
   auto reread = parse_safetensors(written, "fuzz-rewritten");

@@ -81,15 +81,22 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
                          src_elem;
   };
 
+  // FP8: the float32 scale of `token`, one per token.
+  auto scale_at = [&](std::int64_t token) {
+    return hs.scales == nullptr ? nullptr : hs.scales + static_cast<std::size_t>(token) * 4;
+  };
+
   RowCopy job;
   job.src_dtype = hs.dtype;
   job.src_row_stride = src_stride;
+  job.dequantize = hs.dequantize;
   job.dst_dtype = spec.dtype;
   job.rows = rows;
 
   if (spec.preprocess == Preprocess::kMtp) {
     // MTP: `hidden_states` is the verifier's last layer, never noised.
     job.src = source_at(first, hs.layers - 1);
+    job.src_scales = scale_at(first);
     job.width = hs.hidden;
     job.dst_row_stride = job.width;
     job.dst = target + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
@@ -98,6 +105,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
 
   // Target layers 0..L-2 of token t are contiguous: one row of (L-1)*H elements.
   job.src = source_at(first, 0);
+  job.src_scales = scale_at(first);
   job.width = (hs.layers - 1) * hs.hidden;
   job.dst_row_stride = job.width;
   job.dst = target + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
@@ -114,9 +122,11 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   RowCopy last_job;
   last_job.src_dtype = hs.dtype;
   last_job.src_row_stride = src_stride;
+  last_job.dequantize = hs.dequantize;
   last_job.dst_dtype = spec.dtype;
   last_job.rows = rows;
   last_job.src = source_at(first + shift, hs.layers - 1);
+  last_job.src_scales = scale_at(first + shift);
   last_job.width = hs.hidden;
   last_job.dst_row_stride = hs.hidden;
   last_job.dst = slot_data(layout, batch, "verifier_last_hidden_states") +

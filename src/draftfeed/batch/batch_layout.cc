@@ -13,6 +13,8 @@ const char* hidden_dtype_name(HiddenDType dtype) {
       return "float16";
     case HiddenDType::kF32:
       return "float32";
+    case HiddenDType::kF8E4M3:
+      return "float8_e4m3fn";
   }
   return "unknown";
 }
@@ -69,6 +71,9 @@ BatchLayout make_batch_layout(const BatchSpec& spec) {
           "num_target_layers must be positive, got " + std::to_string(spec.num_target_layers));
   require(spec.dtype != HiddenDType::kF16, ErrorKind::kInvalidArgument,
           "hidden_states_dtype float16 is not supported for training (use bfloat16 or float32)");
+  require(spec.dtype != HiddenDType::kF8E4M3, ErrorKind::kInvalidArgument,
+          "hidden_states_dtype float8_e4m3fn is a file type, not a batch type (use bfloat16 or "
+          "float32)");
   require(spec.noise.std >= 0.0, ErrorKind::kInvalidArgument,
           "noise std must be >= 0, got " + std::to_string(spec.noise.std));
 

@@ -10,12 +10,14 @@
 
 namespace draftfeed {
 
-// Element types of hidden states, in files and in batches.
-enum class HiddenDType : std::uint8_t { kBF16, kF16, kF32 };
+// Element types of hidden states, in files and in batches. F8 E4M3 (common/fp8.h) is a file type
+// only: its values come with one scale per token and are dequantized into a batch's bf16 or f32.
+enum class HiddenDType : std::uint8_t { kBF16, kF16, kF32, kF8E4M3 };
 constexpr std::size_t hidden_dtype_size(HiddenDType dtype) {
-  return dtype == HiddenDType::kF32 ? 4 : 2;
+  return dtype == HiddenDType::kF32 ? 4 : dtype == HiddenDType::kF8E4M3 ? 1 : 2;
 }
-const char* hidden_dtype_name(HiddenDType dtype);  // "bfloat16", "float16", "float32"
+// "bfloat16", "float16", "float32", "float8_e4m3fn" (torch's names)
+const char* hidden_dtype_name(HiddenDType dtype);
 
 // Per-sample transforms the reference applies before packing (speculators' preprocess functions).
 enum class Preprocess : std::uint8_t {

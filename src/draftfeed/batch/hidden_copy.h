@@ -12,6 +12,10 @@ struct RowCopy {
   const std::uint8_t* src = nullptr;  // first element of the first row to copy
   HiddenDType src_dtype = HiddenDType::kBF16;
   std::int64_t src_row_stride = 0;  // elements between consecutive rows (L * H)
+  // F8 E4M3 sources: the float32 scale of the first row's token (one per row, consecutive, any
+  // alignment), and the dtype the values are dequantized in (fp8_dequantize.h) before the cast.
+  const std::uint8_t* src_scales = nullptr;
+  HiddenDType dequantize = HiddenDType::kBF16;
   std::uint8_t* dst = nullptr;
   HiddenDType dst_dtype = HiddenDType::kBF16;  // bf16 or f32
   std::int64_t dst_row_stride = 0;             // elements
@@ -25,8 +29,10 @@ struct RowCopy {
   std::int64_t first_token = 0;  // the file's token index of the first row (the noise counter)
 };
 
-// Copies and returns the number of non-finite source elements (NaN or Inf) seen. bf16 rounding is
-// round-to-nearest-even, as PyTorch's float -> bfloat16 cast.
+// Copies and returns the number of non-finite source elements (NaN or Inf) seen; for an FP8
+// source, of non-finite dequantized values (NaN codes, and products too large for the dequantize
+// dtype). bf16 rounding is round-to-nearest-even, as PyTorch's float -> bfloat16 cast. Noise is
+// added to the value as the file gives it (after dequantizing), in float32, rounded once.
 std::int64_t copy_hidden_rows(const RowCopy& job);
 
 }  // namespace draftfeed

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "draftfeed/batch/batch_spec.h"
@@ -35,6 +36,11 @@ struct HiddenStatesView {
   std::int64_t tokens = 0;
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
+  // F8 E4M3 only (hs-connectors' FP8 files): one float32 scale per token (`tokens` of them,
+  // little-endian, any alignment), and the dtype FP8Transfer dequantizes in (bf16, f16 or f32):
+  // value = round_D(D(fp8) x D(scale)). Null for other dtypes.
+  const std::uint8_t* scales = nullptr;
+  HiddenDType dequantize = HiddenDType::kBF16;
 };
 
 struct FetchedSample {
@@ -69,6 +75,12 @@ class SampleSource {
   // `input_ids` is the dataset row (for the token check). Must not throw for a bad sample (return a
   // drop); may throw for a failure that ends the run.
   virtual FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) = 0;
+
+  // A hint, from the pipeline's scheduler as it takes a batch on (before that batch's fetches run,
+  // and up to `prefetch` batches ahead of the consumer): these rows come soon. A source whose
+  // reads can start early (cache files: page-cache readahead) starts them; must be cheap and must
+  // not block for long. Called from one thread; concurrently with fetch().
+  virtual void will_need(std::span<const std::int64_t> /*rows*/) {}
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
   // request with a two-minute timeout) end now, and resume() once its threads have joined, before

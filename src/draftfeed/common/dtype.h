@@ -55,13 +55,21 @@ inline float bf16_to_float(std::uint16_t bits) {
   return value;
 }
 
+// `a` where `condition` holds, else `b`, as bit masks rather than a branch: loops of these
+// vectorise (GCC does not if-convert a chain of conditional returns or of several selects).
+inline std::uint32_t select_bits(bool condition, std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
+  return (a & mask) | (b & ~mask);
+}
+
 // Round to nearest, ties to even, as torch does; a NaN stays a (quiet) NaN.
 inline std::uint16_t float_to_bf16(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
-  const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+  const std::uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+  const std::uint32_t quiet_nan = bits | 0x00400000u;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  return static_cast<std::uint16_t>(select_bits(nan, quiet_nan, rounded) >> 16);
 }
 
 // IEEE binary16 <-> binary32, round to nearest even, subnormals kept.

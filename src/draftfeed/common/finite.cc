@@ -160,11 +160,32 @@ std::vector<NonFiniteCounts> count_per_slot(const std::uint8_t* p, std::int64_t 
   return counts;
 }
 
+// F8 E4M3: the two NaN codes have every exponent and mantissa bit set (common/fp8.h).
+bool fp8_all_finite(const std::uint8_t* p, std::size_t count) {
+  std::uint8_t hit = 0;
+  for (std::size_t i = 0; i < count; ++i) hit |= static_cast<std::uint8_t>((p[i] & 0x7F) == 0x7F);
+  return hit == 0;
+}
+
+std::vector<NonFiniteCounts> fp8_count_per_slot(const std::uint8_t* p, std::int64_t rows,
+                                                std::int64_t slots, std::int64_t width) {
+  std::vector<NonFiniteCounts> counts(static_cast<std::size_t>(slots));
+  std::size_t index = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t s = 0; s < slots; ++s) {
+      for (std::int64_t w = 0; w < width; ++w, ++index) {
+        counts[static_cast<std::size_t>(s)].nan += (p[index] & 0x7F) == 0x7F;
+      }
+    }
+  }
+  return counts;
+}
+
 }  // namespace
 
 bool finite_scan_supports(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32 ||
-         dtype == DType::kF64;
+         dtype == DType::kF64 || dtype == DType::kF8E4M3;
 }
 
 bool all_finite(const void* data, std::size_t count, DType dtype, FiniteKernel kernel) {
@@ -178,6 +199,8 @@ bool all_finite(const void* data, std::size_t count, DType dtype, FiniteKernel k
       return vector_all_finite(p, count, 4, kF32Exponent, kernel);
     case DType::kF64:
       return scalar_all_finite<std::uint64_t>(p, count, kF64Exponent);
+    case DType::kF8E4M3:
+      return fp8_all_finite(p, count);
     default:
       return true;
   }
@@ -196,6 +219,8 @@ std::vector<NonFiniteCounts> count_nonfinite_per_slot(const void* data, std::int
       return count_per_slot<std::uint32_t>(p, rows, slots, width, kF32Exponent);
     case DType::kF64:
       return count_per_slot<std::uint64_t>(p, rows, slots, width, kF64Exponent);
+    case DType::kF8E4M3:
+      return fp8_count_per_slot(p, rows, slots, width);
     default:
       return std::vector<NonFiniteCounts>(static_cast<std::size_t>(slots < 0 ? 0 : slots));
   }

@@ -17,7 +17,7 @@
 namespace draftfeed {
 
 // True when `dtype`'s values can be NaN or Inf and this module knows how to check them
-// (BF16, F16, F32, F64).
+// (BF16, F16, F32, F64, and F8_E4M3, which has NaN codes but no infinities).
 bool finite_scan_supports(DType dtype);
 
 // Which implementation of the scan to use; kAuto is the fastest this CPU has. Tests and
@@ -25,7 +25,8 @@ bool finite_scan_supports(DType dtype);
 enum class FiniteKernel { kAuto, kScalar, kSse2, kAvx2 };
 
 // True when none of the `count` elements at `data` is NaN or Inf. Types the scan does not support
-// (integers, BOOL, F8, ...) return true.
+// (integers, BOOL, the other F8 types, ...) return true. `kernel` applies to the 16- and 32-bit
+// types; F8_E4M3 is a byte loop the compiler vectorises.
 bool all_finite(const void* data, std::size_t count, DType dtype,
                 FiniteKernel kernel = FiniteKernel::kAuto);
 

@@ -20,7 +20,9 @@ Result<HiddenStateSample> HiddenStateSample::from_file(
     return Error(ErrorKind::kFormat, file->path() + ": no tensor " + missing + " (it holds " +
                                          (present.empty() ? std::string("none") : present) + ")");
   }
-  return HiddenStateSample{file, *ids, *states};
+  const TensorView* scales = file->find(kHiddenStatesScalesKey);
+  return HiddenStateSample{file, *ids, *states,
+                           scales == nullptr ? std::nullopt : std::optional<TensorView>(*scales)};
 }
 
 }  // namespace draftfeed

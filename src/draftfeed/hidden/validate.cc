@@ -1,6 +1,8 @@
 #include "draftfeed/hidden/validate.h"
 
+#include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "draftfeed/common/int_load.h"
 
@@ -50,6 +52,8 @@ const char* sample_problem_name(SampleProblem problem) {
       return "bad shape";
     case SampleProblem::kLengthMismatch:
       return "length mismatch";
+    case SampleProblem::kBadScales:
+      return "bad scales";
     case SampleProblem::kNonFinite:
       return "non-finite";
   }
@@ -88,6 +92,45 @@ std::int64_t RowIds::first_difference(const TensorView& ids) const {
   return -1;
 }
 
+std::string fp8_scales_problem(DType states, std::int64_t tokens, const TensorView* scales) {
+  const std::string key = kHiddenStatesScalesKey;
+  if (states != DType::kF8E4M3) {
+    if (scales == nullptr) return "";
+    return key + " is only used with F8_E4M3 hidden states, but hidden_states is " +
+           std::string(dtype_name(states)) + " (is the file half converted?)";
+  }
+  if (scales == nullptr) {
+    return "hidden_states is F8_E4M3 but there is no " + key +
+           " (hs-connectors' FP8 files hold one float32 scale per token)";
+  }
+  const std::vector<std::int64_t> expected = {tokens, 1, 1};
+  if (scales->dtype != DType::kF32 || scales->shape != expected) {
+    return key + " is " + std::string(dtype_name(scales->dtype)) + " " +
+           shape_to_string(scales->shape) + ", expected F32 " + shape_to_string(expected) +
+           " (one scale per token)";
+  }
+  // Every scale finite and positive: a zero, negative or NaN scale cannot come from a quantizer
+  // and would turn the token's values into zeros, sign flips or NaN.
+  std::int64_t bad = 0;
+  std::int64_t first_bad = -1;
+  float first_value = 0.0f;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    float value;
+    std::memcpy(&value, scales->data + t * 4, 4);
+    if (value > 0.0f && value <= std::numeric_limits<float>::max()) continue;
+    if (bad++ == 0) {
+      first_bad = t;
+      first_value = value;
+    }
+  }
+  if (bad == 0) return "";
+  char shown[32];
+  std::snprintf(shown, sizeof shown, "%g", static_cast<double>(first_value));
+  return key + " has " + std::to_string(bad) + " of " + std::to_string(tokens) +
+         " scales that are not finite and positive (first: token " + std::to_string(first_bad) +
+         ", " + shown + ")";
+}
+
 SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, std::int64_t row,
                             ValueCheck values) {
   const TensorView& tokens = sample.token_ids;
@@ -111,10 +154,11 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
   }
 
   const TensorView& states = sample.hidden_states;
-  if (states.dtype != DType::kBF16 && states.dtype != DType::kF16 && states.dtype != DType::kF32) {
-    return fail(SampleProblem::kBadDtype, where(sample, row) + "hidden_states is " +
-                                              std::string(dtype_name(states.dtype)) +
-                                              ", expected BF16, F16 or F32");
+  if (states.dtype != DType::kBF16 && states.dtype != DType::kF16 && states.dtype != DType::kF32 &&
+      states.dtype != DType::kF8E4M3) {
+    return fail(SampleProblem::kBadDtype,
+                where(sample, row) + "hidden_states is " + std::string(dtype_name(states.dtype)) +
+                    ", expected BF16, F16, F32 or F8_E4M3 (with hidden_states_scales)");
   }
   if (states.shape.size() != 3) {
     return fail(SampleProblem::kBadShape, where(sample, row) + "hidden_states has shape " +
@@ -125,6 +169,12 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
     return fail(SampleProblem::kLengthMismatch,
                 where(sample, row) + "hidden_states has " + std::to_string(states.shape[0]) +
                     " positions but the row has " + std::to_string(ids.size()) + " tokens");
+  }
+
+  const std::string scales_problem =
+      fp8_scales_problem(states.dtype, states.shape[0], sample.scales ? &*sample.scales : nullptr);
+  if (!scales_problem.empty()) {
+    return fail(SampleProblem::kBadScales, where(sample, row) + scales_problem);
   }
 
   if (values == ValueCheck::kSkip) return SampleCheck{};

@@ -4,9 +4,13 @@
 // Checks, in order (the first failure is reported):
 //   1. `token_ids` is a 1-D integer tensor (any width: the reference compares values, so an I32
 //      file is as good as an I64 one) with the row's length and values;
-//   2. `hidden_states` is BF16, F16 or F32 and 3-D [T, L, H] with T equal to the row's length;
-//   3. every hidden-state value is finite. The scan is a vectorised bit test at memory bandwidth;
-//      only when it finds something are NaN and Inf counted per layer slot.
+//   2. `hidden_states` is BF16, F16, F32 or F8_E4M3 and 3-D [T, L, H] with T equal to the row's
+//      length;
+//   3. F8_E4M3 hidden states (hs-connectors' FP8 files) come with `hidden_states_scales`, F32
+//      [T, 1, 1], every scale finite and positive; other dtypes have no scales;
+//   4. every hidden-state value is finite (for FP8: no NaN code; a scale too large for the
+//      dequantize dtype shows when the batch copy dequantizes). The scan is a vectorised bit test
+//      at memory bandwidth; only when it finds something are NaN and Inf counted per layer slot.
 // A file without one of the two keys fails earlier, in HiddenStateSample::from_file (kFormat);
 // `validate_file` folds that case in as kMissingKey.
 // Thread safety: pure functions.
@@ -29,14 +33,16 @@ enum class SampleProblem {
   kMissingKey,      // no `token_ids` or no `hidden_states` (kFormat)
   kBadTokenIds,     // token_ids not a 1-D integer tensor (kFormat)
   kTokenMismatch,   // token_ids differ from the row's ids, in length or value (kMismatch)
-  kBadDtype,        // hidden_states not BF16/F16/F32 (kUnsupported)
+  kBadDtype,        // hidden_states not BF16/F16/F32/F8_E4M3 (kUnsupported)
   kBadShape,        // hidden_states not 3-D (kFormat)
   kLengthMismatch,  // hidden_states.shape[0] != the row's length (kMismatch)
+  kBadScales,       // FP8 scales missing, of the wrong dtype or shape, not finite and positive,
+                    // or present beside hidden states that are not FP8 (kFormat)
   kNonFinite,       // NaN or Inf in hidden_states (kNonFinite)
 };
 
 // "ok", "missing key", "bad token_ids", "token mismatch", "bad dtype", "bad shape",
-// "length mismatch", "non-finite".
+// "length mismatch", "bad scales", "non-finite".
 const char* sample_problem_name(SampleProblem problem);
 
 struct SampleCheck {
@@ -79,6 +85,10 @@ class RowIds {
 // Whether validate_sample scans every value for NaN/Inf. The engine skips it (kSkip) because its
 // copy into the batch checks each value as it goes, so the bytes are read once.
 enum class ValueCheck { kFinite, kSkip };
+
+// Check 3 alone, for hidden states of dtype `states` with `tokens` rows: "" when the scales are
+// right, else what is wrong with them (the file is not named). `scales` null: the file has none.
+std::string fp8_scales_problem(DType states, std::int64_t tokens, const TensorView* scales);
 
 SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids,
                             std::int64_t row = -1, ValueCheck values = ValueCheck::kFinite);

@@ -25,7 +25,8 @@ std::shared_ptr<SampleSource> cache_source(const LoaderOptions& options) {
   store.root = options.hidden_states_path;
   store.lock_timeout = std::chrono::duration<double>(options.lock_timeout);
   return std::make_shared<CacheSampleSource>(std::make_shared<const CacheStore>(store),
-                                             parse_on_missing(options.on_missing));
+                                             parse_on_missing(options.on_missing),
+                                             parse_fp8_dequantize(options.fp8_dequantize));
 }
 
 LoaderOptions completed(LoaderOptions options) {

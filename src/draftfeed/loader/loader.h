@@ -37,6 +37,8 @@ struct LoaderOptions {
   PipelineOptions pipeline;         // threads, buffers, delivery order... (noise: set here)
   std::string on_missing = "skip";  // the cache source: skip | warn | raise
   double lock_timeout = 10.0;       // seconds the cache source waits for a writer's lock
+  // FP8 files' dequantize dtype, as FP8Transfer's dequantize_dtype: bfloat16 | float16 | float32.
+  std::string fp8_dequantize = "bfloat16";
   std::shared_ptr<SampleSource> source;  // where hidden states come from; null: the cache folder
 
   // The validation loader that goes with this training loader (see above).

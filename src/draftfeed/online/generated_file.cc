@@ -31,6 +31,7 @@ FileProblem from_sample_problem(SampleProblem problem) {
     case SampleProblem::kNone:
       return FileProblem::kNone;
     case SampleProblem::kMissingKey:
+    case SampleProblem::kBadScales:
       return FileProblem::kCorrupt;
     case SampleProblem::kTokenMismatch:
       return FileProblem::kTokenMismatch;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "draftfeed/common/finite.h"
+#include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/pipeline/cache_source.h"
 
 namespace draftfeed {
@@ -61,6 +62,8 @@ DType finite_dtype(HiddenDType dtype) {
       return DType::kBF16;
     case HiddenDType::kF16:
       return DType::kF16;
+    case HiddenDType::kF8E4M3:
+      return DType::kF8E4M3;
     case HiddenDType::kF32:
       break;
   }
@@ -116,7 +119,8 @@ OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
       client_(options_.client),
       log_(options_.log_failures) {
   if (options_.on_missing != "generate" && options_.transfer == nullptr) {
-    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing));
+    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing),
+                                                   options_.fp8_dequantize);
   }
 }
 
@@ -197,7 +201,8 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (found.value()) {
-    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value());
+    FetchOutcome outcome =
+        CacheSampleSource::check(row, input_ids, *found.value(), options_.fp8_dequantize);
     std::lock_guard lock(mutex_);
     ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
     return outcome;
@@ -302,7 +307,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     }
     finish_generated(row, file);
     record_success();
-    return CacheSampleSource::check(row, input_ids, *file.sample);
+    return CacheSampleSource::check(row, input_ids, *file.sample, options_.fp8_dequantize);
   }
 
   std::lock_guard lock(mutex_);
@@ -357,6 +362,17 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
     return;
   }
   try {
+    if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
+      // Quantized into the cache (the old file, if any, is replaced atomically), then the
+      // server's file removed as on_generate = delete removes it.
+      std::error_code ignored;  // a folder that cannot be made fails the write, with its message
+      std::filesystem::create_directories(store_->root(), ignored);
+      write_fp8_sample(store_->path_for(row), *file.sample);
+      release_generated(*store_, file, std::nullopt);
+      std::lock_guard lock(mutex_);
+      ++stats_.adopted;
+      return;
+    }
     release_generated(*store_, file, cache ? std::optional<std::int64_t>(row) : std::nullopt);
     std::lock_guard lock(mutex_);
     ++(cache ? stats_.adopted : stats_.deleted);

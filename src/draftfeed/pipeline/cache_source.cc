@@ -21,10 +21,29 @@ OnMissing parse_on_missing(const std::string& text) {
               "on_missing must be one of 'generate', 'skip', 'warn', 'raise', got '" + text + "'");
 }
 
-CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing)
-    : store_(std::move(store)), on_missing_(on_missing) {}
+HiddenDType parse_fp8_dequantize(const std::string& text) {
+  const std::string name = text.rfind("torch.", 0) == 0 ? text.substr(6) : text;
+  if (name == "bfloat16") return HiddenDType::kBF16;
+  if (name == "float16") return HiddenDType::kF16;
+  if (name == "float32") return HiddenDType::kF32;
+  throw Error(ErrorKind::kInvalidArgument,
+              "FP8 values dequantize into bfloat16, float16 or float32 (FP8Transfer's "
+              "dequantize_dtype), got '" +
+                  text + "'");
+}
+
+CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
+                                     HiddenDType fp8_dequantize)
+    : store_(std::move(store)),
+      on_missing_(on_missing),
+      fp8_dequantize_(fp8_dequantize),
+      readahead_(std::make_unique<CacheReadahead>()) {
+  require(fp8_dequantize != HiddenDType::kF8E4M3, ErrorKind::kInvalidArgument,
+          "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
+}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
+  readahead_->reached(global_row);
   auto found = store_->lookup(global_row);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
@@ -39,11 +58,22 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
       std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
     return FetchOutcome::dropped(DropReason::kMissing, message);
   }
-  return check(global_row, input_ids, *found.value());
+  return check(global_row, input_ids, *found.value(), fp8_dequantize_);
 }
 
+void CacheSampleSource::will_need(std::span<const std::int64_t> rows) {
+  std::vector<std::pair<std::int64_t, std::string>> files;
+  files.reserve(rows.size());
+  for (const std::int64_t row : rows) files.emplace_back(row, store_->path_for(row));
+  readahead_->add(std::move(files));
+}
+
+void CacheSampleSource::interrupt() { readahead_->clear(); }
+
+void CacheSampleSource::resume() { readahead_->clear(); }
+
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
-                                      const HiddenStateSample& sample) {
+                                      const HiddenStateSample& sample, HiddenDType fp8_dequantize) {
   // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).
   const SampleCheck check = validate_sample(sample, input_ids, global_row, ValueCheck::kSkip);
   if (!check.ok()) {
@@ -52,12 +82,18 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
     return FetchOutcome::dropped(reason, check.message);
   }
   const TensorView& hs = sample.hidden_states;
-  const HiddenDType dtype = hs.dtype == DType::kBF16  ? HiddenDType::kBF16
-                            : hs.dtype == DType::kF16 ? HiddenDType::kF16
-                                                      : HiddenDType::kF32;
+  const HiddenDType dtype = hs.dtype == DType::kBF16     ? HiddenDType::kBF16
+                            : hs.dtype == DType::kF16    ? HiddenDType::kF16
+                            : hs.dtype == DType::kF8E4M3 ? HiddenDType::kF8E4M3
+                                                         : HiddenDType::kF32;
   FetchedSample fetched;
   fetched.owner = sample.file;
   fetched.hidden = HiddenStatesView{hs.data, dtype, hs.shape[0], hs.shape[1], hs.shape[2]};
+  if (dtype == HiddenDType::kF8E4M3) {
+    // validate_sample checked the scales: F32 [T, 1, 1], finite and positive.
+    fetched.hidden.scales = sample.scales->data;
+    fetched.hidden.dequantize = fp8_dequantize;
+  }
   return FetchOutcome::ok(std::move(fetched));
 }
 

@@ -151,6 +151,9 @@ void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batc
       std::lock_guard lock(mutex_);
       ++in_flight_;
     }
+    // The batch's reads start now, before its fetch tasks reach a thread (the threads may still
+    // be copying earlier batches): cold files stream in while earlier batches are assembled.
+    source_->will_need(job->plan.rows);
     if (n == 0) {
       workers_->submit(job->sequence, [this, job] { place_and_copy(job); });
       continue;

@@ -1,0 +1,195 @@
+// `draftfeed quantize DATA (--out DIR | --in-place)`: converts a bf16 hidden-state cache to
+// hs-connectors' FP8 files (hidden/fp8_convert.h), with a progress bar and the bytes before and
+// after.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "args.h"
+#include "command.h"
+#include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/fp8_convert.h"
+#include "row_range.h"
+
+namespace draftfeed::cli {
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: draftfeed quantize DATA (--out DIR | --in-place) [--hidden-states DIR] [--threads N]
+                         [--rows A:B] [--fsync] [--examples K] [--no-progress] [--json]
+
+Converts DATA's hidden-state cache (DIR/hs_<row>.safetensors, default DATA/hidden_states) to the FP8
+files hs-connectors' FP8HiddenStatesConnector writes: hidden_states float8_e4m3fn [T, L, H],
+hidden_states_scales float32 [T, 1, 1] (one scale per token: amax / 448) and token_ids. They take
+about half the bytes; FP8Transfer reads them, and so does draftfeed, which dequantizes them in its
+batch copy exactly as FP8Transfer does.
+
+Each file is checked first, as `draftfeed verify` checks it; a file that fails (corrupt, mismatched,
+non-finite, or locked by its writer) is left as it is and counted. Every new file is written beside
+its target and renamed over it, so readers see the old file or the new one, never half a file.
+Resumable: files that are already FP8 are kept, so running it again after an interruption finishes
+what is left. A cache that mixes bf16 and FP8 files (half converted) is fine to train from.
+
+  --out DIR            write the FP8 cache into DIR (created); the source cache is left as it is
+  --in-place           replace each bf16/f16/f32 file by its FP8 file (lossy: the bf16 values are
+                       gone; keep a copy if you may need them)
+  --hidden-states DIR  the source cache (default DATA/hidden_states)
+  --threads N          converting threads (default: one per core)
+  --rows A:B           only rows A..B-1 (either side may be left out)
+  --fsync              fsync each file before its rename
+  --examples K         problems listed per kind (default 5)
+  --no-progress        no progress bar
+  --json               one JSON object: rows, converted, already_fp8, copied, missing, skipped (by
+                       kind), bytes_before, bytes_after, ratio, seconds, threads, examples
+
+Exit status: 0 when every row with a valid file has its FP8 file, 1 when some files were left
+unconverted, 2 for bad arguments.)";
+
+std::string gb(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f GB", bytes / 1e9);
+  return text;
+}
+
+void draw(const CacheConvertProgress& p, std::int64_t total, double seconds) {
+  constexpr int kWidth = 30;
+  const std::int64_t done = p.rows_done.load();
+  const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
+  std::string bar(static_cast<std::size_t>(filled), '#');
+  bar.resize(kWidth, '.');
+  const double before = static_cast<double>(p.bytes_before.load());
+  std::fprintf(stderr, "\rquantize [%s] %lld/%lld rows  %s -> %s  %.0f MB/s read  ", bar.c_str(),
+               static_cast<long long>(done), static_cast<long long>(total), gb(before).c_str(),
+               gb(static_cast<double>(p.bytes_after.load())).c_str(),
+               seconds > 0 ? before / 1e6 / seconds : 0.0);
+  std::fflush(stderr);
+}
+
+int run_quantize(const std::vector<std::string>& argv) {
+  const Args args(argv, {"out", "hidden-states", "threads", "rows", "examples"},
+                  {"in-place", "fsync", "no-progress", "json"});
+  args.expect_positionals(1, 1, "one dataset folder");
+  const std::string data = args.positionals()[0];
+  const std::string hidden = args.str("hidden-states", data + "/hidden_states");
+  const std::string out = args.str("out", "");
+  const bool in_place = args.has("in-place");
+  require(in_place != !out.empty(), ErrorKind::kInvalidArgument,
+          "quantize needs exactly one of --out DIR (a new FP8 cache) and --in-place (replace the "
+          "bf16 files)");
+  const std::int64_t threads = args.integer("threads", 0);
+  require(threads >= 0 && threads <= 4096, ErrorKind::kInvalidArgument,
+          "--threads must be between 0 and 4096, got " + std::to_string(threads));
+  const std::int64_t examples = args.integer("examples", 5);
+  require(examples >= 0, ErrorKind::kInvalidArgument,
+          "--examples must be >= 0, got " + std::to_string(examples));
+  const bool json = args.has("json");
+  const bool progress_bar = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
+
+  const auto dataset = TokenDataset::open(data);
+  const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());
+  CacheStoreOptions store_options;
+  store_options.root = hidden;
+  store_options.lock_mode = LockMode::kProbe;  // never wait for, nor remove, a writer's lock
+  const CacheStore store(store_options);
+
+  CacheConvertOptions options;
+  options.target_root = out;
+  options.threads = static_cast<unsigned>(threads);
+  options.fsync = args.has("fsync");
+  options.max_examples = static_cast<std::size_t>(examples);
+  CacheConvertProgress progress;
+  CacheConvertReport report;
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr error;  // from the converting thread, rethrown here
+  std::thread converter([&] {
+    try {
+      report = convert_cache_to_fp8(
+          store, range.begin, range.end,
+          [&dataset](std::int64_t row) { return RowIds(dataset->input_ids(row)); }, options,
+          &progress);
+    } catch (...) {
+      error = std::current_exception();
+      progress.rows_done = range.end - range.begin;  // ends the progress loop
+    }
+  });
+  const std::int64_t total = range.end - range.begin;
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  while (progress_bar && progress.rows_done.load() < total) {
+    draw(progress, total, seconds());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  converter.join();
+  if (progress_bar) {
+    draw(progress, total, seconds());
+    std::fprintf(stderr, "\n");
+  }
+  if (error) std::rethrow_exception(error);
+
+  const double ratio = report.bytes_before > 0 ? static_cast<double>(report.bytes_after) /
+                                                     static_cast<double>(report.bytes_before)
+                                               : 0.0;
+  if (json) {
+    nlohmann::json j;
+    j["rows"] = report.rows;
+    j["converted"] = report.converted;
+    j["already_fp8"] = report.already_fp8;
+    j["copied"] = report.copied;
+    j["missing"] = report.missing;
+    nlohmann::json skipped = nlohmann::json::object();
+    nlohmann::json listed = nlohmann::json::object();
+    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
+      const auto status = static_cast<ScanStatus>(s);
+      if (status == ScanStatus::kOk || status == ScanStatus::kMissing) continue;
+      skipped[scan_status_name(status)] = report.skipped[s];
+      for (const auto& example : report.examples[s]) {
+        listed[scan_status_name(status)].push_back(
+            {{"row", example.row}, {"reason", example.reason}});
+      }
+    }
+    j["skipped"] = skipped;
+    j["examples"] = listed;
+    j["bytes_before"] = report.bytes_before;
+    j["bytes_after"] = report.bytes_after;
+    j["ratio"] = ratio;
+    j["seconds"] = report.seconds;
+    j["threads"] = report.threads;
+    j["source"] = hidden;
+    j["target"] = in_place ? hidden : out;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("quantize: %lld rows of %s -> %s\n", static_cast<long long>(report.rows),
+                hidden.c_str(), in_place ? "(in place)" : out.c_str());
+    std::printf("  converted   %lld\n  already fp8 %lld\n  copied fp8  %lld\n  missing     %lld\n",
+                static_cast<long long>(report.converted),
+                static_cast<long long>(report.already_fp8), static_cast<long long>(report.copied),
+                static_cast<long long>(report.missing));
+    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
+      if (report.skipped[s] == 0) continue;
+      std::printf("  skipped (%s) %lld\n", scan_status_name(static_cast<ScanStatus>(s)),
+                  static_cast<long long>(report.skipped[s]));
+      for (const auto& example : report.examples[s]) {
+        std::printf("      row %lld: %s\n", static_cast<long long>(example.row),
+                    example.reason.c_str());
+      }
+    }
+    std::printf("bytes: %s -> %s (%.1f%%) in %.2f s on %u threads\n",
+                gb(static_cast<double>(report.bytes_before)).c_str(),
+                gb(static_cast<double>(report.bytes_after)).c_str(), 100.0 * ratio, report.seconds,
+                report.threads);
+  }
+  return report.skipped_total() == 0 ? 0 : 1;
+}
+
+const CommandRegistration registration({"quantize",
+                                        "convert a hidden-state cache to hs-connectors' FP8 files",
+                                        kUsage, run_quantize});
+
+}  // namespace
+}  // namespace draftfeed::cli

@@ -1,0 +1,189 @@
+#include "draftfeed/hidden/fp8_convert.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "draftfeed/hidden/fp8_quantize.h"
+#include "draftfeed/hidden/validate.h"
+
+namespace draftfeed {
+
+namespace {
+
+struct ThreadTally {
+  CacheConvertReport report;  // counts and examples of this thread's rows
+};
+
+void skip(ThreadTally& tally, ScanStatus status, std::int64_t row, const std::string& reason,
+          std::size_t max_examples) {
+  const auto index = static_cast<std::size_t>(status);
+  ++tally.report.skipped[index];
+  if (tally.report.examples[index].size() < max_examples) {
+    tally.report.examples[index].push_back(ScanExample{row, reason});
+  }
+}
+
+// The row's valid FP8 file in `store`, if there is one.
+std::optional<HiddenStateSample> valid_fp8(const CacheStore& store, std::int64_t row,
+                                           const RowIds& ids) {
+  auto found = store.lookup(row);
+  if (!found.ok() || !found.value()) return std::nullopt;
+  const HiddenStateSample& sample = *found.value();
+  if (sample.hidden_states.dtype != DType::kF8E4M3) return std::nullopt;
+  if (!validate_sample(sample, ids, row).ok()) return std::nullopt;
+  return sample;
+}
+
+// The same tensors written again (a copy of an FP8 file in the package's canonical layout).
+std::uint64_t copy_sample(const std::string& path, const HiddenStateSample& sample,
+                          const SafetensorsWriteOptions& options) {
+  std::vector<TensorToWrite> tensors;
+  std::uint64_t bytes = 0;
+  for (const TensorView& view : sample.file->tensors()) {
+    tensors.push_back(TensorToWrite{view.name, view.dtype, view.shape, view.bytes()});
+    bytes += view.nbytes;
+  }
+  const auto* metadata = sample.file->has_metadata() ? &sample.file->metadata() : nullptr;
+  write_safetensors(path, tensors, metadata, options);
+  return 8 + safetensors_header(tensors, metadata).size() + bytes;
+}
+
+void convert_row(const CacheStore& source, const CacheStore* target, std::int64_t row,
+                 const RowIds& ids, const CacheConvertOptions& options, ThreadTally& tally,
+                 CacheConvertProgress* progress) {
+  CacheConvertReport& report = tally.report;
+  auto found = source.lookup(row);
+  if (!found.ok()) {
+    const Error& error = found.error();
+    skip(tally, error.kind() == ErrorKind::kTimeout ? ScanStatus::kLocked : ScanStatus::kCorrupt,
+         row, error.what(), options.max_examples);
+    return;
+  }
+  if (!found.value()) {
+    ++report.missing;
+    return;
+  }
+  const HiddenStateSample& sample = *found.value();
+  const SampleCheck check = validate_sample(sample, ids, row);
+  if (!check.ok()) {
+    skip(tally, scan_status_of(check.problem), row, check.message, options.max_examples);
+    return;
+  }
+  const std::uint64_t before = sample.file->file_size();
+  std::uint64_t after = 0;
+  SafetensorsWriteOptions write;
+  write.fsync = options.fsync;
+  const bool is_fp8 = sample.hidden_states.dtype == DType::kF8E4M3;
+  if (target == nullptr) {
+    if (is_fp8) {
+      ++report.already_fp8;
+      after = before;
+    } else {
+      after = write_fp8_sample(source.path_for(row), sample, write).bytes;
+      ++report.converted;
+    }
+  } else if (const auto existing = valid_fp8(*target, row, ids)) {
+    ++report.already_fp8;
+    after = existing->file->file_size();
+  } else if (is_fp8) {
+    after = copy_sample(target->path_for(row), sample, write);
+    ++report.copied;
+  } else {
+    after = write_fp8_sample(target->path_for(row), sample, write).bytes;
+    ++report.converted;
+  }
+  report.bytes_before += before;
+  report.bytes_after += after;
+  if (progress != nullptr) {
+    progress->bytes_before += before;
+    progress->bytes_after += after;
+  }
+}
+
+}  // namespace
+
+std::int64_t CacheConvertReport::skipped_total() const {
+  std::int64_t total = 0;
+  for (const auto n : skipped) total += n;
+  return total;
+}
+
+CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t begin,
+                                        std::int64_t end,
+                                        const std::function<RowIds(std::int64_t)>& ids_of_row,
+                                        const CacheConvertOptions& options,
+                                        CacheConvertProgress* progress) {
+  std::optional<CacheStore> target;
+  if (!options.target_root.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.target_root, ec);
+    if (ec) {
+      throw Error(ErrorKind::kIo,
+                  options.target_root + ": cannot create the folder: " + ec.message());
+    }
+    CacheStoreOptions target_options = source.options();
+    target_options.root = options.target_root;
+    target_options.lock_mode = LockMode::kProbe;
+    target.emplace(target_options);
+  }
+
+  const std::int64_t rows = std::max<std::int64_t>(0, end - begin);
+  unsigned threads = options.threads != 0 ? options.threads : std::thread::hardware_concurrency();
+  threads =
+      static_cast<unsigned>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, rows)));
+  std::vector<ThreadTally> tallies(threads);
+  std::atomic<std::int64_t> next{begin};
+  std::atomic<bool> failed{false};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  const auto start = std::chrono::steady_clock::now();
+  auto work = [&](unsigned index) {
+    try {
+      for (std::int64_t row = next++; row < end && !failed; row = next++) {
+        convert_row(source, target ? &*target : nullptr, row, ids_of_row(row), options,
+                    tallies[index], progress);
+        if (progress != nullptr) ++progress->rows_done;
+      }
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!first_error) first_error = std::current_exception();
+      failed = true;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work, i);
+  work(0);
+  for (auto& thread : pool) thread.join();
+  if (first_error) std::rethrow_exception(first_error);
+
+  CacheConvertReport report;
+  report.rows = rows;
+  report.threads = threads;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (auto& tally : tallies) {
+    const CacheConvertReport& t = tally.report;
+    report.converted += t.converted;
+    report.already_fp8 += t.already_fp8;
+    report.copied += t.copied;
+    report.missing += t.missing;
+    report.bytes_before += t.bytes_before;
+    report.bytes_after += t.bytes_after;
+    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
+      report.skipped[s] += t.skipped[s];
+      report.examples[s].insert(report.examples[s].end(), t.examples[s].begin(),
+                                t.examples[s].end());
+    }
+  }
+  for (auto& examples : report.examples) {
+    std::sort(examples.begin(), examples.end(),
+              [](const ScanExample& a, const ScanExample& b) { return a.row < b.row; });
+    if (examples.size() > options.max_examples) examples.resize(options.max_examples);
+  }
+  return report;
+}
+
+}  // namespace draftfeed

@@ -1,0 +1,73 @@
+// Converting a hidden-state cache to hs-connectors' FP8 files (`draftfeed quantize`), in place or
+// into another folder, on a pool of threads.
+//
+// Per row of the range:
+//   * the source file is read under the lock protocol without waiting (LockMode::kProbe: a file
+//     whose writer holds its lock is skipped as locked, and no lock file is removed) and checked as
+//     `draftfeed verify` checks it (validate.h, values included). A file that fails is left as it
+//     is and counted by reason, with the first examples; a missing file is counted as missing;
+//   * a bf16/f16/f32 file is quantized (fp8_quantize.h) and written atomically: a temporary file
+//     beside the target, renamed over it, so a reader sees the old file or the new one;
+//   * an FP8 file is already done (in place), or copied as it is (into another folder);
+//   * into another folder, a target that is already a valid FP8 file of the row is kept: running
+//     the conversion again after an interruption does only what is left (in place, likewise,
+//     because converted files are FP8).
+// Thread safety: one conversion at a time per target; `progress` may be read from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "draftfeed/hidden/cache_scan.h"
+#include "draftfeed/hidden/cache_store.h"
+
+namespace draftfeed {
+
+struct CacheConvertOptions {
+  std::string target_root;  // empty: convert in place, in the source store's root
+  unsigned threads = 0;     // 0: one per core
+  bool fsync = false;       // fsync each file before its rename
+  std::size_t max_examples = 5;
+};
+
+// Running totals, updated as rows finish (for a progress bar).
+struct CacheConvertProgress {
+  std::atomic<std::int64_t> rows_done{0};
+  std::atomic<std::uint64_t> bytes_before{0};
+  std::atomic<std::uint64_t> bytes_after{0};
+};
+
+struct CacheConvertReport {
+  std::int64_t rows = 0;
+  std::int64_t converted = 0;    // quantized and written
+  std::int64_t already_fp8 = 0;  // FP8 already (in place), or a valid FP8 target kept
+  std::int64_t copied = 0;       // FP8 sources copied into the target folder
+  std::int64_t missing = 0;      // no source file
+  // Files left as they are, by what verify would call them (corrupt, mismatched, nonfinite,
+  // locked), with the first examples.
+  std::array<std::int64_t, kScanStatusCount> skipped{};
+  std::array<std::vector<ScanExample>, kScanStatusCount> examples;
+  std::uint64_t bytes_before = 0;  // source files of the rows that have an FP8 file now
+  std::uint64_t bytes_after = 0;   // their FP8 files
+  double seconds = 0;
+  unsigned threads = 0;
+
+  std::int64_t skipped_total() const;
+};
+
+// Converts rows [begin, end) of `source` (give it LockMode::kProbe). `ids_of_row` as for
+// scan_cache. Throws Error(kIo) naming the folder or file when the target folder cannot be created
+// or a file cannot be written (a full disk ends the run; the temporary file is removed, the old
+// file stays): the rows done so far are done, and a second run goes on from there.
+CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t begin,
+                                        std::int64_t end,
+                                        const std::function<RowIds(std::int64_t)>& ids_of_row,
+                                        const CacheConvertOptions& options,
+                                        CacheConvertProgress* progress = nullptr);
+
+}  // namespace draftfeed
