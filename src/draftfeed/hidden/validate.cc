@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/int_load.h"
 
 namespace draftfeed {
@@ -24,6 +25,12 @@ SampleCheck fail(SampleProblem problem, std::string message) {
   check.problem = problem;
   check.message = std::move(message);
   return check;
+}
+
+SampleCheck shrank(const HiddenStateSample& sample, std::int64_t row, const char* what) {
+  return fail(SampleProblem::kUnreadable,
+              where(sample, row) + "the file shrank while its " + what +
+                  " were read (truncated by another process: SIGBUS on the mapping)");
 }
 
 std::string slots_text(const std::vector<std::int64_t>& slots) {
@@ -52,6 +59,8 @@ const char* sample_problem_name(SampleProblem problem) {
       return "length mismatch";
     case SampleProblem::kNonFinite:
       return "non-finite";
+    case SampleProblem::kUnreadable:
+      return "unreadable";
   }
   return "unknown";
 }
@@ -65,6 +74,8 @@ ErrorKind SampleCheck::error_kind() const {
       return ErrorKind::kNonFinite;
     case SampleProblem::kBadDtype:
       return ErrorKind::kUnsupported;
+    case SampleProblem::kUnreadable:
+      return ErrorKind::kIo;
     default:
       return ErrorKind::kFormat;
   }
@@ -101,9 +112,17 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
                 where(sample, row) + "token_ids has " + std::to_string(tokens.shape[0]) +
                     " ids but the row has " + std::to_string(ids.size()));
   }
-  if (const std::int64_t at = ids.first_difference(tokens); at >= 0) {
-    const std::int64_t file_id = load_integer(tokens.data, at, dtype_bits(tokens.dtype) / 8,
-                                              dtype_is_signed_integer(tokens.dtype));
+  std::int64_t at = -1;
+  std::int64_t file_id = 0;
+  const bool read = guard_mapped_reads([&] {
+    at = ids.first_difference(tokens);
+    if (at >= 0) {
+      file_id = load_integer(tokens.data, at, dtype_bits(tokens.dtype) / 8,
+                             dtype_is_signed_integer(tokens.dtype));
+    }
+  });
+  if (!read) return shrank(sample, row, "token ids");
+  if (at >= 0) {
     return fail(SampleProblem::kTokenMismatch,
                 where(sample, row) + "token_ids differ from the row's input_ids at position " +
                     std::to_string(at) + " of " + std::to_string(ids.size()) + ": file has " +
@@ -129,12 +148,22 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
 
   if (values == ValueCheck::kSkip) return SampleCheck{};
   const std::size_t count = states.nbytes / (dtype_bits(states.dtype) / 8);
-  if (all_finite(states.data, count, states.dtype)) return SampleCheck{};
+  bool finite = true;
+  if (!guard_mapped_reads([&] { finite = all_finite(states.data, count, states.dtype); })) {
+    return shrank(sample, row, "hidden states");
+  }
+  if (finite) return SampleCheck{};
 
   SampleCheck check;
   check.problem = SampleProblem::kNonFinite;
-  check.per_layer = count_nonfinite_per_slot(states.data, states.shape[0], states.shape[1],
-                                             states.shape[2], states.dtype);
+  check.per_layer.resize(static_cast<std::size_t>(states.shape[1]));
+  const std::span<NonFiniteCounts> per_layer(check.per_layer);
+  if (!guard_mapped_reads([&] {
+        count_nonfinite_per_slot(states.data, states.shape[0], states.shape[1], states.shape[2],
+                                 states.dtype, per_layer);
+      })) {
+    return shrank(sample, row, "hidden states");
+  }
   for (std::size_t l = 0; l < check.per_layer.size(); ++l) {
     check.nan_count += check.per_layer[l].nan;
     check.inf_count += check.per_layer[l].inf;

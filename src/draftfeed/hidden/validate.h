@@ -7,6 +7,8 @@
 //   2. `hidden_states` is BF16, F16 or F32 and 3-D [T, L, H] with T equal to the row's length;
 //   3. every hidden-state value is finite. The scan is a vectorised bit test at memory bandwidth;
 //      only when it finds something are NaN and Inf counted per layer slot.
+// The mapped bytes are read under a fault guard (common/fault_guard.h): a file truncated by
+// another process while it is checked is kUnreadable, not a SIGBUS.
 // A file without one of the two keys fails earlier, in HiddenStateSample::from_file (kFormat);
 // `validate_file` folds that case in as kMissingKey.
 // Thread safety: pure functions.
@@ -33,10 +35,11 @@ enum class SampleProblem {
   kBadShape,        // hidden_states not 3-D (kFormat)
   kLengthMismatch,  // hidden_states.shape[0] != the row's length (kMismatch)
   kNonFinite,       // NaN or Inf in hidden_states (kNonFinite)
+  kUnreadable,      // the file shrank while being read: SIGBUS on its mapping (kIo)
 };
 
 // "ok", "missing key", "bad token_ids", "token mismatch", "bad dtype", "bad shape",
-// "length mismatch", "non-finite".
+// "length mismatch", "non-finite", "unreadable".
 const char* sample_problem_name(SampleProblem problem);
 
 struct SampleCheck {
