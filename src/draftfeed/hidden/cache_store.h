@@ -83,6 +83,13 @@ class CacheStore {
   // file that passed validation, see online/generated_file.h): the confinement is the caller's.
   void adopt_unconfined(std::int64_t row, const std::string& source) const;
 
+  // Removes the adopt temporaries (`.hs_<row>.safetensors.adopt-<host>-<pid>-<n>` in the root)
+  // that a process of this host left behind when it was killed mid-copy: those whose pid no longer
+  // runs. A temporary of a live process, or of another host sharing the folder, is left alone.
+  // They are never read as samples (not an hs_<row> name); this only frees their space. Returns
+  // how many were removed; a missing root is no error.
+  std::int64_t remove_stale_temporaries() const;
+
   // Deletes `path`, which must lie inside the allowed folders (kInvalidArgument otherwise).
   // A missing file is not an error. Throws Error(kIo) when the OS refuses.
   void remove(const std::string& path) const;
