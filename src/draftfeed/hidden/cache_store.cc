@@ -171,7 +171,12 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
     std::this_thread::sleep_for(poll);
   }
   ::close(fd);  // releases the lock
-  if (mode == LockMode::kWait && ::unlink(lock_path.c_str()) != 0 && errno != ENOENT) {
+  // The writer has let go: the data file is complete and may be read. Removing the lock file is
+  // the protocol's cleanup; in a folder this process may not change (a read-only cache, a server
+  // folder of another user) it stays, which is harmless (a later reader finds it free at once),
+  // so that refusal does not fail the read. Any other failure does.
+  if (mode == LockMode::kWait && ::unlink(lock_path.c_str()) != 0 && errno != ENOENT &&
+      errno != EACCES && errno != EPERM && errno != EROFS) {
     return os_error("cannot remove the lock file", lock_path, errno);
   }
   return std::nullopt;

@@ -3,7 +3,9 @@
 // Reading follows the producer's lock protocol, byte-compatible with hs_connectors.FileTransfer:
 // when `<file>.lock` exists, open it read-write, try a non-blocking flock(LOCK_EX) every
 // `lock_poll` until `lock_timeout` (then kTimeout naming the lock file); once it is ours, close it
-// and remove the lock file, then read the data file if it exists. `LockMode::kProbe` is for
+// and remove the lock file, then read the data file if it exists. Where the folder refuses the
+// removal (read-only, another user's) the lock file stays and the read goes on: unlike the
+// reference, which raises there, a read-only cache with leftover lock files stays readable. `LockMode::kProbe` is for
 // read-only scans
 // (`draftfeed verify`): it never waits and never removes a lock file; a lock held by a writer is
 // reported at once as kTimeout ("locked"), a stale one (no holder) is left alone and the data file
