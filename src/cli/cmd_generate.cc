@@ -263,6 +263,7 @@ int run_generate(const std::vector<std::string>& argv) {
   report["invalid_responses"] = problems;
   report["transport_errors"] = stats.client.transport_errors;
   report["timeouts"] = stats.client.timeouts;
+  report["too_large"] = stats.client.too_large;
   report["http_retryable"] = stats.client.http_retryable;
   report["http_other"] = stats.client.http_other;
   report["fatal"] = p.fatal;
