@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_generate_killed_at_random_points_loses_nothing_and_reruns_complete(tmp_
                 watch.check()
 
             # What a writer killed mid-write leaves: a half-written file and its lock file, no
-            # longer held by anyone. (Here on a row that was cached, or the first row that is not.)
+            # longer held by anyone. (Here on a row that was cached, or the first row if none was.)
             row = min(watch.valid) if watch.valid else 0
             victim = cache / f"hs_{row}.safetensors"
             cache.mkdir(exist_ok=True)
@@ -122,6 +123,15 @@ def test_generate_killed_at_random_points_loses_nothing_and_reruns_complete(tmp_
             victim.write_bytes(half)
             Path(str(victim) + ".lock").write_bytes(b"")
             watch.valid.pop(row, None)
+            # And a copy orphaned mid-way by a process of this host that is gone (its pid no longer
+            # runs), beside one of a live process (this test's), which must be left alone.
+            dead = subprocess.Popen(["true"])
+            dead.wait()
+            host = socket.gethostname()
+            orphan = cache / f".hs_{row}.safetensors.adopt-{host}-{dead.pid}-0"
+            orphan.write_bytes(half)
+            alive = cache / f".hs_{row}.safetensors.adopt-{host}-{os.getpid()}-0"
+            alive.write_bytes(half)
 
             start = time.monotonic()
             rerun = run_cli(*generate(near)[1:], timeout=240)
@@ -135,7 +145,10 @@ def test_generate_killed_at_random_points_loses_nothing_and_reruns_complete(tmp_
     assert report["unfilled"] == 0 and report["failed"] == 0, report
     # The stale lock did not hold the rerun (a held one fails the row after --lock-timeout 5).
     assert not Path(str(victim) + ".lock").exists()
-    assert not any(TEMPORARY.fullmatch(n) for n in os.listdir(cache)), os.listdir(cache)
+    assert report["stale_temporaries_removed"] >= 1, report
+    assert not orphan.exists()
+    assert [n for n in os.listdir(cache) if TEMPORARY.fullmatch(n)] == [alive.name]
+    alive.unlink()
     watch.check()
     assert sorted(watch.valid) == list(range(ROWS))
     verify = run_cli("verify", str(data), "--hidden-states", str(cache), "--json")
@@ -145,8 +158,8 @@ def test_generate_killed_at_random_points_loses_nothing_and_reruns_complete(tmp_
     assert hangs == 0
     # Most kills must have hit a running process, or the test tests nothing.
     assert killed_running >= RUNS * 3 // 4, f"only {killed_running} of {RUNS} kills hit a running generate"
-    fault_campaign(runs=runs, faults=killed_running + 1, lost=watch.lost, hangs=hangs,
-                   note=f"{killed_running} SIGKILLs mid-run, 1 stale lock + half-written file; "
-                        f"{len(watch.temporaries_seen)} copies orphaned mid-way, each removed by "
-                        f"the next run; rerun {seconds:.1f} s; cross-file-system runs: "
-                        f"{far_dir is not None}")
+    fault_campaign(runs=runs, faults=killed_running + 2, lost=watch.lost, hangs=hangs,
+                   note=f"{killed_running} SIGKILLs mid-run, then a stale lock + half-written file "
+                        f"and an orphaned copy; {len(watch.temporaries_seen)} copies orphaned by the "
+                        f"kills, each removed by the next run; rerun {seconds:.1f} s; "
+                        f"cross-file-system runs: {far_dir is not None}")
