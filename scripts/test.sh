@@ -4,7 +4,8 @@
 #   1. the C++ unit tests (ctest, Release build)
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the pipeline tests under ThreadSanitizer
-#   4. every libFuzzer target for a bounded time (FUZZ_SECONDS, default 60 each)
+#   4. every libFuzzer target from its seed corpus for a bounded time (FUZZ_SECONDS, default 60
+#      each; scripts/fuzz.sh --long runs each to 10^7 executions)
 #   5. the type stubs of draftfeed._core (up to date), mypy on the package and its tests, ruff
 #   6. the Python suite (pytest) against the installed package and the reference packages
 # Every stage runs even when an earlier one fails; the exit status is non-zero if any failed.
@@ -40,26 +41,8 @@ cpp_tests() {  # cpp_tests DIR [CTEST ARGS...]
 }
 
 run_fuzzers() {
-  local dir=build/fuzz status=0
-  CC=clang CXX=clang++ configure_and_build "$dir" -DDRAFTFEED_TESTS=OFF -DDRAFTFEED_FUZZ=ON \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDRAFTFEED_SANITIZE=address,undefined || return 1
-  for fuzzer in "$dir"/*_fuzz; do
-    [ -x "$fuzzer" ] || continue
-    local name corpus
-    name=$(basename "$fuzzer")
-    corpus="$dir/corpus/$name"
-    mkdir -p "$corpus"
-    [ -d "tests/fuzz/corpus/$name" ] && cp -n tests/fuzz/corpus/"$name"/* "$corpus"/ 2>/dev/null
-    echo "--- $name for ${fuzz_seconds}s"
-    if ! "$fuzzer" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -max_len=65536 \
-        -print_final_stats=1 "$corpus" >"$dir/$name.log" 2>&1; then
-      tail -n 60 "$dir/$name.log"
-      status=1
-    else
-      grep -E "stat::number_of_executed_units|Done" "$dir/$name.log" | tail -n 2
-    fi
-  done
-  return $status
+  # Seeded from tests/fuzz/corpus (real files); `scripts/fuzz.sh --long` is the 10^7-run version.
+  FUZZ_SECONDS=$fuzz_seconds scripts/fuzz.sh
 }
 
 format_check() {

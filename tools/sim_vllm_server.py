@@ -52,6 +52,13 @@ Faults are tried in the order below; a request gets at most one.
                 (another sample, the cache's own file, a link: whatever the test put there)
   nan / inf     a file with NaN / +Inf at [position 0, "layer" (default 0), h 0]
   lock_hold     answer at once, hold the file's lock "seconds" (default 30), then write it
+  trickle       a valid answer (file written) sent byte by byte, status line and headers included,
+                one byte every "interval" seconds (default 0.05): a server that answers slowly
+  huge          a 200 answer whose chunked body never ends ('{"padding": "xxxx...'): "bytes" (default
+                1 GiB) are offered, stopping as soon as the client hangs up
+  no_close      a valid answer (file written) whose body is delimited by the end of the connection
+                (no Content-Length, not chunked), and then the connection is held open "seconds"
+                (default 3600): a server that never closes the connection
 In mooncake mode (below) the file faults (outside, missing_file, fixed_handle, lock_hold) are refused
 and these producer errors are added (tools/sim_mooncake.py describes them): put_fail, missing_key,
 corrupt_manifest; nan and inf go through the connector's own non-finite check.
@@ -61,7 +68,7 @@ The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal wit
 every run (benchmarks compare runs on equal work).
 
 `GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
-(TCP connections accepted), in_flight, max_in_flight (generation requests being served at once),
+(TCP connections accepted), huge_bytes (bytes of `huge` bodies sent), in_flight, max_in_flight (generation requests being served at once),
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
 slept in total), max_service_seconds (the longest one), handles (every handle answered, in order),
 chat_requests (the first 1000 chat requests: messages, add_generation_prompt, continue_final_message), pending_writes (files still to be
@@ -113,6 +120,9 @@ FAULT_ORDER = [
     "nan",
     "inf",
     "lock_hold",
+    "trickle",
+    "huge",
+    "no_close",
     "put_fail",
     "missing_key",
     "corrupt_manifest",
@@ -237,6 +247,7 @@ class SimServer:
             "chat": 0,
             "models": 0,
             "connections": 0,
+            "huge_bytes": 0,
             "in_flight": 0,
             "max_in_flight": 0,
             "injected": {name: 0 for name in FAULT_ORDER},
@@ -466,6 +477,8 @@ class SimServer:
         if name == "oversize":
             padding = "x" * int(fault.params.get("bytes", 2 << 20))
             return web.json_response({"padding": padding, "choices": [{"prompt_token_ids": ids}]})
+        if name == "huge":
+            return await self.send_huge(request, int(fault.params.get("bytes", 1 << 30)))
         echoed = list(ids)
         if name == "wrong_ids" and echoed:
             echoed[0] += 1
@@ -500,7 +513,60 @@ class SimServer:
             response["object"] = "text_completion"
             choice["prompt_token_ids"] = echoed
             response["choices"] = [choice]
+        if name == "trickle":
+            await self.send_trickle(request, json.dumps(response).encode(),
+                                    float(fault.params.get("interval", 0.05)))
+        if name == "no_close":
+            await self.send_without_close(request, json.dumps(response).encode(),
+                                          float(fault.params.get("seconds", 3600.0)))
         return web.json_response(response)
+
+    # -- answers that misbehave on the wire (the handler never returns a response for these) --
+    @staticmethod
+    async def send_trickle(request: web.Request, body: bytes, interval: float) -> None:
+        transport = request.transport
+        assert transport is not None
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        for i, byte in enumerate(head + body):
+            if transport.is_closing():
+                break
+            transport.write(bytes([byte]))
+            if i + 1 < len(head) + len(body):
+                await asyncio.sleep(interval)
+        # The answer was written by hand: end the exchange without aiohttp answering again.
+        transport.close()
+        raise asyncio.CancelledError()
+
+    @staticmethod
+    async def send_without_close(request: web.Request, body: bytes, seconds: float) -> None:
+        transport = request.transport
+        assert transport is not None
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\n\r\n" + body)
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not transport.is_closing() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        transport.close()
+        raise asyncio.CancelledError()
+
+    async def send_huge(self, request: web.Request, total: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        chunk = b"x" * (64 << 10)
+        try:
+            await response.write(b'{"padding": "')
+            sent = 0
+            while sent < total:
+                await response.write(chunk)
+                sent += len(chunk)
+                self.stats["huge_bytes"] += len(chunk)
+            await response.write(b'"}')
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError, RuntimeError):
+            pass  # the client hung up, as it should long before the end
+        return response
 
     async def get_faults(self, request: web.Request) -> web.Response:
         out: dict[str, Any] = {name: f.params for name, f in self.faults.items()}

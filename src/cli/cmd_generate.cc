@@ -69,6 +69,8 @@ struct Progress {
   std::atomic<std::int64_t> existing{0};
   std::atomic<std::int64_t> generated{0};
   std::atomic<std::int64_t> failed{0};
+  std::atomic<std::int64_t> uncached{
+      0};  // generated, but the cache refused the file (disk full...)
   std::atomic<std::int64_t> tokens{0};
   std::atomic<bool> stop{false};
   std::mutex mutex;
@@ -134,6 +136,8 @@ int run_generate(const std::vector<std::string>& argv) {
   const std::int64_t total = range.end - range.begin;
   options.dataset = dataset;  // multimodal rows: the chat request with their messages
   OnlineSampleSource source(options);
+  // Copies into the cache that a killed run left half-written (never read as samples) go first.
+  const std::int64_t stale_temporaries = source.store()->remove_stale_temporaries();
 
   Progress p;
   p.next = range.begin;
@@ -149,7 +153,12 @@ int run_generate(const std::vector<std::string>& argv) {
       }
       const IntArrayView ids = dataset->input_ids(row);
       const FetchOutcome outcome = source.generate_row(row, ids);
-      if (outcome.sample) {
+      if (outcome.sample && !has_valid_file(*source.store(), *dataset, row)) {
+        // Generated and valid, but moving it into the cache failed (said on stderr as it
+        // happened, naming the file): the row is not filled.
+        ++p.uncached;
+        ++p.failed;
+      } else if (outcome.sample) {
         ++p.generated;
         p.tokens += ids.size();
       } else {
@@ -192,7 +201,9 @@ int run_generate(const std::vector<std::string>& argv) {
   report["existing"] = p.existing.load();
   report["generated"] = p.generated.load();
   report["failed"] = p.failed.load();
+  report["uncached"] = p.uncached.load();
   report["unfilled"] = unfilled;
+  report["stale_temporaries_removed"] = stale_temporaries;
   report["seconds"] = seconds;
   report["rows_per_s"] = seconds > 0 ? static_cast<double>(p.generated.load()) / seconds : 0.0;
   report["tokens_per_s"] = seconds > 0 ? static_cast<double>(p.tokens.load()) / seconds : 0.0;
@@ -224,6 +235,7 @@ int run_generate(const std::vector<std::string>& argv) {
   report["invalid_responses"] = problems;
   report["transport_errors"] = stats.client.transport_errors;
   report["timeouts"] = stats.client.timeouts;
+  report["too_large"] = stats.client.too_large;
   report["http_retryable"] = stats.client.http_retryable;
   report["http_other"] = stats.client.http_other;
   report["fatal"] = p.fatal;
@@ -245,6 +257,10 @@ int run_generate(const std::vector<std::string>& argv) {
                 seconds, report["rows_per_s"].get<double>(), report["tokens_per_s"].get<double>(),
                 static_cast<long long>(stats.client.requests),
                 static_cast<long long>(stats.client.max_in_flight));
+    if (p.uncached.load() > 0) {
+      std::printf("uncached  %lld rows generated but not moved into the cache (see the warnings)\n",
+                  static_cast<long long>(p.uncached.load()));
+    }
     if (!reasons.empty()) std::printf("failures  %s\n", reasons.dump().c_str());
     if (!problems.empty()) std::printf("invalid   %s\n", problems.dump().c_str());
     if (!p.fatal.empty()) std::printf("stopped   %s\n", p.fatal.c_str());

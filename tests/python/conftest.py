@@ -75,3 +75,40 @@ def both_paths(request):
     dropin_helpers.PATH["mode"] = request.param
     yield request.param
     dropin_helpers.PATH["mode"] = "native"
+
+
+# -- the fault campaign's counts (tests/python/test_fault_*.py) --
+# Each fault test records how many runs it made, how many faults it injected, how many files were
+# lost (must be 0) and how many runs hung (must be 0); the totals are printed at the end of the
+# session so they can be quoted.
+
+_CAMPAIGN: list[dict] = []
+
+
+@pytest.fixture
+def fault_campaign(request):
+    """record(runs=, faults=, lost=, hangs=, note=""): this test's counts, for the summary."""
+
+    def record(*, runs: int, faults: int, lost: int, hangs: int, note: str = "") -> None:
+        _CAMPAIGN.append({"test": request.node.name, "runs": runs, "faults": faults, "lost": lost,
+                          "hangs": hangs, "note": note})
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _CAMPAIGN:
+        return
+    terminalreporter.section("fault campaign")
+    for entry in _CAMPAIGN:
+        terminalreporter.line(
+            f"{entry['test']}: runs {entry['runs']}, faults injected {entry['faults']}, files lost "
+            f"{entry['lost']}, hangs {entry['hangs']}" + (f" ({entry['note']})" if entry["note"] else ""))
+    totals = {key: sum(e[key] for e in _CAMPAIGN) for key in ("runs", "faults", "lost", "hangs")}
+    terminalreporter.line(
+        f"TOTAL ({len(_CAMPAIGN)} tests): runs {totals['runs']}, faults injected {totals['faults']}, "
+        f"files lost {totals['lost']}, hangs {totals['hangs']}")
+    report = os.environ.get("DRAFTFEED_FAULT_REPORT")
+    if report:
+        with open(report, "w") as f:
+            json.dump({"tests": _CAMPAIGN, "totals": totals}, f, indent=1)

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/mapped_file.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {
@@ -46,6 +47,9 @@ struct HiddenStatesView {
 struct FetchedSample {
   std::shared_ptr<const void> owner;  // keeps `hidden.data` mapped until the copy is done
   HiddenStatesView hidden;
+  // The mapped file `hidden.data` points into, when it is one (null for memory a transfer gave):
+  // the copy reads it under a fault guard and checks afterwards that the file did not change.
+  std::shared_ptr<const MappedFile> file;
 };
 
 struct FetchOutcome {

@@ -1,5 +1,6 @@
 #include "draftfeed/common/finite.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -145,9 +146,8 @@ void classify(Word bits, Word exponent_mask, NonFiniteCounts& counts) {
 }
 
 template <typename Word>
-std::vector<NonFiniteCounts> count_per_slot(const std::uint8_t* p, std::int64_t rows,
-                                            std::int64_t slots, std::int64_t width, Word mask) {
-  std::vector<NonFiniteCounts> counts(static_cast<std::size_t>(slots));
+void count_per_slot(const std::uint8_t* p, std::int64_t rows, std::int64_t slots,
+                    std::int64_t width, Word mask, std::span<NonFiniteCounts> counts) {
   std::size_t index = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t s = 0; s < slots; ++s) {
@@ -157,7 +157,6 @@ std::vector<NonFiniteCounts> count_per_slot(const std::uint8_t* p, std::int64_t 
       }
     }
   }
-  return counts;
 }
 
 // F8 E4M3: the two NaN codes have every exponent and mantissa bit set (common/fp8.h).
@@ -167,9 +166,8 @@ bool fp8_all_finite(const std::uint8_t* p, std::size_t count) {
   return hit == 0;
 }
 
-std::vector<NonFiniteCounts> fp8_count_per_slot(const std::uint8_t* p, std::int64_t rows,
-                                                std::int64_t slots, std::int64_t width) {
-  std::vector<NonFiniteCounts> counts(static_cast<std::size_t>(slots));
+void fp8_count_per_slot(const std::uint8_t* p, std::int64_t rows, std::int64_t slots,
+                        std::int64_t width, std::span<NonFiniteCounts> counts) {
   std::size_t index = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t s = 0; s < slots; ++s) {
@@ -178,7 +176,6 @@ std::vector<NonFiniteCounts> fp8_count_per_slot(const std::uint8_t* p, std::int6
       }
     }
   }
-  return counts;
 }
 
 }  // namespace
@@ -206,24 +203,33 @@ bool all_finite(const void* data, std::size_t count, DType dtype, FiniteKernel k
   }
 }
 
-std::vector<NonFiniteCounts> count_nonfinite_per_slot(const void* data, std::int64_t rows,
-                                                      std::int64_t slots, std::int64_t width,
-                                                      DType dtype) {
+void count_nonfinite_per_slot(const void* data, std::int64_t rows, std::int64_t slots,
+                              std::int64_t width, DType dtype, std::span<NonFiniteCounts> out) {
+  std::fill(out.begin(), out.end(), NonFiniteCounts{});
+  if (slots <= 0 || out.size() < static_cast<std::size_t>(slots)) return;
   const auto* p = static_cast<const std::uint8_t*>(data);
   switch (dtype) {
     case DType::kBF16:
-      return count_per_slot<std::uint16_t>(p, rows, slots, width, kBF16Exponent);
+      return count_per_slot<std::uint16_t>(p, rows, slots, width, kBF16Exponent, out);
     case DType::kF16:
-      return count_per_slot<std::uint16_t>(p, rows, slots, width, kF16Exponent);
+      return count_per_slot<std::uint16_t>(p, rows, slots, width, kF16Exponent, out);
     case DType::kF32:
-      return count_per_slot<std::uint32_t>(p, rows, slots, width, kF32Exponent);
+      return count_per_slot<std::uint32_t>(p, rows, slots, width, kF32Exponent, out);
     case DType::kF64:
-      return count_per_slot<std::uint64_t>(p, rows, slots, width, kF64Exponent);
+      return count_per_slot<std::uint64_t>(p, rows, slots, width, kF64Exponent, out);
     case DType::kF8E4M3:
-      return fp8_count_per_slot(p, rows, slots, width);
+      return fp8_count_per_slot(p, rows, slots, width, out);
     default:
-      return std::vector<NonFiniteCounts>(static_cast<std::size_t>(slots < 0 ? 0 : slots));
+      return;
   }
+}
+
+std::vector<NonFiniteCounts> count_nonfinite_per_slot(const void* data, std::int64_t rows,
+                                                      std::int64_t slots, std::int64_t width,
+                                                      DType dtype) {
+  std::vector<NonFiniteCounts> counts(static_cast<std::size_t>(slots < 0 ? 0 : slots));
+  count_nonfinite_per_slot(data, rows, slots, width, dtype, counts);
+  return counts;
 }
 
 std::string_view finite_scan_kernel() {

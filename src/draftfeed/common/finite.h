@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct NonFiniteCounts {
 std::vector<NonFiniteCounts> count_nonfinite_per_slot(const void* data, std::int64_t rows,
                                                       std::int64_t slots, std::int64_t width,
                                                       DType dtype);
+// The same into `out` (`slots` entries, zeroed first); allocates nothing (fault_guard.h).
+void count_nonfinite_per_slot(const void* data, std::int64_t rows, std::int64_t slots,
+                              std::int64_t width, DType dtype, std::span<NonFiniteCounts> out);
 
 // The kernel `all_finite` uses on this machine: "avx2", "sse2" or "scalar".
 std::string_view finite_scan_kernel();

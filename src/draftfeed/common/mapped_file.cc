@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 namespace draftfeed {
 
@@ -16,6 +17,10 @@ namespace {
 Error os_error(const std::string& what, const std::string& path, int err) {
   const ErrorKind kind = (err == ENOENT || err == ENOTDIR) ? ErrorKind::kNotFound : ErrorKind::kIo;
   return Error(kind, path + ": " + what + ": " + std::strerror(err));
+}
+
+std::int64_t modified_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
 }  // namespace
@@ -46,7 +51,9 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& pa
   }
   // The mapping keeps the file's pages; the descriptor is no longer needed.
   ::close(fd);
-  return std::shared_ptr<const MappedFile>(new MappedFile(path, data, size));
+  const Identity identity{static_cast<std::uint64_t>(st.st_dev),
+                          static_cast<std::uint64_t>(st.st_ino), modified_ns(st)};
+  return std::shared_ptr<const MappedFile>(new MappedFile(path, data, size, identity));
 }
 
 std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& path) {
@@ -63,6 +70,21 @@ void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
   const std::size_t start = offset / page * page;
   const std::size_t end = std::min(size_, offset + length);
   ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
+}
+
+std::optional<std::string> MappedFile::change_since_mapped() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return std::nullopt;  // deleted: the mapped file lives on
+  if (static_cast<std::uint64_t>(st.st_dev) != identity_.device ||
+      static_cast<std::uint64_t>(st.st_ino) != identity_.inode) {
+    return std::nullopt;  // replaced by another file: the mapped one lives on, unchanged
+  }
+  if (static_cast<std::size_t>(st.st_size) != size_) {
+    return "changed size from " + std::to_string(size_) + " to " + std::to_string(st.st_size) +
+           " bytes while being read";
+  }
+  if (modified_ns(st) != identity_.modified_ns) return std::string("was modified while being read");
+  return std::nullopt;
 }
 
 }  // namespace draftfeed

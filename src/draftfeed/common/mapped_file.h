@@ -2,12 +2,18 @@
 //
 // Views (Arrow columns, safetensors tensors) hold a `std::shared_ptr<const MappedFile>` so the
 // mapping outlives every pointer into it, including arrays handed to Python.
+//
+// A mapping shows the file as it is now, not as it was when mapped: another process that truncates
+// or rewrites the file changes what the views read (a read past a new, shorter end raises SIGBUS;
+// see fault_guard.h). `change_since_mapped()` tells a reader whether that happened, so a copy taken
+// from a file that changed meanwhile can be discarded.
 // Thread safety: immutable after `open`; any number of threads may read.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -36,12 +42,25 @@ class MappedFile {
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
   void prefetch(std::size_t offset, std::size_t length) const;
 
+  // Why the mapped file no longer holds the bytes it held when mapped ("changed size from A to B
+  // bytes", "was modified"), or nothing. Looks at the file now at path() (one stat): when that is
+  // another file (the path was replaced by a rename) or none (deleted), the mapped file lives on
+  // unchanged and this returns nothing.
+  std::optional<std::string> change_since_mapped() const;
+
  private:
-  MappedFile(std::string path, const std::uint8_t* data, std::size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  // What identifies the file and its contents when it was mapped.
+  struct Identity {
+    std::uint64_t device = 0;
+    std::uint64_t inode = 0;
+    std::int64_t modified_ns = 0;
+  };
+  MappedFile(std::string path, const std::uint8_t* data, std::size_t size, Identity identity)
+      : path_(std::move(path)), data_(data), size_(size), identity_(identity) {}
   std::string path_;
   const std::uint8_t* data_;
   std::size_t size_;
+  Identity identity_;
 };
 
 }  // namespace draftfeed

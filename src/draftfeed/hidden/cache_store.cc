@@ -1,6 +1,7 @@
 #include "draftfeed/hidden/cache_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -107,6 +109,32 @@ void copy_and_sync(const std::string& source, const std::string& target) {
 
 std::atomic<std::uint64_t> adopt_counter{0};
 
+constexpr std::string_view kAdoptMark = ".safetensors.adopt-";
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// The pid of an adopt temporary named by this host ("...adopt-<host>-<pid>-<n>"), or -1.
+long temporary_pid(const std::string& name, const std::string& host) {
+  if (name.rfind(".hs_", 0) != 0) return -1;
+  const auto mark = name.find(kAdoptMark);
+  if (mark == std::string::npos) return -1;
+  const std::string tail = name.substr(mark + kAdoptMark.size());  // <host>-<pid>-<n>
+  if (tail.rfind(host + "-", 0) != 0) return -1;
+  const std::string numbers = tail.substr(host.size() + 1);  // <pid>-<n>
+  const auto dash = numbers.find('-');
+  if (dash == 0 || dash == std::string::npos) return -1;
+  long pid = 0;
+  for (std::size_t i = 0; i < dash; ++i) {
+    if (numbers[i] < '0' || numbers[i] > '9' || pid > 100'000'000) return -1;
+    pid = pid * 10 + (numbers[i] - '0');
+  }
+  return pid;
+}
+
 }  // namespace
 
 std::optional<Error> wait_for_lock(const std::string& lock_path,
@@ -143,7 +171,12 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
     std::this_thread::sleep_for(poll);
   }
   ::close(fd);  // releases the lock
-  if (mode == LockMode::kWait && ::unlink(lock_path.c_str()) != 0 && errno != ENOENT) {
+  // The writer has let go: the data file is complete and may be read. Removing the lock file is
+  // the protocol's cleanup; in a folder this process may not change (a read-only cache, a server
+  // folder of another user) it stays, which is harmless (a later reader finds it free at once),
+  // so that refusal does not fail the read. Any other failure does.
+  if (mode == LockMode::kWait && ::unlink(lock_path.c_str()) != 0 && errno != ENOENT &&
+      errno != EACCES && errno != EPERM && errno != EROFS) {
     return os_error("cannot remove the lock file", lock_path, errno);
   }
   return std::nullopt;
@@ -227,12 +260,19 @@ void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) con
   }
   // Across file systems: the copy goes to a temporary name in the root, so the final name only
   // ever appears complete (the rename is atomic within the root's file system).
+  // The name says which process of which host writes it, so that a later run can tell a copy
+  // orphaned by a killed process from one under way (remove_stale_temporaries).
   const std::string temp =
       (fs::path(options_.root) /
-       (".hs_" + std::to_string(row) + ".safetensors.adopt-" + std::to_string(::getpid()) + "-" +
-        std::to_string(adopt_counter.fetch_add(1))))
+       (".hs_" + std::to_string(row) + std::string(kAdoptMark) + host_name() + "-" +
+        std::to_string(::getpid()) + "-" + std::to_string(adopt_counter.fetch_add(1))))
           .string();
-  copy_and_sync(from, temp);
+  try {
+    copy_and_sync(from, temp);
+  } catch (const Error& error) {
+    throw Error(error.kind(), "cannot copy " + from + " into the cache as " + target + ": " +
+                                  error.what() + " (nothing was written under " + target + ")");
+  }
   if (::rename(temp.c_str(), target.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp.c_str());
@@ -242,6 +282,20 @@ void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) con
   if (::unlink(from.c_str()) != 0 && errno != ENOENT) {
     throw os_error("copied into the cache but cannot remove the source", from, errno);
   }
+}
+
+std::int64_t CacheStore::remove_stale_temporaries() const {
+  const std::string host = host_name();
+  std::int64_t removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(options_.root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const long pid = temporary_pid(name, host);
+    if (pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // it still runs
+    if (::unlink(it->path().c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 void CacheStore::remove(const std::string& path) const {

@@ -3,11 +3,12 @@
 // Reading follows the producer's lock protocol, byte-compatible with hs_connectors.FileTransfer:
 // when `<file>.lock` exists, open it read-write, try a non-blocking flock(LOCK_EX) every
 // `lock_poll` until `lock_timeout` (then kTimeout naming the lock file); once it is ours, close it
-// and remove the lock file, then read the data file if it exists. `LockMode::kProbe` is for
-// read-only scans
-// (`draftfeed verify`): it never waits and never removes a lock file; a lock held by a writer is
-// reported at once as kTimeout ("locked"), a stale one (no holder) is left alone and the data file
-// is read as usual.
+// and remove the lock file, then read the data file if it exists. Where the folder refuses the
+// removal (read-only, another user's) the lock file stays and the read goes on: unlike the
+// reference, which raises there, a read-only cache with leftover lock files stays readable.
+// `LockMode::kProbe` is for read-only scans (`draftfeed verify`): it never waits and never removes
+// a lock file; a lock held by a writer is reported at once as kTimeout ("locked"), a stale one (no
+// holder) is left alone and the data file is read as usual.
 //
 // Files are moved or deleted only inside the folders the store was given (the root plus
 // `allowed_folders`), checked after resolving symbolic links and `..`: a path a server hands back
@@ -82,6 +83,13 @@ class CacheStore {
   // The same for a source anywhere, which the caller proved to be the row's sample (a generated
   // file that passed validation, see online/generated_file.h): the confinement is the caller's.
   void adopt_unconfined(std::int64_t row, const std::string& source) const;
+
+  // Removes the adopt temporaries (`.hs_<row>.safetensors.adopt-<host>-<pid>-<n>` in the root)
+  // that a process of this host left behind when it was killed mid-copy: those whose pid no longer
+  // runs. A temporary of a live process, or of another host sharing the folder, is left alone.
+  // They are never read as samples (not an hs_<row> name); this only frees their space. Returns
+  // how many were removed; a missing root is no error.
+  std::int64_t remove_stale_temporaries() const;
 
   // Deletes `path`, which must lie inside the allowed folders (kInvalidArgument otherwise).
   // A missing file is not an error. Throws Error(kIo) when the OS refuses.

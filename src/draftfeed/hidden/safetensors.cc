@@ -7,6 +7,8 @@
 #include <optional>
 #include <set>
 
+#include "draftfeed/common/fault_guard.h"
+
 namespace draftfeed {
 
 namespace {
@@ -330,28 +332,39 @@ std::int64_t TensorView::num_elements() const {
   return n;
 }
 
-Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
-                                            const std::string& name) {
-  if (bytes.size() < 8) {
-    return format_error(name, "file is " + std::to_string(bytes.size()) +
+namespace {
+
+// The header size field of a file whose first bytes are `head` (at least 8).
+std::uint64_t header_size_field(std::span<const std::uint8_t> head) {
+  std::uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | head[static_cast<std::size_t>(i)];
+  return header_size;
+}
+
+// Parses a file of `file_size` bytes whose data starts at `base`, reading the size field and the
+// header from `head` instead: the file's first bytes, at least 8 when the file has them and the
+// whole header when it fits the file and the limit. Nothing at `base` is read; only views point
+// there.
+Result<SafetensorsLayout> parse_layout(std::span<const std::uint8_t> head, std::uint64_t file_size,
+                                       const std::uint8_t* base, const std::string& name) {
+  if (file_size < 8) {
+    return format_error(name, "file is " + std::to_string(file_size) +
                                   " bytes, shorter than the 8-byte header size");
   }
-  std::uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i)
-    header_size = (header_size << 8) | bytes[static_cast<std::size_t>(i)];
+  const std::uint64_t header_size = header_size_field(head);
   if (header_size > kSafetensorsMaxHeaderSize) {
     return format_error(name, "header size " + std::to_string(header_size) +
                                   " exceeds the limit of " +
                                   std::to_string(kSafetensorsMaxHeaderSize) + " bytes");
   }
-  const std::uint64_t available = bytes.size() - 8;
+  const std::uint64_t available = file_size - 8;
   if (header_size > available) {
     return format_error(name, "header size " + std::to_string(header_size) +
                                   " runs past the end of the file (" + std::to_string(available) +
                                   " bytes after the size field)");
   }
 
-  const auto* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
+  const auto* header_begin = reinterpret_cast<const char*>(head.data() + 8);
   // JSON never contains a raw NUL (not even inside strings), but nlohmann's lexer reads one as the
   // end of the input, which would accept "{}\0garbage": refuse it here.
   if (const void* nul = std::memchr(header_begin, 0, header_size)) {
@@ -366,7 +379,7 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
   }
 
   const std::uint64_t buffer_size = available - header_size;
-  const std::uint8_t* buffer = bytes.data() + 8 + header_size;
+  const std::uint8_t* buffer = base + 8 + header_size;
 
   struct Placed {
     TensorEntry* entry;
@@ -453,6 +466,13 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
   return layout;
 }
 
+}  // namespace
+
+Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
+                                            const std::string& name) {
+  return parse_layout(bytes, bytes.size(), bytes.data(), name);
+}
+
 Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
   auto mapping = MappedFile::open(path);
   if (!mapping.ok()) return mapping.error();
@@ -461,7 +481,26 @@ Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::
 
 Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::from_mapping(
     std::shared_ptr<const MappedFile> mapping) {
-  auto layout = parse_safetensors(mapping->bytes(), mapping->path());
+  // The header is copied out of the mapping under a fault guard and parsed from the copy: the
+  // file may shrink under the mapping at any time (another process truncating it), and the parser
+  // (allocating as it goes) must never be interrupted by a SIGBUS.
+  const std::uint8_t* base = mapping->data();
+  const std::uint64_t file_size = mapping->size();
+  std::vector<std::uint8_t> head(static_cast<std::size_t>(std::min<std::uint64_t>(file_size, 8)));
+  bool readable = guarded_copy(head.data(), base, head.size());
+  if (readable && head.size() == 8) {
+    const std::uint64_t header_size = header_size_field(head);
+    if (header_size <= kSafetensorsMaxHeaderSize && header_size <= file_size - 8) {
+      head.resize(static_cast<std::size_t>(8 + header_size));
+      readable = guarded_copy(head.data() + 8, base + 8, static_cast<std::size_t>(header_size));
+    }
+  }
+  if (!readable) {
+    return Error(ErrorKind::kIo, mapping->path() +
+                                     ": the file shrank while its header was read (truncated "
+                                     "by another process: SIGBUS on the mapping)");
+  }
+  auto layout = parse_layout(head, file_size, base, mapping->path());
   if (!layout.ok()) return layout.error();
   SafetensorsLayout checked = std::move(layout).value();
   for (auto& view : checked.tensors) view.mapping = mapping;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/int_load.h"
 
 namespace draftfeed {
@@ -26,6 +27,12 @@ SampleCheck fail(SampleProblem problem, std::string message) {
   check.problem = problem;
   check.message = std::move(message);
   return check;
+}
+
+SampleCheck shrank(const HiddenStateSample& sample, std::int64_t row, const char* what) {
+  return fail(SampleProblem::kUnreadable,
+              where(sample, row) + "the file shrank while its " + what +
+                  " were read (truncated by another process: SIGBUS on the mapping)");
 }
 
 std::string slots_text(const std::vector<std::int64_t>& slots) {
@@ -56,6 +63,8 @@ const char* sample_problem_name(SampleProblem problem) {
       return "bad scales";
     case SampleProblem::kNonFinite:
       return "non-finite";
+    case SampleProblem::kUnreadable:
+      return "unreadable";
   }
   return "unknown";
 }
@@ -69,6 +78,8 @@ ErrorKind SampleCheck::error_kind() const {
       return ErrorKind::kNonFinite;
     case SampleProblem::kBadDtype:
       return ErrorKind::kUnsupported;
+    case SampleProblem::kUnreadable:
+      return ErrorKind::kIo;
     default:
       return ErrorKind::kFormat;
   }
@@ -114,14 +125,20 @@ std::string fp8_scales_problem(DType states, std::int64_t tokens, const TensorVi
   std::int64_t bad = 0;
   std::int64_t first_bad = -1;
   float first_value = 0.0f;
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    float value;
-    std::memcpy(&value, scales->data + t * 4, 4);
-    if (value > 0.0f && value <= std::numeric_limits<float>::max()) continue;
-    if (bad++ == 0) {
-      first_bad = t;
-      first_value = value;
+  const bool read = guard_mapped_reads([&] {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      float value;
+      std::memcpy(&value, scales->data + t * 4, 4);
+      if (value > 0.0f && value <= std::numeric_limits<float>::max()) continue;
+      if (bad++ == 0) {
+        first_bad = t;
+        first_value = value;
+      }
     }
+  });
+  if (!read) {
+    return key + ": the file shrank while its scales were read (truncated or rewritten by another "
+                 "process)";
   }
   if (bad == 0) return "";
   char shown[32];
@@ -144,9 +161,17 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
                 where(sample, row) + "token_ids has " + std::to_string(tokens.shape[0]) +
                     " ids but the row has " + std::to_string(ids.size()));
   }
-  if (const std::int64_t at = ids.first_difference(tokens); at >= 0) {
-    const std::int64_t file_id = load_integer(tokens.data, at, dtype_bits(tokens.dtype) / 8,
-                                              dtype_is_signed_integer(tokens.dtype));
+  std::int64_t at = -1;
+  std::int64_t file_id = 0;
+  const bool read = guard_mapped_reads([&] {
+    at = ids.first_difference(tokens);
+    if (at >= 0) {
+      file_id = load_integer(tokens.data, at, dtype_bits(tokens.dtype) / 8,
+                             dtype_is_signed_integer(tokens.dtype));
+    }
+  });
+  if (!read) return shrank(sample, row, "token ids");
+  if (at >= 0) {
     return fail(SampleProblem::kTokenMismatch,
                 where(sample, row) + "token_ids differ from the row's input_ids at position " +
                     std::to_string(at) + " of " + std::to_string(ids.size()) + ": file has " +
@@ -179,12 +204,22 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
 
   if (values == ValueCheck::kSkip) return SampleCheck{};
   const std::size_t count = states.nbytes / (dtype_bits(states.dtype) / 8);
-  if (all_finite(states.data, count, states.dtype)) return SampleCheck{};
+  bool finite = true;
+  if (!guard_mapped_reads([&] { finite = all_finite(states.data, count, states.dtype); })) {
+    return shrank(sample, row, "hidden states");
+  }
+  if (finite) return SampleCheck{};
 
   SampleCheck check;
   check.problem = SampleProblem::kNonFinite;
-  check.per_layer = count_nonfinite_per_slot(states.data, states.shape[0], states.shape[1],
-                                             states.shape[2], states.dtype);
+  check.per_layer.resize(static_cast<std::size_t>(states.shape[1]));
+  const std::span<NonFiniteCounts> per_layer(check.per_layer);
+  if (!guard_mapped_reads([&] {
+        count_nonfinite_per_slot(states.data, states.shape[0], states.shape[1], states.shape[2],
+                                 states.dtype, per_layer);
+      })) {
+    return shrank(sample, row, "hidden states");
+  }
   for (std::size_t l = 0; l < check.per_layer.size(); ++l) {
     check.nan_count += check.per_layer[l].nan;
     check.inf_count += check.per_layer[l].inf;

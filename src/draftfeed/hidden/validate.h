@@ -11,6 +11,8 @@
 //   4. every hidden-state value is finite (for FP8: no NaN code; a scale too large for the
 //      dequantize dtype shows when the batch copy dequantizes). The scan is a vectorised bit test
 //      at memory bandwidth; only when it finds something are NaN and Inf counted per layer slot.
+// The mapped bytes are read under a fault guard (common/fault_guard.h): a file truncated by
+// another process while it is checked is kUnreadable, not a SIGBUS.
 // A file without one of the two keys fails earlier, in HiddenStateSample::from_file (kFormat);
 // `validate_file` folds that case in as kMissingKey.
 // Thread safety: pure functions.
@@ -39,10 +41,11 @@ enum class SampleProblem {
   kBadScales,       // FP8 scales missing, of the wrong dtype or shape, not finite and positive,
                     // or present beside hidden states that are not FP8 (kFormat)
   kNonFinite,       // NaN or Inf in hidden_states (kNonFinite)
+  kUnreadable,      // the file shrank while being read: SIGBUS on its mapping (kIo)
 };
 
 // "ok", "missing key", "bad token_ids", "token mismatch", "bad dtype", "bad shape",
-// "length mismatch", "bad scales", "non-finite".
+// "length mismatch", "bad scales", "non-finite", "unreadable".
 const char* sample_problem_name(SampleProblem problem);
 
 struct SampleCheck {

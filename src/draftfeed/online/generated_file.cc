@@ -42,6 +42,8 @@ FileProblem from_sample_problem(SampleProblem problem) {
     case SampleProblem::kBadShape:
     case SampleProblem::kLengthMismatch:
       return FileProblem::kBadShape;
+    case SampleProblem::kUnreadable:
+      return FileProblem::kUnreadable;
   }
   return FileProblem::kCorrupt;
 }

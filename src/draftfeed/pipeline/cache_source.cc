@@ -88,6 +88,7 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
                                                          : HiddenDType::kF32;
   FetchedSample fetched;
   fetched.owner = sample.file;
+  fetched.file = sample.file->mapping();
   fetched.hidden = HiddenStatesView{hs.data, dtype, hs.shape[0], hs.shape[1], hs.shape[2]};
   if (dtype == HiddenDType::kF8E4M3) {
     // validate_sample checked the scales: F32 [T, 1, 1], finite and positive.

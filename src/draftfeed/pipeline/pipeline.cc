@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/fault_guard.h"
 
 namespace draftfeed {
 
@@ -50,6 +52,7 @@ struct Pipeline::Job {
   std::vector<std::int64_t> rows;    // per sample, after preprocess
   BatchPlacement placement;
   std::unique_ptr<std::atomic<std::int64_t>[]> nonfinite;  // per sample, found while copying
+  std::unique_ptr<std::atomic<bool>[]> shrank;  // per sample: its file faulted (SIGBUS) in a copy
   std::atomic<std::int64_t> pending{0};
 };
 
@@ -147,6 +150,7 @@ void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batc
     job->usable.assign(n, 0);
     job->rows.assign(n, 0);
     job->nonfinite = std::make_unique<std::atomic<std::int64_t>[]>(n);
+    job->shrank = std::make_unique<std::atomic<bool>[]>(n);
     {
       std::lock_guard lock(mutex_);
       ++in_flight_;
@@ -289,24 +293,47 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   const SamplePlacement& placement = job->placement.samples[placed];
   const std::size_t i = placement.sample;
   const NoiseContext noise{options_.noise, job->epoch};
-  const std::int64_t bad =
-      copy_sample_rows(*job->layout, job->memory, placement, *job->outcomes[i].sample,
-                       job->plan.rows[i], noise, first, last);
+  const FetchedSample& sample = *job->outcomes[i].sample;
+  std::int64_t bad = 0;
+  // The source is a mapped file another process may truncate meanwhile: a SIGBUS in the copy
+  // drops this sample (finish_step) instead of killing the trainer.
+  const bool read = guard_mapped_reads([&] {
+    bad = copy_sample_rows(*job->layout, job->memory, placement, sample, job->plan.rows[i], noise,
+                           first, last);
+  });
+  if (!read) job->shrank[i].store(true, std::memory_order_relaxed);
   if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
 void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
   if (stopping_) return;
-  // A sample with NaN/Inf is dropped like any failed sample; the batch is packed again without it.
+  // A sample with NaN/Inf, or whose file changed while it was copied (truncated: a SIGBUS the
+  // guard caught, or rewritten: a new size or modification time), is dropped like any failed
+  // sample; the batch is packed again without it.
   bool repack = false;
   for (const SamplePlacement& p : job->placement.samples) {
     const std::int64_t bad = job->nonfinite[p.sample].exchange(0);
-    if (bad == 0) continue;
+    const bool shrank = job->shrank[p.sample].exchange(false);
+    const std::string row = "row " + std::to_string(job->plan.rows[p.sample]) + ": ";
+    const FetchedSample& sample = *job->outcomes[p.sample].sample;
+    std::optional<FetchOutcome> drop;
+    if (shrank) {
+      drop = FetchOutcome::dropped(
+          DropReason::kInvalid,
+          row + (sample.file ? sample.file->path() : std::string("the hidden states")) +
+              ": the file shrank while being copied (truncated by another process: SIGBUS on "
+              "the mapping)");
+    } else if (auto change = sample.file ? sample.file->change_since_mapped() : std::nullopt) {
+      drop = FetchOutcome::dropped(DropReason::kInvalid,
+                                   row + sample.file->path() + ": the file " + *change);
+    } else if (bad != 0) {
+      drop = FetchOutcome::dropped(DropReason::kNonFinite,
+                                   row + std::to_string(bad) + " non-finite hidden-state values");
+    }
+    if (!drop) continue;
     job->usable[p.sample] = 0;
-    job->outcomes[p.sample] = FetchOutcome::dropped(
-        DropReason::kNonFinite, "row " + std::to_string(job->plan.rows[p.sample]) + ": " +
-                                    std::to_string(bad) + " non-finite hidden-state values");
+    job->outcomes[p.sample] = std::move(*drop);
     repack = true;
   }
   if (repack) {
