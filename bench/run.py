@@ -128,7 +128,7 @@ def code_state() -> dict:
 
 def draftfeed_build(cli: str) -> dict:
     """Which draftfeed the run measures: its module, its compiled core and program, whether they were
-    built from this tree, and whether that build was up to date with the sources (ninja's dry run)."""
+    built from this tree, and whether that build was up to date with the sources."""
     import draftfeed
 
     core = Path(draftfeed._core.__file__).resolve()
@@ -136,9 +136,12 @@ def draftfeed_build(cli: str) -> dict:
     from_tree = REPO in core.parents and REPO in program.parents and REPO in Path(draftfeed.__file__).resolve().parents
     up_to_date = None
     build_dir = core.parent
-    if from_tree and (build_dir / "build.ninja").exists() and shutil.which("ninja"):
-        dry = subprocess.run(["ninja", "-C", str(build_dir), "-n"], capture_output=True, text=True)
-        up_to_date = dry.returncode == 0 and "no work to do" in dry.stdout
+    if from_tree:
+        # As make decides: the build is up to date when its products are newer than every source
+        # they are built from (the C++ sources, the bindings and the build files).
+        sources = git("ls-files", "src", "python/bindings", "CMakeLists.txt").splitlines()
+        newest = max((REPO / f).stat().st_mtime for f in sources if (REPO / f).exists())
+        up_to_date = min(core.stat().st_mtime, program.stat().st_mtime) >= newest
     if from_tree:
         state = {True: "up to date", False: "NOT up to date with the sources", None: "freshness unknown"}[up_to_date]
         description = f"built from this tree ({build_dir.relative_to(REPO)}, {state}; program {program.relative_to(REPO)})"
