@@ -114,14 +114,16 @@ def cli_path() -> str:
 
 
 # ---------------------------------------------------------------- provenance
-def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+def git(*args: str, strip: bool = True) -> str:
+    out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout
+    return out.strip() if strip else out
 
 
 def code_state() -> dict:
     """HEAD, and the paths that differ from it (outside NOT_MEASURED), untracked files included."""
     excludes = [f":(exclude){p}" for p in NOT_MEASURED]
-    changed = [line[3:] for line in git("status", "--porcelain", "--", ".", *excludes).splitlines() if line]
+    status = git("status", "--porcelain", "--", ".", *excludes, strip=False)
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
     head = git("rev-parse", "HEAD")
     return dict(commit=head, short=head[:7], changed=changed)
 
@@ -145,8 +147,10 @@ def draftfeed_build(cli: str) -> dict:
     if from_tree:
         state = {True: "up to date", False: "NOT up to date with the sources", None: "freshness unknown"}[up_to_date]
         description = f"built from this tree ({build_dir.relative_to(REPO)}, {state}; program {program.relative_to(REPO)})"
-    else:
+    elif "site-packages" in core.parts:
         description = f"the installed package ({core.parent}), not a build of this tree"
+    else:
+        description = f"a build outside this tree ({core.parent})"
     return dict(module=str(Path(draftfeed.__file__).resolve()), core=str(core), program=str(program),
                 from_tree=from_tree, build_up_to_date=up_to_date, description=description)
 
@@ -159,7 +163,7 @@ def measured_at_head(results: dict) -> tuple[bool, str]:
     if code["changed"]:
         return False, f"the tree had uncommitted changes when measured: {', '.join(code['changed'][:5])}"
     if not build["from_tree"]:
-        return False, "draftfeed was the installed package, not a build of the commit"
+        return False, f"draftfeed was {build['description']}, not a build of this tree"
     if build["build_up_to_date"] is False:
         return False, "the build of the commit was not up to date with its sources"
     head = git("rev-parse", "HEAD")
@@ -358,7 +362,8 @@ def cold_section(args, results: dict) -> None:
     results["cold"] = script_section(
         "cold", "bench_cold.py",
         ["--hidden-size", str(args.cold_hidden), "--row-sizes", args.cold_row_sizes, "--workers",
-         str(args.cold_workers), "--repeat", str(args.cold_repeat), "--timeout", str(args.timeout)],
+         str(args.cold_workers), "--repeat", str(args.cold_repeat), "--timeout", str(args.timeout),
+         "--data", os.path.join(args.data, "cold")],
         "cold.json", 4 * args.timeout,
         "bench/bench_cold.py (FP8 caches and evicted-page-cache reads, branch fp8) is not merged yet")
 
