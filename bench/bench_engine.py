@@ -4,9 +4,11 @@
 
 Both sides go through their `create_train_val_loaders` with the reference's default arguments, scaled
 to this machine (num_workers = cores), H = 4096, 4 layers, bf16, total_seq_len 8192, noise off on both
-(the installed reference has no noise); draftfeed is also timed with its uniform noise on. Prints
-tokens/s, GB/s of hidden states, time to first batch, peak memory of the process tree and CPU seconds
-per GB, and the ratios draftfeed / reference.
+(the installed reference 0.9.0 has none); then both with uniform noise (std 0.05) on the training
+split's hidden_states: draftfeed's own, and the reference with the seed's per-sample AddUniformNoise
+re-implemented on 0.9.0's loaders (bench/reference_noise.py: applied in the workers, per sample, as
+the seed does). Prints tokens/s, GB/s of hidden states, time to first batch, peak memory of the
+process tree and CPU seconds per GB, and the ratios draftfeed / reference.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from bench_common import (
     tree_cpu_seconds,
     warm_page_cache,
 )
+
+SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
+NOISE_STD = 0.05  # the seed's default noise_std
 
 
 def loader_args(path: str, hidden_size: int, workers: int, noise_std: float) -> dict:
@@ -97,13 +102,19 @@ def main() -> None:
         # draftfeed's drop-in checks `preprocess` against speculators' own functions), so the
         # seconds of that import are not loader start-up and stay out of the time to first batch.
         import speculators.train.dataloader  # noqa: F401
+        from reference_noise import with_uniform_noise
 
         from draftfeed.speculators import create_train_val_loaders as ours
 
+        def reference_with_noise():
+            train, val = reference_train_loader(loader_args(args.data, args.hidden_size, args.workers, 0.0))
+            return with_uniform_noise(train, NOISE_STD), val
+
         sides = {
             "reference": lambda: reference_train_loader(loader_args(args.data, args.hidden_size, args.workers, 0.0)),
+            "reference+noise": reference_with_noise,
             "draftfeed": lambda: ours(**loader_args(args.data, args.hidden_size, args.workers, 0.0)),
-            "draftfeed+noise": lambda: ours(**loader_args(args.data, args.hidden_size, args.workers, 0.05)),
+            "draftfeed+noise": lambda: ours(**loader_args(args.data, args.hidden_size, args.workers, NOISE_STD)),
         }
         print(json.dumps(run_side(args.side, sides[args.side], args.epochs)))
         return
@@ -113,7 +124,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"data: {args.data}: {spec}, {size / 1e9:.2f} GB in page cache")
     results = []
-    for side in ("reference", "draftfeed", "draftfeed+noise"):
+    for side in SIDES:
         proc = subprocess.run(
             [sys.executable, __file__, "--side", side, "--data", args.data, "--hidden-size", str(args.hidden_size),
              "--workers", str(args.workers), "--epochs", str(args.epochs)],

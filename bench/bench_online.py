@@ -16,6 +16,12 @@ starts from an empty cache and deletes what it generated, as the reference does)
     epoch's rows (the Loader does it each epoch), so it fetches up to --lookahead rows ahead of the buffers;
   * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss); the
     longest single request is printed beside it (no epoch can end before it does).
+With --dropin, the runs are instead both `create_train_val_loaders` called exactly as speculators
+0.9.0's trainer calls them (the same keywords and values on both sides; num_workers = --concurrency,
+prefetch_factor 4, in order): the reference (each of its num_workers workers fetches its batch's
+samples one after another: fetch_threads 1, which 0.9.0 has no argument for) against draftfeed's
+drop-in (num_workers x fetch_threads = --concurrency requests in flight, as the reference's).
+run.py runs this with the reference's default arguments: num_workers 12, fetch_threads 1.
 Each loader runs --epochs epochs (default 2): epoch 0 includes start-up (the reference spawns its
 workers and re-imports torch in each), epoch 1 reuses the persistent workers. Prints each epoch's
 wall time, the time to its first batch and the ratios.
@@ -40,6 +46,35 @@ from bench_common import machine, print_table, time_epoch  # noqa: E402
 from sim_vllm_process import SimServerProcess  # noqa: E402
 
 import draftfeed  # noqa: E402
+
+
+def call_090(args, data: str, url: str, cache: str) -> dict:
+    """The keywords speculators 0.9.0's trainer passes (speculators/train/cli.py), nothing else."""
+    from hs_connectors import FileTransfer
+
+    return dict(
+        data_path=data, total_seq_len=args.max_len, hidden_states_dtype=torch.bfloat16,
+        transfer=FileTransfer(Path(cache)), vllm_endpoint=url, on_missing="generate",
+        verifier_name_or_path=None, request_timeout=120.0, max_retries=3,
+        generation_validation_retries=2, max_consecutive_generation_failures=20,
+        hidden_size=args.hidden_size, num_target_layers=3, num_workers=args.concurrency,
+        prefetch_factor=4, preprocess=None, train_data_ratio=0.9, seed=42,
+    )
+
+
+def dropin_epochs(args, side: str, data: str, url: str, cache: str) -> list[dict]:
+    """Both entry points called as 0.9.0's trainer calls them, the same call on both sides."""
+    if side == "ref":
+        from speculators.train.dataloader import create_train_val_loaders
+    else:
+        from draftfeed.speculators import create_train_val_loaders
+    train, val = create_train_val_loaders(**call_090(args, data, url, cache))
+    results = []
+    for epoch in range(args.epochs):
+        train.batch_sampler.set_epoch(epoch)
+        results.append(time_epoch(train))
+    del train, val
+    return results
 
 
 def reference_epoch(args, data: str, url: str, cache: str, in_order: bool = True) -> dict:
@@ -115,6 +150,8 @@ def main() -> None:
                    help="epochs per loader: the first includes start-up (the reference spawns its"
                    " workers), later ones reuse the persistent workers")
     p.add_argument("--skip-reference", action="store_true")
+    p.add_argument("--dropin", action="store_true",
+                   help="both sides through create_train_val_loaders, called as 0.9.0's trainer does")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args()
 
@@ -133,11 +170,16 @@ def main() -> None:
                     ("draftfeed as ready +lookahead", "lookahead", False)]
             if not args.skip_reference:
                 plan[:0] = [("reference in order", "ref", True), ("reference as ready", "ref", False)]
+            if args.dropin:
+                plan = [(f"reference, {args.concurrency} workers", "ref", True),
+                        (f"draftfeed drop-in, {args.concurrency} workers", "dropin", True)]
             for name, side, in_order in plan:
                 sim.reset(connections=True)
                 cache = os.path.join(tmp, "cache_" + name.replace(" ", "_"))
                 start = time.perf_counter()
-                if side == "ref":
+                if args.dropin:
+                    epochs = dropin_epochs(args, side, data, sim.url, cache)
+                elif side == "ref":
                     epochs = reference_epoch(args, data, sim.url, cache, in_order)
                 else:
                     epochs = draftfeed_epoch(args, data, sim.url, cache, server_dir, in_order,

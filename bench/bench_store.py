@@ -1,24 +1,31 @@
-"""Hidden-state store benchmark: read + validate a cache in the page cache, side by side in one run.
+"""Hidden-state store benchmark: read + validate a cache in the page cache, at equal parallelism.
 
-Three ways over the same files (a synthetic cache written by `draftfeed synth`, then read once so
-every file is in the page cache):
-  * reference: hs_connectors.FileTransfer(...).get_cached(i) + speculators'
-    check_hidden_states(loaded, ids), one row after another (what each reference worker does);
-  * draftfeed: `draftfeed verify --json` (mmap, layout checks, token ids, shape, vectorised
-    finiteness scan), with 1 thread and with every core;
-  * memcpy baseline: `draftfeed verify --baseline memcpy` (mmap each file and memcpy all of it),
-    same thread counts: the floor for anything that touches every byte once.
-GB/s counts file bytes. Ratios: draftfeed / reference and draftfeed / memcpy at equal threads.
+Over the same files (a synthetic cache, read once beforehand so every file is in the page cache),
+at each parallelism N in --parallel (default 1 and the machine's cores):
+  * reference, N processes: each runs hs_connectors.FileTransfer(...).get_cached(i) + speculators'
+    check_hidden_states(loaded, ids) over its share of the rows (rows i with i % N == k), with one
+    torch thread, as each of the reference's DataLoader workers does (its worker_init_fn sets one);
+    the processes are started and have imported everything before the clock starts; the time is
+    from the common start (a barrier) to the last process's end;
+  * draftfeed, N threads: `draftfeed verify --threads N` (mmap, layout checks, token ids, shape,
+    vectorised finiteness scan);
+  * read-only bound, N threads: `draftfeed verify --baseline read --threads N`: every file mapped
+    and every byte read once, nothing else. This bounds a scan (which reads each byte and copies
+    nothing); a copy (memcpy) is slower than a read, so it bounds a loader, not a scan;
+  * copy bound, N threads: `draftfeed verify --baseline memcpy --threads N`, for comparison.
+Every method gets one untimed warm-up pass, then --repeat timed passes (median). GB/s counts file
+bytes. Ratios are taken at equal N only.
 
 usage: DRAFTFEED_DEV_BUILD=build PYTHONPATH=python DRAFTFEED_CLI=build/draftfeed \
        python bench/bench_store.py [--rows N] [--min-len A] [--max-len B] [--hidden-size H]
-       [--layers L] [--dtype bf16] [--repeat K] [--keep DIR] [--json]
+       [--layers L] [--dtype bf16] [--parallel 1,2] [--repeat K] [--keep DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import shutil
 import statistics
@@ -52,19 +59,57 @@ def warm(folder: Path) -> int:
     return total
 
 
-def reference_pass(folder: Path, rows: list[list[int]]) -> tuple[float, int]:
-    import torch  # noqa: F401 - imported before timing
+def row_ids(data: Path) -> list[list[int]]:
+    from datasets import load_from_disk
+
+    return [list(r) for r in load_from_disk(str(data)).with_format(None)["input_ids"]]
+
+
+def reference_worker(k: int, n: int, data: str, passes: int, barrier, results) -> None:
+    """One reference worker process: its share of the rows, `passes` times, each pass started at a
+    barrier shared with the other workers; reports (pass, start, end, bytes) per pass."""
+    import torch
+
+    torch.set_num_threads(1)  # as speculators' DataLoader worker_init_fn
     from hs_connectors.transfer import FileTransfer
     from speculators.data_generation.offline import check_hidden_states
 
+    folder = Path(data) / "hidden_states"
+    rows = row_ids(Path(data))
+    mine = [i for i in range(len(rows)) if i % n == k]
     transfer = FileTransfer(folder)
-    total = 0
-    start = time.perf_counter()
-    for i, ids in enumerate(rows):
-        loaded = transfer.get_cached(i)
-        check_hidden_states(loaded, ids)
-        total += os.path.getsize(folder / f"hs_{i}.safetensors")
-    return time.perf_counter() - start, total
+    for p in range(passes):
+        barrier.wait()
+        start = time.perf_counter()
+        total = 0
+        for i in mine:
+            loaded = transfer.get_cached(i)
+            check_hidden_states(loaded, rows[i])
+            total += os.path.getsize(folder / f"hs_{i}.safetensors")
+        results.put((p, start, time.perf_counter(), total))
+
+
+def reference_scan(data: Path, n: int, passes: int) -> list[tuple[float, int]]:
+    """(seconds, bytes) of each pass of N reference processes (perf_counter is the system's
+    monotonic clock, the same in every process)."""
+    ctx = mp.get_context("spawn")  # as the reference's DataLoader
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=reference_worker, args=(k, n, str(data), passes, barrier, results))
+             for k in range(n)]
+    for p in procs:
+        p.start()
+    got: dict[int, list[tuple[float, float, int]]] = {}
+    try:
+        for _ in range(n * passes):
+            p, start, end, total = results.get(timeout=3600)
+            got.setdefault(p, []).append((start, end, total))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    return [(max(e for _, e, _ in runs) - min(s for s, _, _ in runs), sum(b for _, _, b in runs))
+            for _, runs in sorted(got.items())]
 
 
 def main():
@@ -75,10 +120,15 @@ def main():
     parser.add_argument("--hidden-size", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
-    parser.add_argument("--repeat", type=int, default=3, help="timed passes per method (median)")
+    parser.add_argument("--parallel", default=None,
+                        help="processes (reference) and threads (draftfeed), comma-separated; "
+                        "default 1 and the machine's cores")
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes per method (median), after one warm-up")
     parser.add_argument("--keep", help="write the cache here and keep it (default: a temp folder)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    parallel = sorted({int(x) for x in args.parallel.split(",") if x} if args.parallel else {1, cores})
 
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="draftfeed_bench_store_"))
     data = base / "data"
@@ -88,56 +138,50 @@ def main():
                      args.max_len, "--hidden-size", args.hidden_size, "--layers", args.layers,
                      "--dtype", args.dtype)
         folder = data / "hidden_states"
-        from datasets import load_from_disk
-
-        rows = [list(r) for r in load_from_disk(str(data)).with_format(None)["input_ids"]]
+        rows = len(row_ids(data))
         cache_bytes = warm(folder)
-        cores = os.cpu_count() or 1
 
-        results = {}
-
-        def median_of(fn):
-            runs = [fn() for _ in range(args.repeat)]
-            seconds = statistics.median(r[0] for r in runs)
-            return seconds, runs[0][1]
-
-        def verify(threads, baseline):
-            extra = ["--baseline", "memcpy"] if baseline else []
+        def verify(threads: int, baseline: str | None) -> tuple[float, int]:
+            extra = ["--baseline", baseline] if baseline else []
             report = run_json("verify", data, "--threads", threads, *extra)
-            assert report["ok"] == len(rows), report
+            assert report["ok"] == rows, report
             return report["seconds"], report["bytes"]
 
-        seconds, total = median_of(lambda: reference_pass(folder, rows))
-        results["reference (1 process)"] = (seconds, total, 1)
-        for threads in sorted({1, cores}):
-            results[f"draftfeed verify, {threads} thread(s)"] = (*median_of(lambda t=threads: verify(t, False)), threads)
-            results[f"memcpy baseline, {threads} thread(s)"] = (*median_of(lambda t=threads: verify(t, True)), threads)
+        def median_of(fn) -> dict:
+            fn()  # warm-up, untimed
+            runs = [fn() for _ in range(args.repeat)]
+            seconds = statistics.median(r[0] for r in runs)
+            return dict(seconds=seconds, bytes=runs[0][1], gb_per_s=runs[0][1] / seconds / 1e9,
+                        runs=[r[0] for r in runs])
 
-        gbps = {name: total / seconds / 1e9 for name, (seconds, total, _) in results.items()}
-        ref = gbps["reference (1 process)"]
+        results: dict[str, dict[str, dict]] = {}
+        for n in parallel:
+            passes = reference_scan(data, n, 1 + args.repeat)[1:]  # the first pass is the warm-up
+            seconds = statistics.median(s for s, _ in passes)
+            results[str(n)] = {
+                "reference": dict(seconds=seconds, bytes=passes[0][1], gb_per_s=passes[0][1] / seconds / 1e9,
+                                  runs=[s for s, _ in passes]),
+                "draftfeed": median_of(lambda t=n: verify(t, None)),
+                "read_bound": median_of(lambda t=n: verify(t, "read")),
+                "copy_bound": median_of(lambda t=n: verify(t, "memcpy")),
+            }
         summary = {
-            "rows": len(rows),
-            "cache_bytes": cache_bytes,
-            "hidden_size": args.hidden_size,
-            "layers": args.layers,
-            "dtype": args.dtype,
-            "cores": cores,
-            "gb_per_s": gbps,
-            "ratios": {},
+            "rows": rows, "cache_bytes": cache_bytes, "hidden_size": args.hidden_size, "layers": args.layers,
+            "dtype": args.dtype, "cores": cores, "repeat": args.repeat, "warmup": 1,
+            "parallel": parallel, "results": results,
         }
-        for threads in sorted({1, cores}):
-            ours = gbps[f"draftfeed verify, {threads} thread(s)"]
-            summary["ratios"][f"draftfeed/reference, {threads} thread(s)"] = ours / ref
-            summary["ratios"][f"draftfeed/memcpy, {threads} thread(s)"] = ours / gbps[f"memcpy baseline, {threads} thread(s)"]
         if args.json:
             print(json.dumps(summary, indent=2))
             return
-        print(f"cache: {len(rows)} rows, {cache_bytes / 1e9:.2f} GB, H={args.hidden_size} "
-              f"L={args.layers} {args.dtype}, in the page cache; median of {args.repeat} passes")
-        for name, (seconds, _total, _) in results.items():
-            print(f"  {name:32s} {seconds:8.3f} s  {gbps[name]:7.2f} GB/s")
-        for name, ratio in summary["ratios"].items():
-            print(f"  {name:40s} {ratio:7.2f}x")
+        print(f"cache: {rows} rows, {cache_bytes / 1e9:.2f} GB, H={args.hidden_size} L={args.layers} "
+              f"{args.dtype}, in the page cache; median of {args.repeat} passes after one warm-up")
+        for n, r in results.items():
+            print(f"  N={n}: reference ({n} processes) {r['reference']['gb_per_s']:.2f} GB/s, draftfeed verify "
+                  f"({n} threads) {r['draftfeed']['gb_per_s']:.2f} GB/s "
+                  f"({r['draftfeed']['gb_per_s'] / r['reference']['gb_per_s']:.1f}x); read-only bound "
+                  f"{r['read_bound']['gb_per_s']:.2f} GB/s "
+                  f"(verify at {100 * r['draftfeed']['gb_per_s'] / r['read_bound']['gb_per_s']:.0f}%), "
+                  f"copy bound {r['copy_bound']['gb_per_s']:.2f} GB/s")
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""The chart of a bench/run.py result: offline throughput per hidden size against the memcpy bound,
-time to first batch, and the online epochs against their ideal.
+"""The chart of a bench/run.py result: offline throughput per hidden size (with and without noise)
+against the copy bound, time to first batch, the online epochs against their ideal, and every
+like-for-like speed-up.
 
     python bench/plot.py [bench/results/latest.json]   # redraws latest.png from the JSON
 
@@ -25,7 +26,8 @@ def warm_epoch(side: dict) -> dict:
     return min(warm, key=lambda e: e["seconds"])
 
 
-COLORS = {"reference": "#9e9e9e", "draftfeed": "#1f77b4", "draftfeed+noise": "#7fb3e0"}
+COLORS = {"reference": "#9e9e9e", "draftfeed": "#1f77b4", "reference+noise": "#cfcfcf",
+          "draftfeed+noise": "#7fb3e0"}
 
 
 def _throughput(ax, configs: list[dict], memcpy: dict, hidden: int) -> None:
@@ -46,7 +48,7 @@ def _throughput(ax, configs: list[dict], memcpy: dict, hidden: int) -> None:
         bound = memcpy.get((hidden, w))
         if bound is not None:
             ax.hlines(bound, k - 0.45, k + 0.45, colors="k", linestyles="--",
-                      label=None if labelled else "memcpy bound (same threads)")
+                      label=None if labelled else "copy bound (memcpy, same threads)")
             ax.annotate(f"{bound:.2f}", (k + 0.45, bound), fontsize=7, va="bottom", ha="right")
             labelled = True
     ax.set_xticks(range(len(workers)), [str(w) for w in workers])
@@ -99,24 +101,33 @@ def speedups(results: dict) -> list[tuple[str, float]]:
             tag = f"H={c['hidden_size']} w={c['workers']}"
             out.append((f"throughput {tag}", rw["seconds"] / dw["seconds"]))
             out.append((f"first batch {tag}", r["first_batch"] / d["first_batch"]))
-    store = results.get("store")
-    if store:
-        g = store["gb_per_s"]
-        best = max(v for k, v in g.items() if k.startswith("draftfeed"))
-        out.append(("cache scan", best / g["reference (1 process)"]))
+    for c in results.get("engine", []):
+        s = c["sides"]
+        if "reference+noise" in s and "draftfeed+noise" in s:
+            out.append((f"throughput +noise H={c['hidden_size']} w={c['workers']}",
+                        warm_epoch(s["reference+noise"])["seconds"] / warm_epoch(s["draftfeed+noise"])["seconds"]))
+    store = results.get("store") or {}
+    for n, r in sorted((store.get("results") or {}).items()):
+        out.append((f"cache scan, N={n}", r["draftfeed"]["gb_per_s"] / r["reference"]["gb_per_s"]))
     planner = results.get("planner")
-    if planner:
-        out.append((f"planner, {planner['world_size']} ranks", planner["plan"]["speedup_all_ranks"]))
-    online = results.get("online") or {}
-    if online.get("status") == "done":
-        def key(r: dict) -> tuple[bool, int]:  # the reference's run with the same order and epoch
-            return "as ready" in r["name"], r["epoch"]
+    if planner and "speedup_per_rank" in planner.get("plan", {}):
+        out.append(("planner, per rank", planner["plan"]["speedup_per_rank"]))
+    def key(r: dict) -> tuple[bool, int]:  # the reference's run with the same order and epoch
+        return "as ready" in r["name"], r["epoch"]
 
+    for section, prefix in (("online", "online "), ("online_defaults", "online, reference defaults, ")):
+        online = results.get(section) or {}
+        if online.get("status") != "done":
+            continue
         ref = {key(r): r for r in online["runs"] if r["name"].startswith("reference")}
         for r in online["runs"]:
             if r["name"].startswith("draftfeed") and key(r) in ref:
-                label = r["name"].replace("draftfeed ", "online ")
+                label = prefix + (r["name"].replace("draftfeed ", "") if section == "online" else f"epoch {r['epoch']}")
                 out.append((label, ref[key(r)]["seconds"] / r["seconds"]))
+    mooncake = results.get("mooncake") or {}
+    if mooncake.get("status") == "done":
+        for epoch, (r, d) in enumerate(zip(mooncake["runs"]["reference"], mooncake["runs"]["draftfeed"])):
+            out.append((f"Mooncake, epoch {epoch}", (d["tokens"] / d["seconds"]) / (r["tokens"] / r["seconds"])))
     return out
 
 

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -245,7 +247,7 @@ TEST_F(HiddenScanTest, SyntheticCacheValidatesAndEveryDefectIsCounted) {
     };
     write_safetensors(store.path_for(4), tensors);
   }
-  for (const ScanMode mode : {ScanMode::kValidate, ScanMode::kMemcpy}) {
+  for (const ScanMode mode : {ScanMode::kValidate, ScanMode::kMemcpy, ScanMode::kRead}) {
     CacheScanOptions options;
     options.threads = 3;
     options.mode = mode;
@@ -268,6 +270,52 @@ TEST_F(HiddenScanTest, SyntheticCacheValidatesAndEveryDefectIsCounted) {
       EXPECT_EQ(report.count(ScanStatus::kOk), 38);
     }
     EXPECT_GT(report.bytes, 0u);
+  }
+}
+
+// The read-only baseline reads every byte of every file: its checksum (XOR of the files' 8-byte
+// little-endian words, each file's tail zero-padded) equals one computed here from the files'
+// bytes, whatever the thread count.
+TEST_F(HiddenScanTest, ReadBaselineReadsEveryByte) {
+  std::vector<std::vector<std::int64_t>> rows;
+  for (std::int64_t r = 0; r < 21; ++r) {
+    std::vector<std::int64_t> ids;
+    for (std::int64_t t = 0; t < 3 + r % 5; ++t) ids.push_back(r * 100 + t);
+    rows.push_back(ids);
+  }
+  const std::string root = (dir_ / "cache").string();
+  SyntheticHiddenStateSpec spec;
+  spec.seed = 5;
+  spec.hidden_size = 13;  // odd sizes: file lengths that are not multiples of 8 or 32
+  spec.layers = 3;
+  spec.dtype = DType::kBF16;
+  write_synthetic_hidden_states(root, rows, spec);
+  CacheStoreOptions o;
+  o.root = root;
+  o.lock_mode = LockMode::kProbe;
+  const CacheStore store(o);
+
+  std::uint64_t expected = 0;
+  std::uint64_t total = 0;
+  for (std::int64_t r = 0; r < 21; ++r) {
+    std::ifstream in(store.path_for(r), std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+    total += bytes.size();
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      expected ^= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * (i % 8));
+    }
+  }
+  for (const unsigned threads : {1u, 3u}) {
+    CacheScanOptions options;
+    options.threads = threads;
+    options.mode = ScanMode::kRead;
+    const auto report = scan_cache(
+        store, 21, [&rows](std::int64_t r) { return RowIds(rows[static_cast<std::size_t>(r)]); },
+        options);
+    EXPECT_EQ(report.count(ScanStatus::kOk), 21);
+    EXPECT_EQ(report.bytes, total);
+    EXPECT_EQ(report.read_checksum, expected) << threads << " threads";
   }
 }
 

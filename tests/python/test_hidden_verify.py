@@ -118,6 +118,20 @@ def test_memcpy_baseline_and_bad_arguments(tmp_path, rows, run_cli, run_cli_json
                                             hidden_size=16, layers=4, dtype="F32")
     report = run_cli_json("verify", tmp_path / "data", "--baseline", "memcpy")
     assert report["mode"] == "memcpy" and report["ok"] == 12
+    # The read-only baseline: every byte of every file read once (XOR of the files' 8-byte words).
+    expected, total = 0, 0
+    for path in sorted((tmp_path / "data" / "hidden_states").glob("hs_*.safetensors")):
+        data = path.read_bytes()
+        total += len(data)
+        padded = data + bytes(-len(data) % 8)
+        for i in range(0, len(padded), 8):
+            expected ^= int.from_bytes(padded[i:i + 8], "little")
+    for threads in ("1", "3"):
+        report = run_cli_json("verify", tmp_path / "data", "--baseline", "read", "--threads", threads)
+        assert report["mode"] == "read" and report["ok"] == 12 and report["bytes"] == total
+        assert report["read_checksum"] == expected
+    proc = run_cli("verify", tmp_path / "data", "--baseline", "copy", check=False)
+    assert proc.returncode == 2 and "--baseline must be 'memcpy' or 'read', got 'copy'" in proc.stderr
     proc = run_cli("verify", tmp_path / "data", "--threads", "-1", check=False)
     assert proc.returncode == 2 and "--threads must be between 0 and 4096, got -1" in proc.stderr
     proc = run_cli("verify", tmp_path / "nope", check=False)

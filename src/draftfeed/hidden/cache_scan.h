@@ -32,6 +32,7 @@ const char* scan_status_name(ScanStatus status);
 enum class ScanMode {
   kValidate,  // open, check layout, compare ids, shape, dtype, finiteness
   kMemcpy,    // baseline: map each file and memcpy all of it into a buffer, nothing else
+  kRead,      // baseline: map each file and read every byte once (no copy), nothing else
 };
 
 struct CacheScanOptions {
@@ -52,6 +53,9 @@ struct CacheScanReport {
   std::uint64_t bytes = 0;                                          // sizes of the files opened
   double seconds = 0;
   unsigned threads = 0;
+  // kRead only: the XOR of every 8-byte word read (zero-padded tail), so the reads are not
+  // optimised away; the same value for the same bytes.
+  std::uint64_t read_checksum = 0;
 
   std::int64_t count(ScanStatus status) const { return counts[static_cast<std::size_t>(status)]; }
   // True when nothing but ok and missing was found.
