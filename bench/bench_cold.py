@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import machine, make_cached_dataset, print_table  # noqa: E402
+from bench_common import cli_path, machine, make_cached_dataset, print_table  # noqa: E402
 from page_cache import evict, evict_checked, resident_bytes  # noqa: E402
 
 ROW_SIZES = {"small": (64, 256, 640), "medium": (256, 2048, 96), "large": (2048, 8192, 24)}
@@ -52,13 +51,6 @@ SIDES = ("reference bf16", "reference fp8", "draftfeed bf16", "draftfeed fp8")
 MAX_LEN = 8192
 
 
-def cli() -> str:
-    path = os.environ.get("DRAFTFEED_CLI") or shutil.which("draftfeed")
-    if not path and os.environ.get("DRAFTFEED_DEV_BUILD"):
-        path = os.path.join(os.environ["DRAFTFEED_DEV_BUILD"], "draftfeed")
-    if not path or not os.path.exists(path):
-        sys.exit("no draftfeed program: set DRAFTFEED_CLI or put draftfeed on PATH")
-    return path
 
 
 def prepare(root: str, size: str, hidden: int, scale: float = 1.0) -> dict:
@@ -71,7 +63,7 @@ def prepare(root: str, size: str, hidden: int, scale: float = 1.0) -> dict:
     fp8 = os.path.join(data, "hidden_states_fp8")
     done = os.path.join(fp8, ".complete")
     if not os.path.exists(done):
-        subprocess.run([cli(), "quantize", data, "--out", fp8, "--no-progress"], check=True,
+        subprocess.run([cli_path(), "quantize", data, "--out", fp8, "--no-progress"], check=True,
                        capture_output=True, text=True, timeout=3600)
         Path(done).write_text("")
     return dict(spec, size=size, data=data, bf16=os.path.join(data, "hidden_states"), fp8=fp8)

@@ -6,12 +6,23 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import threading
 import time
 import warnings
 from pathlib import Path
 
 import draftfeed
+
+
+def cli_path() -> str:
+    """The draftfeed program: DRAFTFEED_CLI, else `draftfeed` on PATH, else the dev build's."""
+    path = os.environ.get("DRAFTFEED_CLI") or shutil.which("draftfeed")
+    if not path and os.environ.get("DRAFTFEED_DEV_BUILD"):
+        path = os.path.join(os.environ["DRAFTFEED_DEV_BUILD"], "draftfeed")
+    if not path or not os.path.exists(path):
+        raise SystemExit("no draftfeed program: set DRAFTFEED_CLI or put draftfeed on PATH")
+    return path
 
 
 def make_cached_dataset(path: str, *, rows: int, hidden_size: int, layers: int = 4, min_len: int = 256,

@@ -34,16 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def cli() -> str:
-    path = os.environ.get("DRAFTFEED_CLI") or shutil.which("draftfeed")
-    if not path:
-        raise SystemExit("set DRAFTFEED_CLI or put draftfeed on PATH")
-    return path
+from bench_common import cli_path
 
 
 def run_json(*args) -> dict:
-    proc = subprocess.run([cli(), *map(str, args), "--json"], capture_output=True, text=True,
+    proc = subprocess.run([cli_path(), *map(str, args), "--json"], capture_output=True, text=True,
                           timeout=3600)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"draftfeed {' '.join(map(str, args))} failed:\n{proc.stderr}")

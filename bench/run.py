@@ -58,7 +58,6 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -70,7 +69,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import report  # noqa: E402
-from bench_common import make_cached_dataset, warm_page_cache  # noqa: E402
+from bench_common import cli_path, make_cached_dataset, warm_page_cache  # noqa: E402
 from plot import plot_results, warm_epoch  # noqa: E402
 
 SECTIONS = ("engine", "memcpy", "store", "planner", "trainer", "online", "online_defaults", "mooncake", "cold")
@@ -106,13 +105,6 @@ def last_json(text: str) -> dict:
         return json.loads(text)
 
 
-def cli_path() -> str:
-    path = os.environ.get("DRAFTFEED_CLI") or shutil.which("draftfeed")
-    if not path and os.environ.get("DRAFTFEED_DEV_BUILD"):
-        path = os.path.join(os.environ["DRAFTFEED_DEV_BUILD"], "draftfeed")
-    if not path or not os.path.exists(path):
-        sys.exit("no draftfeed program: set DRAFTFEED_CLI or put draftfeed on PATH")
-    return path
 
 
 # ---------------------------------------------------------------- provenance

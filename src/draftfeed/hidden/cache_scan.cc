@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include "draftfeed/common/run_workers.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define DRAFTFEED_SCAN_X86 1
@@ -170,30 +172,16 @@ CacheScanReport scan_cache(const CacheStore& store, std::int64_t num_rows,
 
   std::vector<ThreadTally> tallies(threads);
   std::atomic<std::int64_t> next_chunk{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
   const auto start = std::chrono::steady_clock::now();
-  auto work = [&](unsigned index) {
+  run_workers(threads, [&](unsigned index, const std::atomic<bool>& stop) {
     ThreadTally& tally = tallies[index];
-    try {
-      for (std::int64_t chunk = next_chunk++; chunk < chunks && !failed; chunk = next_chunk++) {
-        const std::int64_t end = std::min(num_rows, (chunk + 1) * kChunkRows);
-        for (std::int64_t row = chunk * kChunkRows; row < end; ++row) {
-          scan_row(store, row, ids_of_row(row), options, tally);
-        }
+    for (std::int64_t chunk = next_chunk++; chunk < chunks && !stop; chunk = next_chunk++) {
+      const std::int64_t end = std::min(num_rows, (chunk + 1) * kChunkRows);
+      for (std::int64_t row = chunk * kChunkRows; row < end; ++row) {
+        scan_row(store, row, ids_of_row(row), options, tally);
       }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!first_error) first_error = std::current_exception();
-      failed = true;
     }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work, i);
-  work(0);
-  for (auto& thread : pool) thread.join();
-  if (first_error) std::rethrow_exception(first_error);
+  });
 
   CacheScanReport report;
   report.rows = num_rows;

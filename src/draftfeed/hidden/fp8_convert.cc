@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "draftfeed/common/run_workers.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/hidden/validate.h"
 
@@ -137,28 +138,14 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
       static_cast<unsigned>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, rows)));
   std::vector<ThreadTally> tallies(threads);
   std::atomic<std::int64_t> next{begin};
-  std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
   const auto start = std::chrono::steady_clock::now();
-  auto work = [&](unsigned index) {
-    try {
-      for (std::int64_t row = next++; row < end && !failed; row = next++) {
-        convert_row(source, target ? &*target : nullptr, row, ids_of_row(row), options,
-                    tallies[index], progress);
-        if (progress != nullptr) ++progress->rows_done;
-      }
-    } catch (...) {
-      std::lock_guard lock(error_mutex);
-      if (!first_error) first_error = std::current_exception();
-      failed = true;
+  run_workers(threads, [&](unsigned index, const std::atomic<bool>& stop) {
+    for (std::int64_t row = next++; row < end && !stop; row = next++) {
+      convert_row(source, target ? &*target : nullptr, row, ids_of_row(row), options,
+                  tallies[index], progress);
+      if (progress != nullptr) ++progress->rows_done;
     }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work, i);
-  work(0);
-  for (auto& thread : pool) thread.join();
-  if (first_error) std::rethrow_exception(first_error);
+  });
 
   CacheConvertReport report;
   report.rows = rows;

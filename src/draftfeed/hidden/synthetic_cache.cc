@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/run_workers.h"
 #include "draftfeed/hidden/safetensors_writer.h"
 
 namespace draftfeed {
@@ -115,30 +116,16 @@ SyntheticCacheStats write_synthetic_hidden_states(const std::string& root, std::
 
   std::atomic<std::int64_t> next{0};
   std::atomic<std::uint64_t> bytes{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-  auto work = [&] {
+  run_workers(threads, [&](unsigned, const std::atomic<bool>& stop) {
     std::vector<std::int64_t> ids;
     std::vector<std::uint8_t> buffer;
-    try {
-      for (std::int64_t row = next++; row < num_rows && !failed; row = next++) {
-        ids.clear();
-        ids_of_row(row, ids);
-        write_row(root, row, ids, spec, table, buffer);
-        bytes += buffer.size() + ids.size() * sizeof(std::int64_t);
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!first_error) first_error = std::current_exception();
-      failed = true;
+    for (std::int64_t row = next++; row < num_rows && !stop; row = next++) {
+      ids.clear();
+      ids_of_row(row, ids);
+      write_row(root, row, ids, spec, table, buffer);
+      bytes += buffer.size() + ids.size() * sizeof(std::int64_t);
     }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work);
-  work();
-  for (auto& thread : pool) thread.join();
-  if (first_error) std::rethrow_exception(first_error);
+  });
   return SyntheticCacheStats{num_rows, bytes.load()};
 }
 
