@@ -137,8 +137,9 @@ std::string fp8_scales_problem(DType states, std::int64_t tokens, const TensorVi
     }
   });
   if (!read) {
-    return key + ": the file shrank while its scales were read (truncated or rewritten by another "
-                 "process)";
+    return key +
+           ": the file shrank while its scales were read (truncated or rewritten by another "
+           "process)";
   }
   if (bad == 0) return "";
   char shown[32];
