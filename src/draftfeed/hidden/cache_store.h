@@ -5,11 +5,10 @@
 // `lock_poll` until `lock_timeout` (then kTimeout naming the lock file); once it is ours, close it
 // and remove the lock file, then read the data file if it exists. Where the folder refuses the
 // removal (read-only, another user's) the lock file stays and the read goes on: unlike the
-// reference, which raises there, a read-only cache with leftover lock files stays readable. `LockMode::kProbe` is for
-// read-only scans
-// (`draftfeed verify`): it never waits and never removes a lock file; a lock held by a writer is
-// reported at once as kTimeout ("locked"), a stale one (no holder) is left alone and the data file
-// is read as usual.
+// reference, which raises there, a read-only cache with leftover lock files stays readable.
+// `LockMode::kProbe` is for read-only scans (`draftfeed verify`): it never waits and never removes
+// a lock file; a lock held by a writer is reported at once as kTimeout ("locked"), a stale one (no
+// holder) is left alone and the data file is read as usual.
 //
 // Files are moved or deleted only inside the folders the store was given (the root plus
 // `allowed_folders`), checked after resolving symbolic links and `..`: a path a server hands back

@@ -19,7 +19,7 @@ struct HiddenStateSample {
 
   // Takes the two tensors out of `file`. Only their presence is checked here (kFormat naming the
   // file and the tensors it has); shapes, dtypes and values are `validate_sample`'s job.
-  static Result<HiddenStateSample> from_file(std::shared_ptr<const SafetensorsFile> file);
+  static Result<HiddenStateSample> from_file(const std::shared_ptr<const SafetensorsFile>& file);
 
   const std::string& path() const { return file->path(); }
 };
