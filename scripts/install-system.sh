@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   g++ clang clang-format libclang-rt-14-dev   # compilers; clang for libFuzzer and the sanitizers
+  clang-tidy                                 # the static checks (.clang-tidy), with run-clang-tidy
   cmake ninja-build pkg-config
   libgtest-dev libgmock-dev                  # the C++ test suite
   libcurl4-openssl-dev                       # the vLLM client

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's second command (and what CI runs): installs what the tests need, then runs every suite:
-#   0. clang-format on every C++ file
+#   0. clang-format on every C++ file; clang-tidy (.clang-tidy's checks) on src/ and python/bindings/
 #   1. the C++ unit tests (ctest, Release build)
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the pipeline tests under ThreadSanitizer
@@ -53,6 +53,20 @@ format_check() {
   [ -z "$bad" ] || { echo "not clang-formatted (run clang-format -i):"; echo "$bad"; return 1; }
 }
 
+tidy_check() {
+  # .clang-tidy says which checks and why; any finding fails (WarningsAsErrors). It needs only the
+  # compile commands of a configured tree (with the bindings), not a build: build/tidy is never built.
+  local dir=build/tidy root
+  cmake -S . -B "$dir" -G Ninja -DDRAFTFEED_PYTHON=ON -DDRAFTFEED_TESTS=ON \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  root=$(pwd | sed 's/[][\.*^$+?(){}|]/\\&/g')  # the tree's path as a regex
+  # Our sources only: not tests/, not nanobind's own sources (also in the compile commands).
+  run-clang-tidy -quiet -j "$jobs" -p "$dir" "^$root/(src|python/bindings)/" 2>&1 |
+    { grep -Ev '[0-9]+ warnings? generated\.$' || true; }  # counts of system headers' warnings
+  return "${PIPESTATUS[0]}"
+}
+
 python_tests() {
   python3 -m pytest -q -p no:cacheprovider "$@"
 }
@@ -72,6 +86,7 @@ types_check() {
 stage "install: system packages" scripts/install-system.sh
 stage "install: python packages and draftfeed" scripts/install-python.sh --test
 stage "style: clang-format" format_check
+stage "static: clang-tidy" tidy_check
 stage "build: C++ tests (Release)" configure_and_build build/tests -DCMAKE_BUILD_TYPE=Release
 stage "ctest: C++ tests" cpp_tests build/tests
 stage "build: C++ tests (ASan+UBSan)" configure_and_build build/asan -DCMAKE_BUILD_TYPE=Debug \

@@ -263,7 +263,7 @@ void bind_writer(nb::module_& m) {
           "rows_per_batch"_a = 1000, "max_shard_bytes"_a = 500LL << 20, "format_type"_a = "torch")
       .def(
           "add_row",
-          [](DatasetWriter& w, Int64Input ids, Int64Input mask) {
+          [](DatasetWriter& w, const Int64Input& ids, const Int64Input& mask) {
             w.add_row({ids.data(), ids.shape(0)}, {mask.data(), mask.shape(0)});
           },
           "input_ids"_a, "loss_mask"_a)
@@ -327,6 +327,7 @@ using BatchTuple = std::tuple<std::int64_t, std::vector<std::pair<std::int64_t, 
 void write_arrow_stream(const std::string& path, const std::vector<ColumnTuple>& column_tuples,
                         const std::vector<BatchTuple>& batches) {
   std::vector<arrow::WriteColumn> columns;
+  columns.reserve(column_tuples.size());
   for (const auto& [name, is_list, large_list, bit_width, is_signed] : column_tuples) {
     columns.push_back({name, is_list, large_list, bit_width, is_signed});
   }

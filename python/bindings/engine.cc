@@ -369,7 +369,7 @@ void init_engine(nb::module_& m) {
       .def_ro("description", &PySampleSource::description)
       .def(
           "fetch_native",
-          [](const PySampleSource& s, std::int64_t row, Int64Input ids) {
+          [](const PySampleSource& s, std::int64_t row, const Int64Input& ids) {
             nb::dict out;
             const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
             if (outcome.sample) {

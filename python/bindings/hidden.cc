@@ -144,6 +144,7 @@ nb::object sample_dict(const std::optional<HiddenStateSample>& sample) {
 
 std::vector<TensorToWrite> tensors_to_write(const std::vector<TensorTuple>& tensors) {
   std::vector<TensorToWrite> out;
+  out.reserve(tensors.size());
   for (const auto& [name, dtype, shape, bytes] : tensors) {
     out.push_back(TensorToWrite{
         name,
@@ -273,7 +274,7 @@ void init_hidden(nb::module_& m) {
 
   m.def(
       "validate_hidden_states",
-      [](const std::string& path, Int64Input ids, std::int64_t row) {
+      [](const std::string& path, const Int64Input& ids, std::int64_t row) {
         auto file = open_file(path);
         const std::span<const std::int64_t> span(ids.data(), ids.shape(0));
         SampleCheck check = [&] {
@@ -308,7 +309,7 @@ void init_hidden(nb::module_& m) {
 
   m.def(
       "hidden_all_finite",
-      [](BytesInput bytes, std::size_t offset, std::size_t count, const std::string& dtype) {
+      [](const BytesInput& bytes, std::size_t offset, std::size_t count, const std::string& dtype) {
         const DType type = dtype_of(dtype);
         const std::size_t width = dtype_bits(type) / 8;
         if (offset > bytes.shape(0) || count > (bytes.shape(0) - offset) / (width ? width : 1)) {
@@ -319,7 +320,7 @@ void init_hidden(nb::module_& m) {
       "bytes"_a, "offset"_a, "count"_a, "dtype"_a);
   m.def(
       "hidden_count_nonfinite_per_slot",
-      [](BytesInput bytes, std::int64_t rows, std::int64_t slots, std::int64_t width,
+      [](const BytesInput& bytes, std::int64_t rows, std::int64_t slots, std::int64_t width,
          const std::string& dtype) {
         const DType type = dtype_of(dtype);
         if (rows < 0 || slots < 0 || width < 0 ||
@@ -337,7 +338,7 @@ void init_hidden(nb::module_& m) {
   m.def("hidden_finite_kernel", [] { return std::string(finite_scan_kernel()); });
   m.def(
       "hidden_convert_bits",
-      [](nb::ndarray<const std::uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> in,
+      [](const nb::ndarray<const std::uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>& in,
          const std::string& op) {
         // Conversions on bit patterns held in uint32: "f16_to_f32", "f32_to_f16", "f32_to_bf16",
         // "bf16_to_f32" (16-bit patterns in the low half).

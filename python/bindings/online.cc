@@ -259,7 +259,7 @@ void init_online(nb::module_& m) {
           nb::arg("keepalive") = true, nb::arg("max_response_bytes") = kDefaultMaxResponseBytes)
       .def(
           "generate",
-          [](VllmClient& c, Int64Input ids) {
+          [](VllmClient& c, const Int64Input& ids) {
             GenerationResult g;
             {
               nb::gil_scoped_release release;
@@ -270,7 +270,7 @@ void init_online(nb::module_& m) {
           nb::arg("input_ids"))
       .def(
           "generate_chat",
-          [](VllmClient& c, const std::string& messages_json, Int64Input ids) {
+          [](VllmClient& c, const std::string& messages_json, const Int64Input& ids) {
             GenerationResult g;
             {
               nb::gil_scoped_release release;
@@ -342,7 +342,7 @@ void init_online(nb::module_& m) {
            })
       .def(
           "prefetch",
-          [](PyOnlineSource& s, Int64Input rows) {
+          [](PyOnlineSource& s, const Int64Input& rows) {
             require(s.lookahead != nullptr, ErrorKind::kInvalidArgument,
                     "prefetch needs a lookahead (OnlineSource(..., data_path=..., lookahead=N))");
             std::vector<std::int64_t> list(rows.data(), rows.data() + rows.shape(0));
@@ -378,7 +378,7 @@ void init_online(nb::module_& m) {
                    [](const PyOnlineSource& s) { return s.online->options().hidden_states_path; })
       .def(
           "fetch",
-          [](PyOnlineSource& s, std::int64_t row, Int64Input ids) {
+          [](PyOnlineSource& s, std::int64_t row, const Int64Input& ids) {
             nb::dict out;
             const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
             if (outcome.sample) out["hidden_states"] = hidden_as_float(outcome.sample->hidden);

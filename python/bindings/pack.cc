@@ -92,18 +92,21 @@ SampleArg sample_of(nb::handle object, std::size_t index, std::vector<AnyTensor>
                                                    nb::cast<std::string>(nb::str(value.type())));
     }
     const std::optional<DType> dtype = dtype_of(tensor.dtype());
-    require(dtype.has_value(), ErrorKind::kInvalidArgument,
-            where + ": '" + name + "' has a dtype the collate does not take");
+    // Messages are built only when thrown: this runs for every tensor of every sample.
+    if (!dtype.has_value()) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  where + ": '" + name + "' has a dtype the collate does not take");
+    }
     TensorArg arg;
     arg.data = static_cast<const std::uint8_t*>(tensor.data());
     arg.dtype = *dtype;
     const std::size_t item = dtype_bits(*dtype) / 8;
     std::int64_t expected = static_cast<std::int64_t>(item);  // bytes of a contiguous suffix
     for (std::size_t d = tensor.ndim(); d-- > 1;) {
-      require(
-          tensor.shape(d) <= 1 || tensor.stride(d) * static_cast<std::int64_t>(item) == expected,
-          ErrorKind::kInvalidArgument,
-          where + ": '" + name + "' is not contiguous within its rows");
+      if (tensor.shape(d) > 1 && tensor.stride(d) * static_cast<std::int64_t>(item) != expected) {
+        throw Error(ErrorKind::kInvalidArgument,
+                    where + ": '" + name + "' is not contiguous within its rows");
+      }
       expected *= static_cast<std::int64_t>(tensor.shape(d));
     }
     for (std::size_t d = 0; d < tensor.ndim(); ++d) {
@@ -118,7 +121,7 @@ SampleArg sample_of(nb::handle object, std::size_t index, std::vector<AnyTensor>
   return sample;
 }
 
-nb::dict pack(nb::list samples, std::int64_t max_len, const std::string& hidden_states_dtype,
+nb::dict pack(const nb::list& samples, std::int64_t max_len, const std::string& hidden_states_dtype,
               bool pin_memory) {
   DType hidden;
   if (hidden_states_dtype == "bfloat16") {

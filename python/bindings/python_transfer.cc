@@ -38,7 +38,9 @@ std::string exception_text(const nb::python_error& error) {
 }
 
 const std::uint8_t* data_of(const nb::object& tensor) {
-  return reinterpret_cast<const std::uint8_t*>(nb::cast<std::uintptr_t>(tensor.attr("data_ptr")()));
+  // data_ptr() is the tensor's address, as an integer: the cast is the point.
+  return reinterpret_cast<const std::uint8_t*>(  // NOLINT(performance-no-int-to-ptr)
+      nb::cast<std::uintptr_t>(tensor.attr("data_ptr")()));
 }
 
 // Checks a transfer's result dict against the row and views its hidden states. Needs the GIL.

@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -60,6 +59,7 @@ SimServerProcess::SimServerProcess(const SimServerOptions& options) {
                                    "--latency-median", number(options.latency_median),
                                    "--latency-p99",    number(options.latency_p99)};
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 
@@ -75,7 +75,7 @@ SimServerProcess::SimServerProcess(const SimServerOptions& options) {
   if (spawned != 0) {
     pid_ = -1;
     throw Error(ErrorKind::kRuntime,
-                "cannot run " + options.python + ": " + std::strerror(spawned));
+                "cannot run " + options.python + ": " + os_error_text(spawned));
   }
 
   const auto deadline =

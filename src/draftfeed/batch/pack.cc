@@ -46,9 +46,11 @@ Element load(const std::uint8_t* p, DType dtype) {
     case DType::kU8:
       e.integer = *p;
       break;
-    case DType::kI8:
-      e.integer = load_as<std::int8_t>(p);
+    case DType::kI8: {
+      const std::int8_t value = load_as<std::int8_t>(p);  // named: an int8 is a number
+      e.integer = value;
       break;
+    }
     case DType::kI16:
       e.integer = load_as<std::int16_t>(p);
       break;
@@ -233,28 +235,32 @@ PackedLayout layout_packed(const std::vector<SampleArg>& samples, std::int64_t m
   const SampleArg& first = samples.front();
   for (std::size_t s = 0; s < samples.size(); ++s) {
     const SampleArg& sample = samples[s];
-    const std::string where = "preprocess returned sample " + std::to_string(s);
-    require(sample.find("lengths") != nullptr, ErrorKind::kInvalidArgument,
-            where + " without 'lengths'");
+    // Messages are built only when thrown: this runs for every tensor of every sample.
+    auto refuse = [s](const std::string& what) {
+      return Error(ErrorKind::kInvalidArgument,
+                   "preprocess returned sample " + std::to_string(s) + what);
+    };
+    if (sample.find("lengths") == nullptr) throw refuse(" without 'lengths'");
     for (std::size_t k = 0; k < sample.keys.size(); ++k) {
       const TensorArg& t = sample.tensors[k];
-      require(!t.shape.empty(), ErrorKind::kInvalidArgument,
-              where + ": '" + sample.keys[k] + "' is a 0-d tensor; the collate needs rows");
-      require(supported(t.dtype), ErrorKind::kInvalidArgument,
-              where + ": '" + sample.keys[k] + "' has an unsupported dtype " +
-                  std::string(dtype_name(t.dtype)));
+      if (t.shape.empty()) {
+        throw refuse(": '" + sample.keys[k] + "' is a 0-d tensor; the collate needs rows");
+      }
+      if (!supported(t.dtype)) {
+        throw refuse(": '" + sample.keys[k] + "' has an unsupported dtype " +
+                     std::string(dtype_name(t.dtype)));
+      }
     }
     for (const std::string& key : first.keys) {
       if (key == "lengths") continue;
       const TensorArg* t = sample.find(key);
-      require(t != nullptr, ErrorKind::kInvalidArgument,
-              where + " has no '" + key + "' (the first sample has it)");
+      if (t == nullptr) throw refuse(" has no '" + key + "' (the first sample has it)");
       const TensorArg& f = *first.find(key);
-      require(std::equal(t->shape.begin() + 1, t->shape.end(), f.shape.begin() + 1, f.shape.end()),
-              ErrorKind::kInvalidArgument,
-              where + ": '" + key + "' has shape " + shape_text(t->shape) +
-                  ", whose trailing dimensions differ from the first sample's " +
-                  shape_text(f.shape));
+      if (!std::equal(t->shape.begin() + 1, t->shape.end(), f.shape.begin() + 1, f.shape.end())) {
+        throw refuse(": '" + key + "' has shape " + shape_text(t->shape) +
+                     ", whose trailing dimensions differ from the first sample's " +
+                     shape_text(f.shape));
+      }
     }
   }
   PackedLayout layout;

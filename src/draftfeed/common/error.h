@@ -32,6 +32,10 @@ enum class ErrorKind {
 
 const char* error_kind_name(ErrorKind kind);
 
+// The OS's text for an errno value ("No such file or directory"): strerror's text, but safe to
+// call from any number of threads (strerror may share one buffer between them).
+std::string os_error_text(int err);
+
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}

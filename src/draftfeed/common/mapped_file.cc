@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <string>
 
 namespace draftfeed {
@@ -16,7 +15,7 @@ namespace {
 
 Error os_error(const std::string& what, const std::string& path, int err) {
   const ErrorKind kind = (err == ENOENT || err == ENOTDIR) ? ErrorKind::kNotFound : ErrorKind::kIo;
-  return Error(kind, path + ": " + what + ": " + std::strerror(err));
+  return Error(kind, path + ": " + what + ": " + os_error_text(err));
 }
 
 std::int64_t modified_ns(const struct stat& st) {

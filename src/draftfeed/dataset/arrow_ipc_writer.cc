@@ -75,8 +75,10 @@ IpcStreamWriter::IpcStreamWriter(ByteSink sink, const std::vector<WriteColumn>& 
                                  const std::vector<std::pair<std::string, std::string>>& metadata)
     : sink_(std::move(sink)) {
   std::vector<fb::NodeRef> fields;
+  fields.reserve(columns.size());
   for (const auto& column : columns) fields.push_back(column_field(column));
   std::vector<fb::NodeRef> pairs;
+  pairs.reserve(metadata.size());
   for (const auto& [key, value] : metadata) {
     pairs.push_back(fb::TableBuilder()
                         .add_ref(0, fb::make_string(key))

@@ -49,11 +49,11 @@ void write_text_file(const fs::path& path, const std::string& text) {
   const fs::path temp = path.string() + ".tmp";
   std::FILE* file = std::fopen(temp.c_str(), "wb");
   if (file == nullptr) {
-    throw Error(ErrorKind::kIo, temp.string() + ": cannot create: " + std::strerror(errno));
+    throw Error(ErrorKind::kIo, temp.string() + ": cannot create: " + os_error_text(errno));
   }
   const bool ok = std::fwrite(text.data(), 1, text.size(), file) == text.size();
   if (std::fclose(file) != 0 || !ok) {
-    throw Error(ErrorKind::kIo, temp.string() + ": cannot write: " + std::strerror(errno));
+    throw Error(ErrorKind::kIo, temp.string() + ": cannot write: " + os_error_text(errno));
   }
   fs::rename(temp, path);
 }
@@ -100,7 +100,7 @@ struct DatasetWriter::State {
     file_path = folder / temp_shard_name(temp_paths.size());
     file = std::fopen(file_path.c_str(), "wb");
     if (file == nullptr) {
-      throw Error(ErrorKind::kIo, file_path.string() + ": cannot create: " + std::strerror(errno));
+      throw Error(ErrorKind::kIo, file_path.string() + ": cannot create: " + os_error_text(errno));
     }
     temp_paths.push_back(file_path);
     std::setvbuf(file, nullptr, _IOFBF, 1 << 20);
@@ -109,7 +109,7 @@ struct DatasetWriter::State {
         [this](std::span<const std::uint8_t> bytes) {
           if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
             throw Error(ErrorKind::kIo,
-                        file_path.string() + ": cannot write: " + std::strerror(errno));
+                        file_path.string() + ": cannot write: " + os_error_text(errno));
           }
         },
         columns(),
@@ -125,7 +125,7 @@ struct DatasetWriter::State {
     const int closed = std::fclose(file);
     file = nullptr;
     if (closed != 0) {
-      throw Error(ErrorKind::kIo, file_path.string() + ": cannot write: " + std::strerror(errno));
+      throw Error(ErrorKind::kIo, file_path.string() + ": cannot write: " + os_error_text(errno));
     }
   }
 
@@ -160,7 +160,7 @@ struct DatasetWriter::State {
   }
 };
 
-DatasetWriter::DatasetWriter(std::string folder, DatasetWriterOptions options)
+DatasetWriter::DatasetWriter(const std::string& folder, DatasetWriterOptions options)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.folder = folder;

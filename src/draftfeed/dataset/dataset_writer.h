@@ -45,7 +45,7 @@ class DatasetWriter {
  public:
   // Creates `folder` if needed. Throws Error(kInvalidArgument) for bad options or a folder that
   // holds files other than an earlier dataset's.
-  explicit DatasetWriter(std::string folder, DatasetWriterOptions options = {});
+  explicit DatasetWriter(const std::string& folder, DatasetWriterOptions options = {});
   ~DatasetWriter();  // without finish(): removes the temporary shards
   DatasetWriter(const DatasetWriter&) = delete;
   DatasetWriter& operator=(const DatasetWriter&) = delete;

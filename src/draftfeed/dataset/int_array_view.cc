@@ -11,7 +11,9 @@ void widen(const std::uint8_t* data, std::int64_t length, std::int64_t* out) {
   for (std::int64_t i = 0; i < length; ++i) {
     T value;
     std::memcpy(&value, data + i * static_cast<std::int64_t>(sizeof(T)), sizeof(T));
-    out[i] = static_cast<std::int64_t>(value);
+    // T = std::int8_t is a number, widened with its sign; the option that ignores int8_t cannot
+    // see the typedef through the template parameter.
+    out[i] = static_cast<std::int64_t>(value);  // NOLINT(bugprone-signed-char-misuse)
   }
 }
 

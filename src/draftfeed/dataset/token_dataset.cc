@@ -95,7 +95,7 @@ std::vector<ColumnInfo> columns_without_shards(const fs::path& folder) {
                                         "say which columns the (empty) dataset has");
   }
   const Json info = read_json(info_path);
-  const auto columns = columns_from_features(info.contains("features") ? info["features"] : Json());
+  auto columns = columns_from_features(info.contains("features") ? info["features"] : Json());
   const auto ids = std::find_if(columns.begin(), columns.end(),
                                 [](const ColumnInfo& c) { return c.name == "input_ids"; });
   if (ids == columns.end()) {

@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <string_view>
 #include <thread>
@@ -22,7 +21,7 @@ namespace {
 
 Error os_error(const std::string& what, const std::string& path, int err) {
   const ErrorKind kind = (err == ENOENT || err == ENOTDIR) ? ErrorKind::kNotFound : ErrorKind::kIo;
-  return Error(kind, path + ": " + what + ": " + std::strerror(err));
+  return Error(kind, path + ": " + what + ": " + os_error_text(err));
 }
 
 std::string seconds_text(std::chrono::duration<double> d) {

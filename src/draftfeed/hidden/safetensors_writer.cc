@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -94,7 +93,7 @@ void check_tensor(const TensorToWrite& t) {
 }
 
 Error os_error(const std::string& what, const std::string& path, int err) {
-  return Error(ErrorKind::kIo, path + ": " + what + ": " + std::strerror(err));
+  return Error(ErrorKind::kIo, path + ": " + what + ": " + os_error_text(err));
 }
 
 // Writes every iovec fully, retrying partial writes and EINTR.

@@ -5,7 +5,7 @@
 namespace draftfeed {
 
 Result<HiddenStateSample> HiddenStateSample::from_file(
-    std::shared_ptr<const SafetensorsFile> file) {
+    const std::shared_ptr<const SafetensorsFile>& file) {
   const TensorView* ids = file->find(kTokenIdsKey);
   const TensorView* states = file->find(kHiddenStatesKey);
   if (ids == nullptr || states == nullptr) {

@@ -25,7 +25,7 @@ struct HiddenStateSample {
   // Takes the two tensors (and the scales, if any) out of `file`. Only the two tensors' presence is
   // checked here (kFormat naming the file and the tensors it has); shapes, dtypes and values are
   // `validate_sample`'s job.
-  static Result<HiddenStateSample> from_file(std::shared_ptr<const SafetensorsFile> file);
+  static Result<HiddenStateSample> from_file(const std::shared_ptr<const SafetensorsFile>& file);
 
   const std::string& path() const { return file->path(); }
 };

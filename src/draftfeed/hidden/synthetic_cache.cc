@@ -41,12 +41,12 @@ float value_of_index(unsigned k) { return (static_cast<float>(k) - 64.0f) / 16.0
 // The 128 possible values' bit patterns in the output dtype, little-endian, `width` bytes each.
 struct ValueTable {
   unsigned width = 2;
-  std::array<std::uint8_t, 128 * 4> bytes{};
+  std::array<std::uint8_t, std::size_t{128} * 4> bytes{};
 
   explicit ValueTable(DType dtype) {
     for (unsigned k = 0; k < 128; ++k) {
       const float value = value_of_index(k);
-      std::uint8_t* out = bytes.data() + k * 4;
+      std::uint8_t* out = bytes.data() + static_cast<std::size_t>(k) * 4;
       if (dtype == DType::kF32) {
         width = 4;
         std::memcpy(out, &value, 4);
@@ -70,7 +70,8 @@ void write_row(const std::string& root, std::int64_t row, const std::vector<std:
     for (std::int64_t l = 0; l < spec.layers; ++l) {
       const std::uint64_t base = position_base(spec.seed, row, t, l);
       for (std::int64_t h = 0; h < spec.hidden_size; ++h, out += width) {
-        std::memcpy(out, table.bytes.data() + value_index(base, h) * 4, width);
+        std::memcpy(out, table.bytes.data() + static_cast<std::size_t>(value_index(base, h)) * 4,
+                    width);
       }
     }
   }

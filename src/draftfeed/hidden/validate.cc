@@ -243,7 +243,7 @@ SampleCheck validate_file(const std::shared_ptr<const SafetensorsFile>& file, co
     return fail(SampleProblem::kMissingKey,
                 row >= 0 ? message + " (row " + std::to_string(row) + ")" : message);
   }
-  const SampleCheck check = validate_sample(taken.value(), ids, row);
+  SampleCheck check = validate_sample(taken.value(), ids, row);
   if (sample != nullptr) *sample = std::move(taken).value();
   return check;
 }

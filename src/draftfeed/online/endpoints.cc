@@ -19,7 +19,7 @@ std::string normalised_url(std::string url) {
 }  // namespace
 
 EndpointSet::EndpointSet(const std::vector<std::string>& urls, EndpointOptions options)
-    : options_(std::move(options)) {
+    : options_(options) {
   require(!urls.empty(), ErrorKind::kInvalidArgument, "at least one vLLM endpoint is needed");
   require(options_.rest_after_failures >= 1 && options_.rest_time.count() >= 0,
           ErrorKind::kInvalidArgument,

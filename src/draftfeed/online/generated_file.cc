@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -97,7 +96,7 @@ std::optional<Error> wait_for_foreign_lock(const std::string& lock_path,
   if (fd < 0) {
     if (errno == ENOENT) return std::nullopt;
     return Error(ErrorKind::kIo,
-                 lock_path + ": cannot open the lock file: " + std::strerror(errno));
+                 lock_path + ": cannot open the lock file: " + os_error_text(errno));
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
@@ -106,7 +105,7 @@ std::optional<Error> wait_for_foreign_lock(const std::string& lock_path,
     if (err == EINTR) continue;
     if (err != EWOULDBLOCK) {
       ::close(fd);
-      return Error(ErrorKind::kIo, lock_path + ": cannot lock: " + std::strerror(err));
+      return Error(ErrorKind::kIo, lock_path + ": cannot lock: " + os_error_text(err));
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       ::close(fd);
@@ -179,7 +178,7 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
       return problem(FileProblem::kMissing, where + ": no file at " + path, path, owned);
     }
     return problem(FileProblem::kUnreadable,
-                   where + ": cannot stat " + path + ": " + std::strerror(errno), path, owned);
+                   where + ": cannot stat " + path + ": " + os_error_text(errno), path, owned);
   }
   if (!S_ISREG(st.st_mode)) {
     return problem(FileProblem::kNotRegular, where + ": " + path + " is not a regular file", path,
@@ -224,7 +223,7 @@ void release_generated(const CacheStore& cache, const GeneratedFile& file,
   struct stat st {};
   if (::lstat(file.path.c_str(), &st) != 0) {
     if (errno == ENOENT) return;  // already gone
-    throw Error(ErrorKind::kIo, file.path + ": cannot stat: " + std::strerror(errno));
+    throw Error(ErrorKind::kIo, file.path + ": cannot stat: " + os_error_text(errno));
   }
   if (file.proven &&
       (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_dev) != file.device ||
@@ -241,7 +240,7 @@ void release_generated(const CacheStore& cache, const GeneratedFile& file,
   } else if (file.owned) {
     cache.remove(file.path);
   } else if (::unlink(file.path.c_str()) != 0 && errno != ENOENT) {
-    throw Error(ErrorKind::kIo, file.path + ": cannot remove: " + std::strerror(errno));
+    throw Error(ErrorKind::kIo, file.path + ": cannot remove: " + os_error_text(errno));
   }
   // Its lock file, released by its writer before the file was read, goes too (the protocol's
   // last step, which an unowned read skipped). A lock still held is left to its holder.

@@ -112,7 +112,7 @@ OnGenerate parse_on_generate(const std::string& text) {
               "on_generate must be 'cache' or 'delete', got '" + text + "'");
 }
 
-OnlineSampleSource::OnlineSampleSource(OnlineSourceOptions options)
+OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
     : options_(checked(options)),
       store_(make_store(options_)),
       reader_(store_, reader_options(options_)),

@@ -121,7 +121,7 @@ struct OnlineSourceStats {
 class OnlineSampleSource : public SampleSource {
  public:
   // Throws kInvalidArgument for bad options (naming them).
-  explicit OnlineSampleSource(OnlineSourceOptions options);
+  explicit OnlineSampleSource(const OnlineSourceOptions& options);
   // Removes the failed files whose writers have let go by now (see sweep_abandoned).
   ~OnlineSampleSource() override;
   OnlineSampleSource(const OnlineSampleSource&) = delete;
