@@ -9,6 +9,7 @@
 #include "draftfeed/common/fp8.h"
 
 #if defined(DRAFTFEED_X86)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -28,7 +29,13 @@ inline bool scalar_element(std::uint8_t code, float scale_bf16, std::uint8_t* ds
 #if defined(DRAFTFEED_X86)
 
 bool fp8_bf16_row_avx2_available() {
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // clang's __builtin_cpu_supports does not know "f16c": CPUID leaf 1 says (ECX bit 29); the
+  // AVX2 check covers the OS saving the ymm registers, which F16C's VEX encoding needs too.
+  static const bool available = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
   return available;
 }
 
