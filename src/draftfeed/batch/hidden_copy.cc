@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "draftfeed/batch/fp8_bf16_row.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/common/dtype.h"
@@ -80,7 +81,9 @@ struct Elements {
 // once from the scalar definition and each element is a lookup: the same bits in fewer
 // instructions than converting and rounding every element (measured: 12% faster for bf16, 10x
 // for f16, whose conversions do not vectorise). For f32 one multiply per element is cheaper than
-// a lookup. A value is non-finite after dequantizing: NaN codes, and overflow of kD.
+// a lookup. A value is non-finite after dequantizing: NaN codes, and overflow of kD. The commonest
+// case, bf16 into a bf16 batch without noise, has its own AVX2 kernel (fp8_bf16_row.h) where the
+// CPU has AVX2 and F16C; the table serves the others and that case elsewhere.
 template <HiddenDType kD>
 struct Fp8Elements {
   static constexpr HiddenDType kDType = HiddenDType::kF8E4M3;
@@ -247,9 +250,29 @@ std::int64_t copy_from(const RowCopy& job) {
                                             : copy_rows<Source, HiddenDType::kBF16>(job);
 }
 
+// FP8 dequantized in bf16 into a bf16 batch without noise, where AVX2 is: each element computed
+// directly, 16 at a time (fp8_bf16_row.h), 2.2x the table's lookups.
+std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
+  const auto src_stride = static_cast<std::size_t>(job.src_row_stride);
+  const std::size_t dst_stride = static_cast<std::size_t>(job.dst_row_stride) * 2;
+  std::int64_t bad = 0;
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    float raw;
+    std::memcpy(&raw, job.src_scales + r * 4, 4);
+    bad += fp8_bf16_row_avx2(job.src + static_cast<std::size_t>(r) * src_stride,
+                             round_to_dtype<HiddenDType::kBF16>(raw),
+                             job.dst + static_cast<std::size_t>(r) * dst_stride, job.width);
+  }
+  return bad;
+}
+
 std::int64_t copy_from_fp8(const RowCopy& job) {
   switch (job.dequantize) {
     case HiddenDType::kBF16:
+      if (job.dst_dtype == HiddenDType::kBF16 && job.noise == NoiseKind::kNone &&
+          fp8_bf16_row_avx2_available()) {
+        return copy_fp8_bf16_avx2(job);
+      }
       return copy_from<Fp8Elements<HiddenDType::kBF16>>(job);
     case HiddenDType::kF16:
       return copy_from<Fp8Elements<HiddenDType::kF16>>(job);

@@ -1,0 +1,122 @@
+#include "draftfeed/batch/fp8_bf16_row.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/common/dtype.h"
+#include "draftfeed/common/fp8.h"
+
+#if defined(DRAFTFEED_X86)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+namespace draftfeed {
+
+namespace {
+
+// One element by the scalar definition, for the tails.
+inline bool scalar_element(std::uint8_t code, float scale_bf16, std::uint8_t* dst) {
+  const std::uint16_t bits = float_to_bf16(fp8_e4m3_to_float(code) * scale_bf16);
+  std::memcpy(dst, &bits, 2);
+  return (bits & 0x7F80u) == 0x7F80u;
+}
+
+}  // namespace
+
+#if defined(DRAFTFEED_X86)
+
+bool fp8_bf16_row_avx2_available() {
+  // clang's __builtin_cpu_supports does not know "f16c": CPUID leaf 1 says (ECX bit 29); the
+  // AVX2 check covers the OS saving the ymm registers, which F16C's VEX encoding needs too.
+  static const bool available = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
+  return available;
+}
+
+namespace {
+
+// 8 E4M3 codes laid out as f16 bits (below) -> 8 bf16 results in the low half of each 32-bit
+// lane. f16 -> float is exact, the value is the code's x 2^-8 (a normal float); kPrescaled: `scale`
+// is the bf16 scale x 2^8 (exact, and the product's real value the same, so its float rounding
+// is), else the value is first multiplied back by 2^8 (exact) and then by the bf16 scale.
+template <bool kPrescaled>
+__attribute__((target("avx2,f16c"))) inline __m256i dequantize8(__m128i halves, __m256 scale) {
+  __m256 value = _mm256_cvtph_ps(halves);
+  if constexpr (!kPrescaled) value = _mm256_mul_ps(value, _mm256_set1_ps(256.0f));
+  const __m256i bits = _mm256_castps_si256(_mm256_mul_ps(value, scale));
+  // float_to_bf16 (dtype.h) without its NaN select: every NaN here (NaN codes, a NaN scale,
+  // Inf x 0) is quiet with 16 low zero bits, which rounding leaves as they are.
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+  return _mm256_srli_epi32(rounded, 16);
+}
+
+template <bool kPrescaled>
+__attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* codes,
+                                                           float scale_bf16, std::uint8_t* dst,
+                                                           std::int64_t n) {
+  const __m256 scale = _mm256_set1_ps(kPrescaled ? scale_bf16 * 256.0f : scale_bf16);
+  std::int64_t count = 0;
+  std::int64_t i = 0;
+  while (i + 16 <= n) {
+    // Non-finite counts in 16-bit lanes, widened every 2^15 blocks (before they could wrap).
+    __m256i bad = _mm256_setzero_si256();
+    const std::int64_t stop = std::min(n - 15, i + (std::int64_t{1} << 19));
+    for (; i < stop; i += 16) {
+      const __m256i code =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+      // The code as f16 bits: sign to bit 15, exponent and mantissa up by 7 (f16 has one more
+      // exponent bit and 7 more mantissa bits; its bias is 8 more), so f16 = code x 2^-8,
+      // subnormals included. The NaN codes become f16 NaN (exponent all ones).
+      const __m256i magnitude =
+          _mm256_and_si256(_mm256_slli_epi16(code, 7), _mm256_set1_epi16(0x3F80));
+      const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(code, 8),
+                                            _mm256_set1_epi16(static_cast<short>(0x8000)));
+      const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x3F80)),
+                                           _mm256_set1_epi16(0x7C00));
+      const __m256i halves = _mm256_or_si256(_mm256_or_si256(magnitude, sign), nan);
+      const __m256i low = dequantize8<kPrescaled>(_mm256_castsi256_si128(halves), scale);
+      const __m256i high = dequantize8<kPrescaled>(_mm256_extracti128_si256(halves, 1), scale);
+      // packus interleaves the 128-bit halves; the permute puts the 16 results back in order.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), packed);
+      const __m256i exponent = _mm256_and_si256(packed, _mm256_set1_epi16(0x7F80));
+      bad = _mm256_sub_epi16(bad, _mm256_cmpeq_epi16(exponent, _mm256_set1_epi16(0x7F80)));
+    }
+    alignas(32) std::uint16_t lanes[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
+    for (const std::uint16_t lane : lanes) count += lane;
+  }
+  for (; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);
+  return count;
+}
+
+}  // namespace
+
+std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
+                               std::int64_t n) {
+  // The scale x 2^8 must stay finite for the one-multiply form.
+  if (std::fabs(scale_bf16) < 0x1p119f) return row_avx2<true>(codes, scale_bf16, dst, n);
+  return row_avx2<false>(codes, scale_bf16, dst, n);
+}
+
+#else
+
+bool fp8_bf16_row_avx2_available() { return false; }
+
+std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
+                               std::int64_t n) {
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);
+  return count;
+}
+
+#endif
+
+}  // namespace draftfeed

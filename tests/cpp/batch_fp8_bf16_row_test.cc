@@ -1,0 +1,77 @@
+// The AVX2 kernel for FP8 dequantized in bf16 into a bf16 batch (batch/fp8_bf16_row.h), called
+// directly, against the scalar definition (batch/fp8_dequantize.h) bit for bit: every code, at
+// every position of the 16-wide blocks and of the scalar tail, times scales across bf16's range
+// (subnormal, tiny, ordinary, negative, zero, around the 2^119 switch to two multiplies, large
+// enough to overflow to Inf, Inf, NaN), and its count of non-finite values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "draftfeed/batch/fp8_bf16_row.h"
+#include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/common/dtype.h"
+#include "draftfeed/common/fp8.h"
+
+namespace draftfeed {
+namespace {
+
+TEST(Fp8Bf16RowTest, EqualsTheScalarDefinitionBitForBit) {
+  if (!fp8_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> scales = {1e-40f,
+                                     0x1p-133f,
+                                     1e-12f,
+                                     1.0f / 448,
+                                     0.37f,
+                                     1.0f,
+                                     -0.37f,
+                                     0.0f,
+                                     -0.0f,
+                                     3.0f + 0x1p-8f,
+                                     5e4f,
+                                     1e36f,
+                                     0x1.fep118f,
+                                     0x1p119f,
+                                     0x1.02p119f,
+                                     -0x1p120f,
+                                     0x1p125f,
+                                     3e38f,
+                                     inf,
+                                     -inf,
+                                     std::numeric_limits<float>::quiet_NaN()};
+  for (const std::int64_t n : {std::int64_t{0}, std::int64_t{5}, std::int64_t{16},
+                               std::int64_t{256 + 16 + 7}, std::int64_t{1000}}) {
+    for (std::size_t s = 0; s < scales.size(); ++s) {
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < codes.size(); ++i) {
+        codes[i] = static_cast<std::uint8_t>((i + 53 * s) & 0xFF);
+      }
+      const float scale = round_to_dtype<HiddenDType::kBF16>(scales[s]);
+      std::vector<std::uint8_t> out(2 * codes.size() + 2, 0xAB);
+      const std::int64_t bad = fp8_bf16_row_avx2(codes.data(), scale, out.data(), n);
+      std::int64_t want_bad = 0;
+      for (std::size_t i = 0; i < codes.size(); ++i) {
+        const float want = dequantize_fp8<HiddenDType::kBF16>(codes[i], scale);
+        want_bad += !std::isfinite(want);
+        std::uint16_t got;
+        std::memcpy(&got, out.data() + 2 * i, 2);
+        const std::uint16_t want_bits = float_to_bf16(want);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(bf16_to_float(got))) << "code " << int{codes[i]} << " x " << scale;
+        } else {
+          ASSERT_EQ(got, want_bits) << "code " << int{codes[i]} << " x " << scale << " (n " << n
+                                    << ", position " << i << ")";
+        }
+      }
+      EXPECT_EQ(bad, want_bad) << "scale " << scale << ", n " << n;
+      EXPECT_EQ(out[out.size() - 1], 0xAB);  // nothing written past the row
+      EXPECT_EQ(out[out.size() - 2], 0xAB);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace draftfeed
