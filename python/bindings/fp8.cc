@@ -72,9 +72,9 @@ NoiseKind noise_kind(const std::string& name) {
               "noise must be 'none', 'uniform' or 'gaussian', got '" + name + "'");
 }
 
-nb::object copy_rows(Input<std::uint8_t> codes, Input<float> scales, const std::string& dequantize,
-                     const std::string& out_dtype, const std::string& noise, double noise_std,
-                     std::uint64_t noise_key) {
+nb::object copy_rows(const Input<std::uint8_t>& codes, const Input<float>& scales,
+                     const std::string& dequantize, const std::string& out_dtype,
+                     const std::string& noise, double noise_std, std::uint64_t noise_key) {
   const auto rows = static_cast<std::int64_t>(scales.shape(0));
   require(rows > 0 && codes.shape(0) % scales.shape(0) == 0, ErrorKind::kInvalidArgument,
           "codes must hold rows x width bytes for rows = len(scales) > 0");
@@ -109,7 +109,7 @@ nb::object copy_rows(Input<std::uint8_t> codes, Input<float> scales, const std::
 void init_fp8(nb::module_& m) {
   m.def(
       "fp8_to_float",
-      [](Input<std::uint8_t> codes) {
+      [](const Input<std::uint8_t>& codes) {
         std::vector<float> out(codes.shape(0));
         for (std::size_t i = 0; i < out.size(); ++i) out[i] = fp8_e4m3_to_float(codes(i));
         return owned_array(std::move(out));
@@ -117,7 +117,7 @@ void init_fp8(nb::module_& m) {
       "codes"_a, "float8_e4m3fn codes -> their float32 values");
   m.def(
       "float_to_fp8",
-      [](Input<float> values) {
+      [](const Input<float>& values) {
         std::vector<std::uint8_t> out(values.shape(0));
         {
           nb::gil_scoped_release release;
@@ -132,7 +132,8 @@ void init_fp8(nb::module_& m) {
         "values as uint16 bits.");
   m.def(
       "quantize_fp8",
-      [](nb::bytes values, const std::string& dtype, std::int64_t tokens, std::int64_t per_token) {
+      [](const nb::bytes& values, const std::string& dtype, std::int64_t tokens,
+         std::int64_t per_token) {
         const HiddenDType src = source_dtype(dtype);
         require(tokens >= 0 && per_token >= 0 &&
                     static_cast<std::size_t>(tokens * per_token) * hidden_dtype_size(src) ==
@@ -159,7 +160,8 @@ void init_fp8(nb::module_& m) {
       "its size.");
   m.def(
       "fp8_dequantize",
-      [](Input<std::uint8_t> codes, Input<float> scales, const std::string& dequantize) {
+      [](const Input<std::uint8_t>& codes, const Input<float>& scales,
+         const std::string& dequantize) {
         const auto tokens = static_cast<std::int64_t>(scales.shape(0));
         require(tokens > 0 ? codes.shape(0) % scales.shape(0) == 0 : codes.shape(0) == 0,
                 ErrorKind::kInvalidArgument, "codes must hold tokens x per_token values");

@@ -38,7 +38,7 @@ struct ThreadTally {
 std::uint64_t read_words_scalar(const std::uint8_t* data, std::size_t size, std::size_t i) {
   std::uint64_t acc[4] = {0, 0, 0, 0};
   for (; i + 32 <= size; i += 32) {
-    for (int k = 0; k < 4; ++k) {
+    for (std::size_t k = 0; k < 4; ++k) {
       std::uint64_t word;
       std::memcpy(&word, data + i + 8 * k, 8);
       acc[k] ^= word;
