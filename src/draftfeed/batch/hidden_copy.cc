@@ -7,6 +7,7 @@
 #include "draftfeed/batch/fp8_bf16_row.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/noise.h"
+#include "draftfeed/batch/noise_bf16_row.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 
@@ -166,7 +167,8 @@ template <class Source, HiddenDType kDst>
 inline std::int64_t row_uniform(const Source& src, std::uint8_t* dst, std::int64_t n,
                                 std::uint32_t key, float std_dev) {
   // One 32-bit draw serves an element pair: half the hashing. A row has far fewer than 2^32
-  // elements.
+  // elements. bf16 sources take an AVX2 kernel where the CPU has it (noise_bf16_row.h), with the
+  // same bits: this loop stays the definition.
   std::uint32_t bad = 0;
   const std::int64_t pairs = n / 2;
   for (std::int64_t k = 0; k < pairs; ++k) {
@@ -266,6 +268,25 @@ std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
   return bad;
 }
 
+// bf16 rows with uniform noise into a bf16 or f32 batch, where AVX2 is: 16 values at a time
+// (noise_bf16_row.h), the same bits as row_uniform.
+std::int64_t copy_bf16_uniform_avx2(const RowCopy& job) {
+  const std::size_t src_stride = static_cast<std::size_t>(job.src_row_stride) * 2;
+  const std::size_t dst_stride =
+      static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(job.dst_dtype);
+  const bool f32 = job.dst_dtype == HiddenDType::kF32;
+  std::int64_t bad = 0;
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    const std::uint8_t* src = job.src + static_cast<std::size_t>(r) * src_stride;
+    std::uint8_t* dst = job.dst + static_cast<std::size_t>(r) * dst_stride;
+    const std::uint32_t key =
+        noise_token_key(job.noise_sample_key, static_cast<std::uint64_t>(job.first_token + r));
+    bad += f32 ? noise_bf16_f32_row_avx2(src, dst, job.width, key, job.noise_std)
+               : noise_bf16_row_avx2(src, dst, job.width, key, job.noise_std);
+  }
+  return bad;
+}
+
 std::int64_t copy_from_fp8(const RowCopy& job) {
   switch (job.dequantize) {
     case HiddenDType::kBF16:
@@ -289,6 +310,9 @@ std::int64_t copy_from_fp8(const RowCopy& job) {
 std::int64_t copy_hidden_rows(const RowCopy& job) {
   switch (job.src_dtype) {
     case HiddenDType::kBF16:
+      if (job.noise == NoiseKind::kUniform && noise_bf16_row_avx2_available()) {
+        return copy_bf16_uniform_avx2(job);
+      }
       return copy_from<Elements<HiddenDType::kBF16>>(job);
     case HiddenDType::kF16:
       return copy_from<Elements<HiddenDType::kF16>>(job);

@@ -4,11 +4,23 @@
 //
 //   sample_key = splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ row)
 //   token_key  = low 32 bits of splitmix64(sample_key ^ (token * 0x9E3779B97F4A7C15))
-//   bits(j)    = mix32(token_key + j * 0x9E3779B9)            (j: element index within the token's
-//                                                              flattened target layers, l * H + h)
-//   u(j)       = (bits(j) >> 8) * 2^-24                       (uniform in [0, 1))
-//   uniform:  x + (2 u(j) - 1) * std                          (computed in float32, then rounded
-//   once) gaussian: Box-Muller on the pair (u(j), u(j+1)) for even j: cos for j, sin for j + 1
+// j is an element's index within the token's flattened target layers (l * H + h), x(j) its value.
+//
+// uniform: one 32-bit draw per element pair k = j / 2 (noise_bits: one multiply-xorshift round);
+// its low 16 bits serve the even element, its high 16 bits the odd one:
+//   z        = token_key ^ (k * 0x9E3779B9),  z ^= z >> 16,  z *= 0x7FEB352D,  z ^= z >> 15
+//   s(2k)    = ((z & 0xFFFF) + 0.5) * 2^-15 - 1                  (noise_signed_low)
+//   s(2k+1)  = ((z >> 16) + 0.5) * 2^-15 - 1                     (noise_signed_high)
+//   out(j)   = x(j) + s(j) * std
+// s takes 65536 values symmetric in (-1, 1), never 0, exact in float32. out is computed in float32
+// (the product, then the sum, each rounded: no FMA) and rounded once to the batch dtype. An odd
+// last element j = n - 1 takes the low half of its pair's draw.
+// gaussian: a 24-bit uniform per element (noise_uniform: two rounds, mix32),
+//   u(j)     = (mix32(token_key + j * 0x9E3779B9) >> 8) * 2^-24   (in [0, 1))
+// and Box-Muller on each pair (u(j), u(j+1)), j even, with r = sqrt(-2 ln(1 - u(j))):
+//   out(j)   = x(j) + std * r * cos(2 pi u(j+1))
+//   out(j+1) = x(j+1) + std * r * sin(2 pi u(j+1))
+// in float32, rounded once to the batch dtype; an odd last element takes the cos.
 // `token` is the token's index in the file (before any preprocess shift), so the EAGLE-3 shift sees
 // the same noise on the same element.
 #pragma once
