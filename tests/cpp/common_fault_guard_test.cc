@@ -17,6 +17,7 @@
 
 #include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/mapped_file.h"
+#include "sigbus_recovery.h"
 #include "temp_folder.h"
 
 namespace draftfeed {
@@ -141,6 +142,7 @@ TEST_F(FaultGuardTest, AHandlerInstalledOverOursIsChainedNotLost) {
 }
 
 TEST_F(FaultGuardTest, ConcurrentGuardsOnManyThreadsEachCatchTheirOwnFaults) {
+  SKIP_WHERE_SIGBUS_CANNOT_BE_RECOVERED();
   const auto gone = mapped_then_truncated(8, 0, "gone");
   const auto intact = mapped_then_truncated(8, 8 * page(), "intact");
   std::atomic<int> caught{0};
