@@ -6,6 +6,7 @@
 
 #include "draftfeed/batch/fp8_bf16_row.h"
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_bf16_row.h"
 #include "draftfeed/common/dtype.h"
@@ -24,23 +25,6 @@
 namespace draftfeed {
 
 namespace {
-
-template <HiddenDType kSrc>
-inline float load(const std::uint8_t* base, std::int64_t i) {
-  if constexpr (kSrc == HiddenDType::kF32) {
-    float v;
-    std::memcpy(&v, base + i * 4, 4);
-    return v;
-  } else {
-    std::uint16_t v;
-    std::memcpy(&v, base + i * 2, 2);
-    if constexpr (kSrc == HiddenDType::kBF16) {
-      return bf16_to_float(v);
-    } else {
-      return f16_to_float(v);
-    }
-  }
-}
 
 template <HiddenDType kSrc>
 inline bool is_nonfinite(const std::uint8_t* base, std::int64_t i) {
@@ -72,7 +56,7 @@ struct Elements {
   static constexpr HiddenDType kDType = kSrc;
   static constexpr bool kDequantized = false;
   const std::uint8_t* row;
-  float value(std::int64_t i) const { return load<kSrc>(row, i); }
+  float value(std::int64_t i) const { return load_hidden_value<kSrc>(row, i); }
   // Checked on the file's bits (a value read is never more or less finite than its bits).
   bool nonfinite(std::int64_t i, float /*value*/) const { return is_nonfinite<kSrc>(row, i); }
 };

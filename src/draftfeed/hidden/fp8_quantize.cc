@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/fp8.h"
@@ -12,23 +13,6 @@ namespace draftfeed {
 namespace {
 
 template <HiddenDType kSrc>
-float load(const std::uint8_t* base, std::int64_t i) {
-  if constexpr (kSrc == HiddenDType::kF32) {
-    float v;
-    std::memcpy(&v, base + i * 4, 4);
-    return v;
-  } else {
-    std::uint16_t v;
-    std::memcpy(&v, base + i * 2, 2);
-    if constexpr (kSrc == HiddenDType::kBF16) {
-      return bf16_to_float(v);
-    } else {
-      return f16_to_float(v);
-    }
-  }
-}
-
-template <HiddenDType kSrc>
 void quantize_rows(const std::uint8_t* src, std::int64_t tokens, std::int64_t per_token,
                    std::uint8_t* codes, float* scales) {
   const std::size_t row_bytes = static_cast<std::size_t>(per_token) * hidden_dtype_size(kSrc);
@@ -36,7 +20,7 @@ void quantize_rows(const std::uint8_t* src, std::int64_t tokens, std::int64_t pe
     const std::uint8_t* row = src + static_cast<std::size_t>(t) * row_bytes;
     float amax = 0.0f;
     for (std::int64_t i = 0; i < per_token; ++i)
-      amax = std::fmax(amax, std::fabs(load<kSrc>(row, i)));
+      amax = std::fmax(amax, std::fabs(load_hidden_value<kSrc>(row, i)));
     // clamp(min=1e-12) as torch does it: the larger of the two (a NaN amax is excluded by the
     // caller's validation).
     const float quotient = amax / kFp8E4M3Max;
@@ -44,7 +28,7 @@ void quantize_rows(const std::uint8_t* src, std::int64_t tokens, std::int64_t pe
     scales[t] = scale;
     std::uint8_t* out = codes + static_cast<std::size_t>(t * per_token);
     for (std::int64_t i = 0; i < per_token; ++i)
-      out[i] = float_to_fp8_e4m3(load<kSrc>(row, i) / scale);
+      out[i] = float_to_fp8_e4m3(load_hidden_value<kSrc>(row, i) / scale);
   }
 }
 
