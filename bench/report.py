@@ -170,6 +170,45 @@ def store_table(results: dict) -> list[dict]:
         "the bound for a scan. The copy bound (memcpy) bounds a loader, not a scan: reading is cheaper than copying.")]
 
 
+# ---------------------------------------------------------------- kernels
+def kernels_table(results: dict) -> list[dict]:
+    runs = results.get("kernels") or []
+    if not runs:
+        return []
+    by_threads = {run["threads"]: {c["name"]: c for c in run["cases"]} for run in runs}
+    threads = sorted(by_threads)
+    names = [c["name"] for c in runs[0]["cases"]]
+    rows = []
+    for name in names:
+        cases = [by_threads[t].get(name) for t in threads]
+        first = next(c for c in cases if c)
+        goal = f"{first['goal']} >= {100 * first['goal_share']:.0f}%" if first["goal_share"] else "-"
+        cells = []
+        for c in cases:
+            if not c:
+                cells += ["-", "-"]
+                continue
+            met = "" if not c["goal_share"] else (" (met)" if c["share"] >= c["goal_share"] else " (NOT met)")
+            cells += [f"{c['kernel_gb_per_s']:.2f}", f"{100 * c['share']:.0f}%{met}"]
+        rows.append((name, *cells, goal))
+    headers = ("source -> batch (noise)",
+               *[h for t in threads for h in (f"GB/s written, {t} thread{'s' if t > 1 else ''}",
+                                              f"% of memcpy, {t} thread{'s' if t > 1 else ''}")], "goal")
+    run = runs[0]
+    return [table(
+        f"The batch copy's kernels against memcpy (`draftfeed kernels`; H={run['hidden_size']}, {run['layers']} "
+        f"layers, {run['tokens']} tokens = one batch, samples of {run['job_tokens']} tokens; median of "
+        f"{run['repeat']} interleaved repeats)",
+        headers, rows,
+        "Each repeat times memcpy of the same rows (same strides, same threads) and then the kernel "
+        "(`copy_hidden_rows`, dispatch included), so load on the machine falls on both alike; the share is the "
+        "median of memcpy's time over the kernel's. memcpy copies the rows in the wider of the source and batch "
+        "dtypes: it bounds what the kernel writes and what it reads. Above 100%: the kernels write the batch "
+        "with streaming stores (batch/vector_store.h), which skip reading the destination lines first; memcpy "
+        "of rows this size does not. Uniform noise hashes every element pair: on one thread of this machine "
+        "that is compute-bound; gaussian noise (sqrt, log, sin, cos per pair, libm's) has no vector kernel.")]
+
+
 # ---------------------------------------------------------------- planner
 def planner_table(results: dict) -> list[dict]:
     planner = results.get("planner")
@@ -313,7 +352,7 @@ def cold_table(results: dict) -> list[dict]:
 
 
 def tables(results: dict) -> list[dict]:
-    return (engine_tables(results) + scaling_table(results) + store_table(results) + planner_table(results)
+    return (engine_tables(results) + scaling_table(results) + kernels_table(results) + store_table(results) + planner_table(results)
             + trainer_table(results) + online_tables(results) + mooncake_table(results) + cold_table(results))
 
 

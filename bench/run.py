@@ -21,6 +21,10 @@ processes or engine threads, same noise, same call), and each bound is named for
   memcpy   the copy bound: `draftfeed verify --baseline memcpy --threads N` (a memcpy of every cache
            file's bytes; median of 3 after a warm-up): no loader, which copies each byte into its batch,
            beats it at N threads.
+  kernels  `draftfeed kernels --threads N`: the batch copy's kernels (every source dtype, batch dtype and
+           noise the engine copies) against memcpy of the same rows, interleaved repeat by repeat in one
+           process, at each N of --workers; memcpy copies the rows in the wider of the two dtypes, so it
+           bounds both what a kernel writes and what it reads. The goals are issue 14's.
   store    the cache scan at equal parallelism (bench_store.py): the reference's FileTransfer +
            check_hidden_states over N processes against `draftfeed verify` with N threads, and the
            read-only bound (`verify --baseline read`: every byte read once, no copy) at N threads.
@@ -72,7 +76,7 @@ import report  # noqa: E402
 from bench_common import cli_path, make_cached_dataset, warm_page_cache  # noqa: E402
 from plot import plot_results, warm_epoch  # noqa: E402
 
-SECTIONS = ("engine", "memcpy", "store", "planner", "trainer", "online", "online_defaults", "mooncake", "cold")
+SECTIONS = ("engine", "memcpy", "kernels", "store", "planner", "trainer", "online", "online_defaults", "mooncake", "cold")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these.
@@ -259,6 +263,18 @@ def verify_json(cli: str, data: str, threads: int, baseline: str | None) -> dict
     return result
 
 
+def kernels_section(args, cli: str, results: dict) -> None:
+    runs = results.setdefault("kernels", [])
+    for threads in args.workers:
+        argv = [cli, "kernels", "--threads", str(threads), "--repeat", str(args.kernel_repeat), "--json"]
+        if args.quick:
+            argv += ["--tokens", "1024"]
+        run = json.loads(run_child(argv, args.timeout, f"draftfeed kernels --threads {threads}"))
+        runs.append(run)
+        print(f"  kernels threads={threads}: " + ", ".join(
+            f"{c['name']} {100 * c['share']:.0f}%" for c in run["cases"]), flush=True)
+
+
 def store_section(args, results: dict) -> None:
     hidden = max(args.hidden_sizes)
     out = run_child(
@@ -380,6 +396,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=96, help="rows of each engine dataset (256-2048 tokens)")
     p.add_argument("--sides", default=",".join(SIDES), help="engine sides to run")
     p.add_argument("--epochs", type=int, default=3, help="engine epochs per loader (the first is cold)")
+    p.add_argument("--kernel-repeat", type=int, default=9, help="repeats of `draftfeed kernels`")
     p.add_argument("--planner-samples", type=int, default=1_000_000)
     p.add_argument("--planner-ranks", type=int, default=64)
     p.add_argument("--planner-ref-ranks", type=int, default=2)
@@ -486,6 +503,7 @@ def main() -> int:
         print(f"data: {args.rows} rows per dataset, H in {args.hidden_sizes}, under {args.data}", flush=True)
 
     steps = [("engine", lambda: engine_section(args, cli, results)),
+             ("kernels", lambda: kernels_section(args, cli, results)),
              ("store", lambda: store_section(args, results)),
              ("planner", lambda: planner_section(args, results)),
              ("trainer", lambda: trainer_section(args, results)),

@@ -13,6 +13,7 @@
 #include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/common/fp8.h"
+#include "guarded_row.h"
 
 namespace draftfeed {
 namespace {
@@ -93,7 +94,7 @@ struct Fp8Rows {
   std::int64_t rows() const { return static_cast<std::int64_t>(scales.size()); }
 };
 
-float stored(const std::vector<std::uint8_t>& out, HiddenDType dst, std::size_t i) {
+float stored(const GuardedRow& out, HiddenDType dst, std::size_t i) {
   if (dst == HiddenDType::kF32) {
     float v;
     std::memcpy(&v, out.data() + 4 * i, 4);
@@ -118,8 +119,11 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
   const auto [dequantize, dst] = GetParam();
   const Fp8Rows data;
   const std::int64_t n = data.rows() * Fp8Rows::kWidth;
-  for (const NoiseKind noise : {NoiseKind::kNone, NoiseKind::kUniform}) {
-    std::vector<std::uint8_t> out(static_cast<std::size_t>(n) * hidden_dtype_size(dst));
+  for (const auto& [noise, aligned] :
+       {std::pair{NoiseKind::kNone, true}, std::pair{NoiseKind::kNone, false},
+        std::pair{NoiseKind::kUniform, true}, std::pair{NoiseKind::kUniform, false}}) {
+    // Aligned rows are written with streaming stores, others normally (vector_store.h).
+    GuardedRow out(static_cast<std::size_t>(n) * hidden_dtype_size(dst), aligned);
     RowCopy job;
     job.src = data.codes.data();
     job.src_dtype = HiddenDType::kF8E4M3;
@@ -158,6 +162,7 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
     }
     EXPECT_EQ(nonfinite, expected_nonfinite);
     EXPECT_GE(nonfinite, 2 * data.rows());  // the NaN codes at least
+    EXPECT_TRUE(out.guards_intact());
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/fp8.h"
 
@@ -57,7 +58,7 @@ __attribute__((target("avx2,f16c"))) inline __m256i dequantize8(__m128i halves, 
   return _mm256_srli_epi32(rounded, 16);
 }
 
-template <bool kPrescaled>
+template <bool kPrescaled, bool kStream>
 __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* codes,
                                                            float scale_bf16, std::uint8_t* dst,
                                                            std::int64_t n) {
@@ -85,7 +86,7 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
       const __m256i high = dequantize8<kPrescaled>(_mm256_extracti128_si256(halves, 1), scale);
       // packus interleaves the 128-bit halves; the permute puts the 16 results back in order.
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), packed);
+      vector_store<kStream>(dst + 2 * i, packed);
       const __m256i exponent = _mm256_and_si256(packed, _mm256_set1_epi16(0x7F80));
       bad = _mm256_sub_epi16(bad, _mm256_cmpeq_epi16(exponent, _mm256_set1_epi16(0x7F80)));
     }
@@ -93,6 +94,7 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
     for (const std::uint16_t lane : lanes) count += lane;
   }
+  vector_stores_done<kStream>();
   for (; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);
   return count;
 }
@@ -100,10 +102,15 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
 }  // namespace
 
 std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
-                               std::int64_t n) {
+                               std::int64_t n, bool keep_in_cache) {
   // The scale x 2^8 must stay finite for the one-multiply form.
-  if (std::fabs(scale_bf16) < 0x1p119f) return row_avx2<true>(codes, scale_bf16, dst, n);
-  return row_avx2<false>(codes, scale_bf16, dst, n);
+  const bool stream = !keep_in_cache && vector_store_streams(dst);
+  if (std::fabs(scale_bf16) < 0x1p119f) {
+    return stream ? row_avx2<true, true>(codes, scale_bf16, dst, n)
+                  : row_avx2<true, false>(codes, scale_bf16, dst, n);
+  }
+  return stream ? row_avx2<false, true>(codes, scale_bf16, dst, n)
+                : row_avx2<false, false>(codes, scale_bf16, dst, n);
 }
 
 #else
@@ -111,7 +118,7 @@ std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std:
 bool fp8_bf16_row_avx2_available() { return false; }
 
 std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
-                               std::int64_t n) {
+                               std::int64_t n, bool /*keep_in_cache*/) {
   std::int64_t count = 0;
   for (std::int64_t i = 0; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);
   return count;

@@ -23,8 +23,10 @@ bool fp8_bf16_row_avx2_available();
 
 // `n` codes of one token -> `n` bf16 values (little-endian) at `dst`, any alignment. `scale_bf16`
 // is the token's scale already rounded to bf16 (round_to_dtype<kBF16>). Returns the number of
-// non-finite results (NaN codes, products too large for bf16). Only where available.
+// non-finite results (NaN codes, products too large for bf16). Only where available. A batch is
+// written with streaming stores where aligned (vector_store.h); `keep_in_cache` writes with
+// ordinary stores, for a scratch row that is read again at once.
 std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
-                               std::int64_t n);
+                               std::int64_t n, bool keep_in_cache = false);
 
 }  // namespace draftfeed

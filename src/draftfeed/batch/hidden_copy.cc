@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "draftfeed/batch/cast_row.h"
 #include "draftfeed/batch/fp8_bf16_row.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/hidden_value.h"
@@ -236,47 +238,100 @@ std::int64_t copy_from(const RowCopy& job) {
                                             : copy_rows<Source, HiddenDType::kBF16>(job);
 }
 
+// Runs `row(src, dst, r)` for each row of the job, summing what it returns: the row loop of the
+// explicit kernels below (each does one row; the templates above inline theirs).
+template <class RowFn>
+std::int64_t for_each_row(const RowCopy& job, RowFn row) {
+  const std::size_t src_stride =
+      static_cast<std::size_t>(job.src_row_stride) * hidden_dtype_size(job.src_dtype);
+  const std::size_t dst_stride =
+      static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(job.dst_dtype);
+  std::int64_t bad = 0;
+  for (std::int64_t r = 0; r < job.rows; ++r) {
+    bad += row(job.src + static_cast<std::size_t>(r) * src_stride,
+               job.dst + static_cast<std::size_t>(r) * dst_stride, r);
+  }
+  return bad;
+}
+
+std::uint32_t row_noise_key(const RowCopy& job, std::int64_t r) {
+  return noise_token_key(job.noise_sample_key, static_cast<std::uint64_t>(job.first_token + r));
+}
+
+float row_scale_bf16(const RowCopy& job, std::int64_t r) {
+  float raw;
+  std::memcpy(&raw, job.src_scales + r * 4, 4);
+  return round_to_dtype<HiddenDType::kBF16>(raw);
+}
+
 // FP8 dequantized in bf16 into a bf16 batch without noise, where AVX2 is: each element computed
 // directly, 16 at a time (fp8_bf16_row.h), 2.2x the table's lookups.
 std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
-  const auto src_stride = static_cast<std::size_t>(job.src_row_stride);
-  const std::size_t dst_stride = static_cast<std::size_t>(job.dst_row_stride) * 2;
-  std::int64_t bad = 0;
-  for (std::int64_t r = 0; r < job.rows; ++r) {
-    float raw;
-    std::memcpy(&raw, job.src_scales + r * 4, 4);
-    bad += fp8_bf16_row_avx2(job.src + static_cast<std::size_t>(r) * src_stride,
-                             round_to_dtype<HiddenDType::kBF16>(raw),
-                             job.dst + static_cast<std::size_t>(r) * dst_stride, job.width);
-  }
-  return bad;
+  return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
+    return fp8_bf16_row_avx2(src, row_scale_bf16(job, r), dst, job.width);
+  });
+}
+
+// FP8 dequantized in bf16 plus uniform noise into a bf16 or f32 batch, where AVX2 is: the row is
+// dequantized into a scratch row (as the file's bf16 would be: the same values, the same
+// non-finite ones) that stays in cache, then noised from there. The scalar definition adds the
+// noise to exactly those dequantized values, so the bits are row_uniform's.
+std::int64_t copy_fp8_bf16_uniform_avx2(const RowCopy& job) {
+  thread_local std::vector<std::uint8_t> scratch;
+  scratch.resize(static_cast<std::size_t>(job.width) * 2);
+  const bool f32 = job.dst_dtype == HiddenDType::kF32;
+  return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
+    const std::int64_t bad =
+        fp8_bf16_row_avx2(src, row_scale_bf16(job, r), scratch.data(), job.width, true);
+    const std::uint32_t key = row_noise_key(job, r);
+    if (f32) {
+      noise_bf16_f32_row_avx2(scratch.data(), dst, job.width, key, job.noise_std);
+    } else {
+      noise_bf16_row_avx2(scratch.data(), dst, job.width, key, job.noise_std);
+    }
+    return bad;
+  });
 }
 
 // bf16 rows with uniform noise into a bf16 or f32 batch, where AVX2 is: 16 values at a time
 // (noise_bf16_row.h), the same bits as row_uniform.
 std::int64_t copy_bf16_uniform_avx2(const RowCopy& job) {
-  const std::size_t src_stride = static_cast<std::size_t>(job.src_row_stride) * 2;
-  const std::size_t dst_stride =
-      static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(job.dst_dtype);
   const bool f32 = job.dst_dtype == HiddenDType::kF32;
-  std::int64_t bad = 0;
-  for (std::int64_t r = 0; r < job.rows; ++r) {
-    const std::uint8_t* src = job.src + static_cast<std::size_t>(r) * src_stride;
-    std::uint8_t* dst = job.dst + static_cast<std::size_t>(r) * dst_stride;
-    const std::uint32_t key =
-        noise_token_key(job.noise_sample_key, static_cast<std::uint64_t>(job.first_token + r));
-    bad += f32 ? noise_bf16_f32_row_avx2(src, dst, job.width, key, job.noise_std)
+  return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
+    const std::uint32_t key = row_noise_key(job, r);
+    return f32 ? noise_bf16_f32_row_avx2(src, dst, job.width, key, job.noise_std)
                : noise_bf16_row_avx2(src, dst, job.width, key, job.noise_std);
-  }
-  return bad;
+  });
+}
+
+// Rows without noise where AVX2 and F16C are: a bit copy with the count in the same pass, or a
+// cast of f16/f32 to bf16 (cast_row.h). False where the job is none of those.
+bool plain_avx2_applies(const RowCopy& job) {
+  const bool float_source = job.src_dtype == HiddenDType::kBF16 ||
+                            job.src_dtype == HiddenDType::kF16 ||
+                            job.src_dtype == HiddenDType::kF32;
+  if (job.noise != NoiseKind::kNone || !float_source || !cast_row_avx2_available()) return false;
+  return job.src_dtype == job.dst_dtype || job.dst_dtype == HiddenDType::kBF16;
+}
+
+std::int64_t copy_plain_avx2(const RowCopy& job) {
+  const bool same = job.src_dtype == job.dst_dtype;
+  return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t /*r*/) {
+    return same ? copy_row_avx2(src, job.src_dtype, dst, job.width)
+                : cast_bf16_row_avx2(src, job.src_dtype, dst, job.width);
+  });
 }
 
 std::int64_t copy_from_fp8(const RowCopy& job) {
   switch (job.dequantize) {
     case HiddenDType::kBF16:
-      if (job.dst_dtype == HiddenDType::kBF16 && job.noise == NoiseKind::kNone &&
-          fp8_bf16_row_avx2_available()) {
+      if (fp8_bf16_row_avx2_available() && job.noise == NoiseKind::kNone &&
+          job.dst_dtype == HiddenDType::kBF16) {
         return copy_fp8_bf16_avx2(job);
+      }
+      if (fp8_bf16_row_avx2_available() && noise_bf16_row_avx2_available() &&
+          job.noise == NoiseKind::kUniform) {
+        return copy_fp8_bf16_uniform_avx2(job);
       }
       return copy_from<Fp8Elements<HiddenDType::kBF16>>(job);
     case HiddenDType::kF16:
@@ -292,6 +347,7 @@ std::int64_t copy_from_fp8(const RowCopy& job) {
 }  // namespace
 
 std::int64_t copy_hidden_rows(const RowCopy& job) {
+  if (plain_avx2_applies(job)) return copy_plain_avx2(job);
   switch (job.src_dtype) {
     case HiddenDType::kBF16:
       if (job.noise == NoiseKind::kUniform && noise_bf16_row_avx2_available()) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "draftfeed/batch/noise.h"
+#include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/dtype.h"
 
 #if defined(DRAFTFEED_X86)
@@ -79,7 +80,7 @@ __attribute__((target("avx2"))) inline __m256 noise_term(__m256i scaled_draw, __
   return _mm256_mul_ps(draw, scale);
 }
 
-template <bool kF32, bool kPrescaled>
+template <bool kF32, bool kPrescaled, bool kStream>
 __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, std::uint8_t* dst,
                                                       std::int64_t n, std::uint32_t key,
                                                       float std_dev) {
@@ -125,15 +126,15 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
         // unpack interleaves within 128-bit halves; permute2f128 puts values 0-7 and 8-15 together.
         const __m256 first = _mm256_unpacklo_ps(even_out, odd_out);   // 0 1 2 3 | 8 9 10 11
         const __m256 second = _mm256_unpackhi_ps(even_out, odd_out);  // 4 5 6 7 | 12 13 14 15
-        _mm256_storeu_ps(reinterpret_cast<float*>(dst + 4 * i),
-                         _mm256_permute2f128_ps(first, second, 0x20));
-        _mm256_storeu_ps(reinterpret_cast<float*>(dst + 4 * i + 32),
-                         _mm256_permute2f128_ps(first, second, 0x31));
+        vector_store<kStream>(dst + 4 * i,
+                              _mm256_castps_si256(_mm256_permute2f128_ps(first, second, 0x20)));
+        vector_store<kStream>(dst + 4 * i + 32,
+                              _mm256_castps_si256(_mm256_permute2f128_ps(first, second, 0x31)));
       } else {
         // The even results' bf16 down to the low halves, the odd results' kept in the high ones.
         const __m256i packed = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16_high(even_out), 16),
                                                   round_bf16_high(odd_out), 0xAA);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), packed);
+        vector_store<kStream>(dst + 2 * i, packed);
       }
       const __m256i exponent = _mm256_and_si256(pair, exponent_mask);
       bad = _mm256_sub_epi16(bad, _mm256_cmpeq_epi16(exponent, exponent_mask));
@@ -142,6 +143,7 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
     for (const std::uint16_t lane : lanes) count += lane;
   }
+  vector_stores_done<kStream>();
   return count + scalar_tail<kF32>(src, dst, i / 2, n, key, std_dev);
 }
 
@@ -152,10 +154,13 @@ std::int64_t row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n, std
   if (std::isnan(std_dev)) return scalar_tail<kF32>(src, dst, 0, n, key, std_dev);
   // std x 2^-31 is exact unless it is subnormal: then the draw is scaled back first (exact too).
   // Either way the product's real value, hence its float32 rounding, is draw x std's.
+  const bool stream = vector_store_streams(dst);
   if (std_dev == 0.0f || std::fabs(std_dev) >= 0x1p-95f) {
-    return row_avx2<kF32, true>(src, dst, n, key, std_dev);
+    return stream ? row_avx2<kF32, true, true>(src, dst, n, key, std_dev)
+                  : row_avx2<kF32, true, false>(src, dst, n, key, std_dev);
   }
-  return row_avx2<kF32, false>(src, dst, n, key, std_dev);
+  return stream ? row_avx2<kF32, false, true>(src, dst, n, key, std_dev)
+                : row_avx2<kF32, false, false>(src, dst, n, key, std_dev);
 }
 
 }  // namespace

@@ -1,0 +1,214 @@
+#include "draftfeed/batch/cast_row.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "draftfeed/batch/vector_store.h"
+#include "draftfeed/common/dtype.h"
+
+#if defined(DRAFTFEED_X86)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+namespace draftfeed {
+
+namespace {
+
+// The scalar definitions, for the tails (and the whole row where AVX2 is not).
+bool nonfinite_bits(const std::uint8_t* src, HiddenDType dtype, std::int64_t i) {
+  if (dtype == HiddenDType::kF32) {
+    std::uint32_t v;
+    std::memcpy(&v, src + 4 * i, 4);
+    return (v & 0x7F800000u) == 0x7F800000u;
+  }
+  std::uint16_t v;
+  std::memcpy(&v, src + 2 * i, 2);
+  const std::uint16_t mask = dtype == HiddenDType::kF16 ? 0x7C00 : 0x7F80;
+  return (v & mask) == mask;
+}
+
+std::int64_t scalar_copy(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
+                         std::int64_t first, std::int64_t n) {
+  const std::size_t size = hidden_dtype_size(dtype);
+  std::memcpy(dst + first * size, src + first * size, static_cast<std::size_t>(n - first) * size);
+  std::int64_t bad = 0;
+  for (std::int64_t i = first; i < n; ++i) bad += nonfinite_bits(src, dtype, i);
+  return bad;
+}
+
+std::int64_t scalar_cast(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+                         std::int64_t first, std::int64_t n) {
+  std::int64_t bad = 0;
+  for (std::int64_t i = first; i < n; ++i) {
+    float value;
+    if (src_dtype == HiddenDType::kF32) {
+      std::memcpy(&value, src + 4 * i, 4);
+    } else {
+      std::uint16_t half;
+      std::memcpy(&half, src + 2 * i, 2);
+      value = f16_to_float(half);
+    }
+    const std::uint16_t out = float_to_bf16(value);
+    std::memcpy(dst + 2 * i, &out, 2);
+    bad += nonfinite_bits(src, src_dtype, i);
+  }
+  return bad;
+}
+
+}  // namespace
+
+#if defined(DRAFTFEED_X86)
+
+bool cast_row_avx2_available() {
+  // As fp8_bf16_row.cc: F16C from CPUID leaf 1 (clang's __builtin_cpu_supports lacks it).
+  static const bool available = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
+  return available;
+}
+
+namespace {
+
+// Per-lane non-finite counts, summed into `count` every 2^15 blocks of 32 bytes (a 16-bit lane
+// counts at most one per block, so it cannot wrap before).
+constexpr std::int64_t kBlocksPerSum = std::int64_t{1} << 15;
+
+__attribute__((target("avx2"))) inline std::int64_t lane_sum16(__m256i lanes) {
+  alignas(32) std::uint16_t values[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(values), lanes);
+  std::int64_t sum = 0;
+  for (const std::uint16_t v : values) sum += v;
+  return sum;
+}
+
+// 32 bytes from `src` to `dst`; lanes whose exponent bits (`mask`, 16- or 32-bit lanes) are all
+// ones add one to `bad` (cmpeq gives all ones = -1 in the lane; a 32-bit lane's -1 is two 16-bit
+// -1s, so its count is read as half the 16-bit sum).
+template <bool kWide, bool kStream>
+__attribute__((target("avx2"))) inline __m256i copy32(const std::uint8_t* src, std::uint8_t* dst,
+                                                      __m256i mask, __m256i bad) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  vector_store<kStream>(dst, v);
+  const __m256i exponent = _mm256_and_si256(v, mask);
+  const __m256i hit =
+      kWide ? _mm256_cmpeq_epi32(exponent, mask) : _mm256_cmpeq_epi16(exponent, mask);
+  return _mm256_sub_epi16(bad, hit);
+}
+
+template <bool kWide, bool kStream>
+__attribute__((target("avx2"))) std::int64_t copy_avx2(const std::uint8_t* src, HiddenDType dtype,
+                                                       std::uint8_t* dst, std::int64_t n) {
+  const std::int64_t size = kWide ? 4 : 2;
+  const std::int64_t per_block = 32 / size;
+  const __m256i mask = kWide ? _mm256_set1_epi32(0x7F800000)
+                             : _mm256_set1_epi16(dtype == HiddenDType::kF16 ? 0x7C00 : 0x7F80);
+  std::int64_t count = 0;
+  std::int64_t i = 0;
+  while (i + 2 * per_block <= n) {
+    __m256i bad = _mm256_setzero_si256();
+    const std::int64_t stop = std::min(n - 2 * per_block + 1, i + kBlocksPerSum * per_block);
+    for (; i < stop; i += 2 * per_block) {  // two blocks per step: a 64-byte cache line
+      bad = copy32<kWide, kStream>(src + i * size, dst + i * size, mask, bad);
+      bad = copy32<kWide, kStream>(src + (i + per_block) * size, dst + (i + per_block) * size, mask,
+                                   bad);
+    }
+    count += kWide ? lane_sum16(bad) / 2 : lane_sum16(bad);
+  }
+  vector_stores_done<kStream>();
+  return count + scalar_copy(src, dtype, dst, i, n);
+}
+
+// float_to_bf16 (dtype.h) on 8 floats' bits: the bf16 in the low half of each 32-bit lane.
+__attribute__((target("avx2"))) inline __m256i bf16_of(__m256i bits) {
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+  const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
+  const __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
+  return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+}
+
+// 8 source values as float bits, and their non-finite lanes (-1) as 32-bit lanes.
+template <bool kF16>
+__attribute__((target("avx2,f16c"))) inline __m256i load8(const std::uint8_t* src, __m256i* bad) {
+  if constexpr (kF16) {
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m256i wide = _mm256_cvtepu16_epi32(halves);
+    const __m256i mask = _mm256_set1_epi32(0x7C00);
+    *bad = _mm256_sub_epi32(*bad, _mm256_cmpeq_epi32(_mm256_and_si256(wide, mask), mask));
+    return _mm256_castps_si256(_mm256_cvtph_ps(halves));
+  } else {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    const __m256i mask = _mm256_set1_epi32(0x7F800000);
+    *bad = _mm256_sub_epi32(*bad, _mm256_cmpeq_epi32(_mm256_and_si256(bits, mask), mask));
+    return bits;
+  }
+}
+
+template <bool kF16, bool kStream>
+__attribute__((target("avx2,f16c"))) std::int64_t cast_avx2(const std::uint8_t* src,
+                                                            HiddenDType src_dtype,
+                                                            std::uint8_t* dst, std::int64_t n) {
+  const std::int64_t size = kF16 ? 2 : 4;
+  // 32-bit lanes count up to 2^31 - 1: a row is far shorter.
+  __m256i bad = _mm256_setzero_si256();
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i low = bf16_of(load8<kF16>(src + i * size, &bad));
+    const __m256i high = bf16_of(load8<kF16>(src + (i + 8) * size, &bad));
+    // packus interleaves the 128-bit halves; the permute puts the 16 results back in order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
+    vector_store<kStream>(dst + 2 * i, packed);
+  }
+  vector_stores_done<kStream>();
+  alignas(32) std::int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
+  std::int64_t count = 0;
+  for (const std::int32_t lane : lanes) count += lane;
+  return count + scalar_cast(src, src_dtype, dst, i, n);
+}
+
+}  // namespace
+
+std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
+                           std::int64_t n) {
+  const bool stream = vector_store_streams(dst);
+  if (dtype == HiddenDType::kF32) {
+    return stream ? copy_avx2<true, true>(src, dtype, dst, n)
+                  : copy_avx2<true, false>(src, dtype, dst, n);
+  }
+  return stream ? copy_avx2<false, true>(src, dtype, dst, n)
+                : copy_avx2<false, false>(src, dtype, dst, n);
+}
+
+std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+                                std::int64_t n) {
+  const bool stream = vector_store_streams(dst);
+  if (src_dtype == HiddenDType::kF16) {
+    return stream ? cast_avx2<true, true>(src, src_dtype, dst, n)
+                  : cast_avx2<true, false>(src, src_dtype, dst, n);
+  }
+  return stream ? cast_avx2<false, true>(src, src_dtype, dst, n)
+                : cast_avx2<false, false>(src, src_dtype, dst, n);
+}
+
+#else
+
+bool cast_row_avx2_available() { return false; }
+
+std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
+                           std::int64_t n) {
+  return scalar_copy(src, dtype, dst, 0, n);
+}
+
+std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+                                std::int64_t n) {
+  return scalar_cast(src, src_dtype, dst, 0, n);
+}
+
+#endif
+
+}  // namespace draftfeed
