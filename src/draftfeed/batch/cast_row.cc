@@ -30,6 +30,7 @@ bool nonfinite_bits(const std::uint8_t* src, HiddenDType dtype, std::int64_t i) 
 
 std::int64_t scalar_copy(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
                          std::int64_t first, std::int64_t n) {
+  if (n <= first) return 0;  // an empty row may have null pointers, which memcpy must not get
   const std::size_t size = hidden_dtype_size(dtype);
   std::memcpy(dst + first * size, src + first * size, static_cast<std::size_t>(n - first) * size);
   std::int64_t bad = 0;
