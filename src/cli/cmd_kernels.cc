@@ -182,6 +182,8 @@ double run_pass(Data& d, const Case& c, bool memcpy_only, unsigned threads, std:
       job.noise = c.noise;
       job.noise_std = 0.05f;
       job.noise_sample_key = static_cast<std::uint64_t>(j) * 0x9E3779B97F4A7C15ULL;
+      // As the engine writes a batch this size (streaming stores from kStreamedBatchBytes on).
+      job.stores = batch_row_stores(static_cast<std::size_t>(d.tokens * d.width) * dst_elem);
       counts[index] += copy_hidden_rows(job);
     }
   });

@@ -81,7 +81,8 @@ TEST(CastRowTest, CopiesEqualTheSourceAndCountItsNonFiniteValues) {
       for (const bool aligned : {true, false}) {
         const auto src = random_values(dtype, n, static_cast<std::uint32_t>(n * 7 + size));
         GuardedRow row(src.size(), aligned);
-        const std::int64_t bad = copy_row_avx2(src.data(), dtype, row.data(), n);
+        const std::int64_t bad =
+            copy_row_avx2(src.data(), dtype, row.data(), n, RowStores::kStreamed);
         std::int64_t want_bad = 0;
         for (std::int64_t i = 0; i < n; ++i) want_bad += nonfinite(src.data(), dtype, i);
         EXPECT_EQ(bad, want_bad) << "size " << size << " n " << n << " aligned " << aligned;
@@ -111,7 +112,8 @@ TEST(CastRowTest, CountsLongRowsOfNonFiniteValuesExactly) {
     }
     for (const bool aligned : {true, false}) {
       GuardedRow row(src.size(), aligned);
-      EXPECT_EQ(copy_row_avx2(src.data(), dtype, row.data(), kN), kN) << "size " << size;
+      EXPECT_EQ(copy_row_avx2(src.data(), dtype, row.data(), kN, RowStores::kStreamed), kN)
+          << "size " << size;
       EXPECT_EQ(0, std::memcmp(row.data(), src.data(), src.size()));
     }
   }
@@ -127,7 +129,8 @@ TEST(CastRowTest, EveryF16CodeCastsAsTheScalarDefinition) {
   }
   for (const bool aligned : {true, false}) {
     GuardedRow row(2 * kN, aligned);
-    const std::int64_t bad = cast_bf16_row_avx2(src.data(), HiddenDType::kF16, row.data(), kN);
+    const std::int64_t bad =
+        cast_bf16_row_avx2(src.data(), HiddenDType::kF16, row.data(), kN, RowStores::kStreamed);
     std::int64_t want_bad = 0;
     for (std::int64_t i = 0; i < kN; ++i) {
       want_bad += nonfinite(src.data(), HiddenDType::kF16, i);
@@ -148,7 +151,8 @@ TEST(CastRowTest, CastsEqualTheScalarDefinitionBitForBit) {
       for (const bool aligned : {true, false}) {
         const auto src = random_values(dtype, n, static_cast<std::uint32_t>(n * 13 + 1));
         GuardedRow row(static_cast<std::size_t>(n) * 2, aligned);
-        const std::int64_t bad = cast_bf16_row_avx2(src.data(), dtype, row.data(), n);
+        const std::int64_t bad =
+            cast_bf16_row_avx2(src.data(), dtype, row.data(), n, RowStores::kStreamed);
         std::int64_t want_bad = 0;
         for (std::int64_t i = 0; i < n; ++i) {
           want_bad += nonfinite(src.data(), dtype, i);
@@ -168,12 +172,15 @@ TEST(CastRowTest, CastsEqualTheScalarDefinitionBitForBit) {
 // as the definitions (on a CPU without AVX2 the scalar code runs, and must give them too).
 TEST(CastRowTest, BatchCopyWithoutNoiseGivesTheDefinitions) {
   constexpr std::int64_t kRows = 5, kWidth = 279, kSrcStride = 300, kDstStride = 290;
-  struct Pair {
+  struct Case {
     HiddenDType src, dst;
+    RowStores stores;
   };
-  for (const Pair p :
-       {Pair{HiddenDType::kBF16, HiddenDType::kBF16}, Pair{HiddenDType::kF32, HiddenDType::kF32},
-        Pair{HiddenDType::kF16, HiddenDType::kBF16}, Pair{HiddenDType::kF32, HiddenDType::kBF16}}) {
+  for (const Case p : {Case{HiddenDType::kBF16, HiddenDType::kBF16, RowStores::kStreamed},
+                       Case{HiddenDType::kBF16, HiddenDType::kBF16, RowStores::kCached},
+                       Case{HiddenDType::kF32, HiddenDType::kF32, RowStores::kStreamed},
+                       Case{HiddenDType::kF16, HiddenDType::kBF16, RowStores::kStreamed},
+                       Case{HiddenDType::kF32, HiddenDType::kBF16, RowStores::kCached}}) {
     const auto src = random_values(p.src, kRows * kSrcStride, 31);
     const std::size_t out_size = hidden_dtype_size(p.dst);
     GuardedRow out(out_size * kRows * kDstStride, /*aligned=*/true);
@@ -187,6 +194,7 @@ TEST(CastRowTest, BatchCopyWithoutNoiseGivesTheDefinitions) {
     job.dst_row_stride = kDstStride;
     job.rows = kRows;
     job.width = kWidth;
+    job.stores = p.stores;
     const std::int64_t bad = copy_hidden_rows(job);
     std::int64_t want_bad = 0;
     const std::size_t in_size = hidden_dtype_size(p.src);

@@ -54,7 +54,8 @@ TEST(Fp8Bf16RowTest, EqualsTheScalarDefinitionBitForBit) {
       }
       const float scale = round_to_dtype<HiddenDType::kBF16>(scales[s % scales.size()]);
       GuardedRow out(2 * codes.size(), aligned);
-      const std::int64_t bad = fp8_bf16_row_avx2(codes.data(), scale, out.data(), n);
+      const std::int64_t bad =
+          fp8_bf16_row_avx2(codes.data(), scale, out.data(), n, RowStores::kStreamed);
       std::int64_t want_bad = 0;
       for (std::size_t i = 0; i < codes.size(); ++i) {
         const float want = dequantize_fp8<HiddenDType::kBF16>(codes[i], scale);

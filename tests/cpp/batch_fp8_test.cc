@@ -139,6 +139,7 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
     job.noise_std = 0.05f;
     job.noise_sample_key = 77;
     job.first_token = 5;
+    job.stores = RowStores::kStreamed;  // where the row is aligned (vector_store.h)
     const std::int64_t nonfinite = copy_hidden_rows(job);
 
     std::int64_t expected_nonfinite = 0;

@@ -97,9 +97,10 @@ TEST(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
           if (!in.empty()) std::memcpy(src.data() + 1, in.data(), 2 * in.size());
           GuardedRow out(size * in.size(), k % 2 == 0);
           std::uint8_t* dst = out.data();
-          const std::int64_t bad =
-              f32 ? noise_bf16_f32_row_avx2(src.data() + 1, dst, n, keys[k], stds[s])
-                  : noise_bf16_row_avx2(src.data() + 1, dst, n, keys[k], stds[s]);
+          const std::int64_t bad = f32 ? noise_bf16_f32_row_avx2(src.data() + 1, dst, n, keys[k],
+                                                                 stds[s], RowStores::kStreamed)
+                                       : noise_bf16_row_avx2(src.data() + 1, dst, n, keys[k],
+                                                             stds[s], RowStores::kStreamed);
           for (std::int64_t i = 0; i < n; ++i) {
             ASSERT_EQ(read_value(dst, i, f32), scalar_value(in, i, keys[k], stds[s], f32))
                 << (f32 ? "f32" : "bf16") << " n " << n << " position " << i << " input 0x"
@@ -123,7 +124,7 @@ TEST(NoiseBf16RowTest, LongRowRoundsTiesToEven) {
   const std::uint32_t key = 0x12345678u;
   std::vector<std::uint8_t> out(2 * kN);
   const std::int64_t bad = noise_bf16_row_avx2(reinterpret_cast<const std::uint8_t*>(in.data()),
-                                               out.data(), kN, key, 0.05f);
+                                               out.data(), kN, key, 0.05f, RowStores::kCached);
   std::int64_t want_bad = 0, ties = 0;
   for (std::int64_t i = 0; i < kN; ++i) {
     want_bad += (in[static_cast<std::size_t>(i)] & 0x7F80) == 0x7F80;
@@ -148,8 +149,8 @@ TEST(NoiseBf16RowTest, NaNScaleGivesTheScalarBits) {
   for (const bool f32 : {false, true}) {
     std::vector<std::uint8_t> out((f32 ? 4 : 2) * kN);
     const auto* src = reinterpret_cast<const std::uint8_t*>(in.data());
-    EXPECT_EQ(f32 ? noise_bf16_f32_row_avx2(src, out.data(), kN, 7, nan)
-                  : noise_bf16_row_avx2(src, out.data(), kN, 7, nan),
+    EXPECT_EQ(f32 ? noise_bf16_f32_row_avx2(src, out.data(), kN, 7, nan, RowStores::kCached)
+                  : noise_bf16_row_avx2(src, out.data(), kN, 7, nan, RowStores::kCached),
               0);
     for (std::int64_t i = 0; i < kN; ++i) {
       ASSERT_EQ(read_value(out.data(), i, f32), scalar_value(in, i, 7, nan, f32))

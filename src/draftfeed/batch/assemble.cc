@@ -92,6 +92,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   job.dequantize = hs.dequantize;
   job.dst_dtype = spec.dtype;
   job.rows = rows;
+  job.stores = batch_row_stores(layout.total_bytes);
 
   if (spec.preprocess == Preprocess::kMtp) {
     // MTP: `hidden_states` is the verifier's last layer, never noised.
@@ -120,6 +121,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
 
   // The verifier's last layer, shifted by one token under EAGLE-3.
   RowCopy last_job;
+  last_job.stores = job.stores;
   last_job.src_dtype = hs.dtype;
   last_job.src_row_stride = src_stride;
   last_job.dequantize = hs.dequantize;

@@ -175,8 +175,8 @@ __attribute__((target("avx2,f16c"))) std::int64_t cast_avx2(const std::uint8_t* 
 }  // namespace
 
 std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
-                           std::int64_t n) {
-  const bool stream = vector_store_streams(dst);
+                           std::int64_t n, RowStores stores) {
+  const bool stream = vector_store_streams(stores, dst);
   if (dtype == HiddenDType::kF32) {
     return stream ? copy_avx2<true, true>(src, dtype, dst, n)
                   : copy_avx2<true, false>(src, dtype, dst, n);
@@ -186,8 +186,8 @@ std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint
 }
 
 std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
-                                std::int64_t n) {
-  const bool stream = vector_store_streams(dst);
+                                std::int64_t n, RowStores stores) {
+  const bool stream = vector_store_streams(stores, dst);
   if (src_dtype == HiddenDType::kF16) {
     return stream ? cast_avx2<true, true>(src, src_dtype, dst, n)
                   : cast_avx2<true, false>(src, src_dtype, dst, n);
@@ -201,12 +201,12 @@ std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, 
 bool cast_row_avx2_available() { return false; }
 
 std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
-                           std::int64_t n) {
+                           std::int64_t n, RowStores /*stores*/) {
   return scalar_copy(src, dtype, dst, 0, n);
 }
 
 std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
-                                std::int64_t n) {
+                                std::int64_t n, RowStores /*stores*/) {
   return scalar_cast(src, src_dtype, dst, 0, n);
 }
 

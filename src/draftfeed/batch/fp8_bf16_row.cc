@@ -102,9 +102,9 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
 }  // namespace
 
 std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
-                               std::int64_t n, bool keep_in_cache) {
+                               std::int64_t n, RowStores stores) {
   // The scale x 2^8 must stay finite for the one-multiply form.
-  const bool stream = !keep_in_cache && vector_store_streams(dst);
+  const bool stream = vector_store_streams(stores, dst);
   if (std::fabs(scale_bf16) < 0x1p119f) {
     return stream ? row_avx2<true, true>(codes, scale_bf16, dst, n)
                   : row_avx2<true, false>(codes, scale_bf16, dst, n);
@@ -118,7 +118,7 @@ std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std:
 bool fp8_bf16_row_avx2_available() { return false; }
 
 std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
-                               std::int64_t n, bool /*keep_in_cache*/) {
+                               std::int64_t n, RowStores /*stores*/) {
   std::int64_t count = 0;
   for (std::int64_t i = 0; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);
   return count;

@@ -268,7 +268,7 @@ float row_scale_bf16(const RowCopy& job, std::int64_t r) {
 // directly, 16 at a time (fp8_bf16_row.h), 2.2x the table's lookups.
 std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
   return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
-    return fp8_bf16_row_avx2(src, row_scale_bf16(job, r), dst, job.width);
+    return fp8_bf16_row_avx2(src, row_scale_bf16(job, r), dst, job.width, job.stores);
   });
 }
 
@@ -281,13 +281,13 @@ std::int64_t copy_fp8_bf16_uniform_avx2(const RowCopy& job) {
   scratch.resize(static_cast<std::size_t>(job.width) * 2);
   const bool f32 = job.dst_dtype == HiddenDType::kF32;
   return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
-    const std::int64_t bad =
-        fp8_bf16_row_avx2(src, row_scale_bf16(job, r), scratch.data(), job.width, true);
+    const std::int64_t bad = fp8_bf16_row_avx2(src, row_scale_bf16(job, r), scratch.data(),
+                                               job.width, RowStores::kCached);
     const std::uint32_t key = row_noise_key(job, r);
     if (f32) {
-      noise_bf16_f32_row_avx2(scratch.data(), dst, job.width, key, job.noise_std);
+      noise_bf16_f32_row_avx2(scratch.data(), dst, job.width, key, job.noise_std, job.stores);
     } else {
-      noise_bf16_row_avx2(scratch.data(), dst, job.width, key, job.noise_std);
+      noise_bf16_row_avx2(scratch.data(), dst, job.width, key, job.noise_std, job.stores);
     }
     return bad;
   });
@@ -299,8 +299,8 @@ std::int64_t copy_bf16_uniform_avx2(const RowCopy& job) {
   const bool f32 = job.dst_dtype == HiddenDType::kF32;
   return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
     const std::uint32_t key = row_noise_key(job, r);
-    return f32 ? noise_bf16_f32_row_avx2(src, dst, job.width, key, job.noise_std)
-               : noise_bf16_row_avx2(src, dst, job.width, key, job.noise_std);
+    return f32 ? noise_bf16_f32_row_avx2(src, dst, job.width, key, job.noise_std, job.stores)
+               : noise_bf16_row_avx2(src, dst, job.width, key, job.noise_std, job.stores);
   });
 }
 
@@ -317,8 +317,8 @@ bool plain_avx2_applies(const RowCopy& job) {
 std::int64_t copy_plain_avx2(const RowCopy& job) {
   const bool same = job.src_dtype == job.dst_dtype;
   return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t /*r*/) {
-    return same ? copy_row_avx2(src, job.src_dtype, dst, job.width)
-                : cast_bf16_row_avx2(src, job.src_dtype, dst, job.width);
+    return same ? copy_row_avx2(src, job.src_dtype, dst, job.width, job.stores)
+                : cast_bf16_row_avx2(src, job.src_dtype, dst, job.width, job.stores);
   });
 }
 

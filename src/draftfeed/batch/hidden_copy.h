@@ -2,9 +2,11 @@
 // training noise and the finiteness check fused into a single pass over the bytes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/vector_store.h"
 
 namespace draftfeed {
 
@@ -27,7 +29,20 @@ struct RowCopy {
   float noise_std = 0.0f;
   std::uint64_t noise_sample_key = 0;
   std::int64_t first_token = 0;  // the file's token index of the first row (the noise counter)
+
+  // How the kernels write the rows (vector_store.h): streamed for a batch too large to stay in
+  // cache (batch_row_stores), ordinary stores otherwise.
+  RowStores stores = RowStores::kCached;
 };
+
+// Batches of at least this many bytes are written with streaming stores: far larger than the
+// caches of the machines a loader runs on (a trainer reads them from memory anyway), while the
+// small batches of small models stay in cache for their reader.
+inline constexpr std::size_t kStreamedBatchBytes = std::size_t{32} << 20;
+
+inline RowStores batch_row_stores(std::size_t batch_bytes) {
+  return batch_bytes >= kStreamedBatchBytes ? RowStores::kStreamed : RowStores::kCached;
+}
 
 // Copies and returns the number of non-finite source elements (NaN or Inf) seen; for an FP8
 // source, of non-finite dequantized values (NaN codes, and products too large for the dequantize

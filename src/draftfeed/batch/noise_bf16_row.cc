@@ -149,12 +149,12 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
 
 template <bool kF32>
 std::int64_t row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n, std::uint32_t key,
-                 float std_dev) {
+                 float std_dev, RowStores stores) {
   // A NaN scale (the batch spec refuses it) would make NaN noise terms with payloads: scalar.
   if (std::isnan(std_dev)) return scalar_tail<kF32>(src, dst, 0, n, key, std_dev);
   // std x 2^-31 is exact unless it is subnormal: then the draw is scaled back first (exact too).
   // Either way the product's real value, hence its float32 rounding, is draw x std's.
-  const bool stream = vector_store_streams(dst);
+  const bool stream = vector_store_streams(stores, dst);
   if (std_dev == 0.0f || std::fabs(std_dev) >= 0x1p-95f) {
     return stream ? row_avx2<kF32, true, true>(src, dst, n, key, std_dev)
                   : row_avx2<kF32, true, false>(src, dst, n, key, std_dev);
@@ -166,13 +166,13 @@ std::int64_t row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n, std
 }  // namespace
 
 std::int64_t noise_bf16_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
-                                 std::uint32_t key, float std_dev) {
-  return row<false>(src, dst, n, key, std_dev);
+                                 std::uint32_t key, float std_dev, RowStores stores) {
+  return row<false>(src, dst, n, key, std_dev, stores);
 }
 
 std::int64_t noise_bf16_f32_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
-                                     std::uint32_t key, float std_dev) {
-  return row<true>(src, dst, n, key, std_dev);
+                                     std::uint32_t key, float std_dev, RowStores stores) {
+  return row<true>(src, dst, n, key, std_dev, stores);
 }
 
 #else
@@ -180,12 +180,12 @@ std::int64_t noise_bf16_f32_row_avx2(const std::uint8_t* src, std::uint8_t* dst,
 bool noise_bf16_row_avx2_available() { return false; }
 
 std::int64_t noise_bf16_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
-                                 std::uint32_t key, float std_dev) {
+                                 std::uint32_t key, float std_dev, RowStores /*stores*/) {
   return scalar_tail<false>(src, dst, 0, n, key, std_dev);
 }
 
 std::int64_t noise_bf16_f32_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
-                                     std::uint32_t key, float std_dev) {
+                                     std::uint32_t key, float std_dev, RowStores /*stores*/) {
   return scalar_tail<true>(src, dst, 0, n, key, std_dev);
 }
 

@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "draftfeed/batch/vector_store.h"
+
 namespace draftfeed {
 
 // True where the kernels can run (x86 with AVX2, checked at run time).
@@ -32,10 +34,10 @@ bool noise_bf16_row_avx2_available();
 // non-finite source values (as the scalar copy counts: on the file's bits, not the results). Only
 // where available.
 std::int64_t noise_bf16_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
-                                 std::uint32_t key, float std_dev);
+                                 std::uint32_t key, float std_dev, RowStores stores);
 
 // The same into `n` float32 values at `dst`.
 std::int64_t noise_bf16_f32_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
-                                     std::uint32_t key, float std_dev);
+                                     std::uint32_t key, float std_dev, RowStores stores);
 
 }  // namespace draftfeed

@@ -1,12 +1,13 @@
-// How the batch copy's AVX2 kernels write a batch: 32 bytes at a time, with non-temporal stores
-// where the destination is 32-byte aligned (every row of the engine's page-aligned batch buffers
-// whose width is a multiple of 16 values).
+// How the batch copy's AVX2 kernels write a batch: 32 bytes at a time, with non-temporal
+// (streaming) stores when asked for (RowStores::kStreamed) and the destination is 32-byte aligned
+// (every row of the engine's page-aligned batch buffers whose width is a multiple of 16 values).
 //
-// Why non-temporal: a batch (H=2048: 96 MiB of bf16 per 8192 tokens) is far larger than the
+// Why streaming: a large batch (H=2048: 96 MiB of bf16 per 8192 tokens) is far larger than the
 // caches, so nothing written stays in cache for the trainer anyway; an ordinary store first reads
 // the line it writes into the cache, a third memory transfer per byte besides the read and the
 // write back. Measured with `draftfeed kernels` (one thread, H=2048, bf16 -> bf16): 86-91% of
-// memcpy's speed with ordinary stores, 98-107% with streaming ones.
+// memcpy's speed with ordinary stores, 98-107% with streaming ones. A small batch would stay in
+// cache for its reader: it is written with ordinary stores (streamed_batch_bytes, hidden_copy.h).
 //
 // Streaming stores are weakly ordered: a kernel that issued any ends with vector_stores_done()
 // (sfence) before it returns, so a batch published to another thread afterwards (a mutex or an
@@ -15,13 +16,19 @@
 
 #include <cstdint>
 
+namespace draftfeed {
+
+enum class RowStores : std::uint8_t { kCached, kStreamed };
+
+}  // namespace draftfeed
+
 #if defined(DRAFTFEED_X86)
 #include <immintrin.h>
 
 namespace draftfeed {
 
-inline bool vector_store_streams(const void* dst) {
-  return (reinterpret_cast<std::uintptr_t>(dst) & 31) == 0;
+inline bool vector_store_streams(RowStores stores, const void* dst) {
+  return stores == RowStores::kStreamed && (reinterpret_cast<std::uintptr_t>(dst) & 31) == 0;
 }
 
 template <bool kStream>
