@@ -7,7 +7,7 @@
 // the line it writes into the cache, a third memory transfer per byte besides the read and the
 // write back. Measured with `draftfeed kernels` (one thread, H=2048, bf16 -> bf16): 86-91% of
 // memcpy's speed with ordinary stores, 98-107% with streaming ones. A small batch would stay in
-// cache for its reader: it is written with ordinary stores (streamed_batch_bytes, hidden_copy.h).
+// cache for its reader: it is written with ordinary stores (batch_row_stores, hidden_copy.h).
 //
 // Streaming stores are weakly ordered: a kernel that issued any ends with vector_stores_done()
 // (sfence) before it returns, so a batch published to another thread afterwards (a mutex or an
