@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
+#include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
 
 #if defined(DRAFTFEED_X86)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -61,29 +62,13 @@ std::int64_t scalar_cast(const std::uint8_t* src, HiddenDType src_dtype, std::ui
 
 #if defined(DRAFTFEED_X86)
 
-bool cast_row_avx2_available() {
-  // As fp8_bf16_row.cc: F16C from CPUID leaf 1 (clang's __builtin_cpu_supports lacks it).
-  static const bool available = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
-           (ecx & bit_F16C) != 0;
-  }();
-  return available;
-}
+bool cast_row_avx2_available() { return cpu_has_avx2_f16c(); }
 
 namespace {
 
 // Per-lane non-finite counts, summed into `count` every 2^15 blocks of 32 bytes (a 16-bit lane
 // counts at most one per block, so it cannot wrap before).
 constexpr std::int64_t kBlocksPerSum = std::int64_t{1} << 15;
-
-__attribute__((target("avx2"))) inline std::int64_t lane_sum16(__m256i lanes) {
-  alignas(32) std::uint16_t values[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(values), lanes);
-  std::int64_t sum = 0;
-  for (const std::uint16_t v : values) sum += v;
-  return sum;
-}
 
 // 32 bytes from `src` to `dst`; lanes whose exponent bits (`mask`, 16- or 32-bit lanes) are all
 // ones add one to `bad` (cmpeq gives all ones = -1 in the lane; a 32-bit lane's -1 is two 16-bit
@@ -116,7 +101,7 @@ __attribute__((target("avx2"))) std::int64_t copy_avx2(const std::uint8_t* src, 
       bad = copy32<kWide, kStream>(src + (i + per_block) * size, dst + (i + per_block) * size, mask,
                                    bad);
     }
-    count += kWide ? lane_sum16(bad) / 2 : lane_sum16(bad);
+    count += kWide ? sum_u16_lanes(bad) / 2 : sum_u16_lanes(bad);
   }
   vector_stores_done<kStream>();
   return count + scalar_copy(src, dtype, dst, i, n);

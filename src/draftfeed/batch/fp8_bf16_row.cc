@@ -5,12 +5,13 @@
 #include <cstring>
 
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
+#include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/fp8.h"
 
 #if defined(DRAFTFEED_X86)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -29,16 +30,7 @@ inline bool scalar_element(std::uint8_t code, float scale_bf16, std::uint8_t* ds
 
 #if defined(DRAFTFEED_X86)
 
-bool fp8_bf16_row_avx2_available() {
-  // clang's __builtin_cpu_supports does not know "f16c": CPUID leaf 1 says (ECX bit 29); the
-  // AVX2 check covers the OS saving the ymm registers, which F16C's VEX encoding needs too.
-  static const bool available = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
-           (ecx & bit_F16C) != 0;
-  }();
-  return available;
-}
+bool fp8_bf16_row_avx2_available() { return cpu_has_avx2_f16c(); }
 
 namespace {
 
@@ -90,9 +82,7 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
       const __m256i exponent = _mm256_and_si256(packed, _mm256_set1_epi16(0x7F80));
       bad = _mm256_sub_epi16(bad, _mm256_cmpeq_epi16(exponent, _mm256_set1_epi16(0x7F80)));
     }
-    alignas(32) std::uint16_t lanes[16];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
-    for (const std::uint16_t lane : lanes) count += lane;
+    count += sum_u16_lanes(bad);
   }
   vector_stores_done<kStream>();
   for (; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);

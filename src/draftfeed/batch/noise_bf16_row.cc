@@ -5,7 +5,9 @@
 #include <cstring>
 
 #include "draftfeed/batch/noise.h"
+#include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
+#include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
 
 #if defined(DRAFTFEED_X86)
@@ -54,10 +56,7 @@ std::int64_t scalar_tail(const std::uint8_t* src, std::uint8_t* dst, std::int64_
 
 #if defined(DRAFTFEED_X86)
 
-bool noise_bf16_row_avx2_available() {
-  static const bool available = __builtin_cpu_supports("avx2") != 0;
-  return available;
-}
+bool noise_bf16_row_avx2_available() { return cpu_has_avx2(); }
 
 namespace {
 
@@ -139,9 +138,7 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
       const __m256i exponent = _mm256_and_si256(pair, exponent_mask);
       bad = _mm256_sub_epi16(bad, _mm256_cmpeq_epi16(exponent, exponent_mask));
     }
-    alignas(32) std::uint16_t lanes[16];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
-    for (const std::uint16_t lane : lanes) count += lane;
+    count += sum_u16_lanes(bad);
   }
   vector_stores_done<kStream>();
   return count + scalar_tail<kF32>(src, dst, i / 2, n, key, std_dev);
