@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <string>
@@ -114,6 +115,16 @@ TEST_F(ConcurrentCacheReadaheadTest, ReadingAFileIntoThePageCacheReadsAllOfItUnl
   // It returns once the file is read: every page is resident then, without waiting further.
   EXPECT_EQ(read_file_into_page_cache(big), size);
   EXPECT_TRUE(resident(big, size));
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, AStoppedReadStartsNoFurtherStep) {
+  const std::size_t size = kReadStep + 5000;
+  const std::string big = (dir_ / "big").string();
+  std::ofstream(big, std::ios::binary) << std::string(size, 'z');
+  const std::atomic<bool> stopped = true;
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false, &stopped), 0u);
+  const std::atomic<bool> going = false;
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false, &going), size);
 }
 
 TEST_F(ConcurrentCacheReadaheadTest, ReadsEveryQueuedFileWithSeveralThreads) {

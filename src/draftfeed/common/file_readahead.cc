@@ -65,8 +65,8 @@ std::size_t readahead_file(const std::string& path, std::size_t chunk, bool skip
   return asked;
 }
 
-std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk,
-                                      bool skip_cached) {
+std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk, bool skip_cached,
+                                      const std::atomic<bool>* stop) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   const off_t size = size_to_read(fd, skip_cached);
@@ -76,9 +76,9 @@ std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     const int sink = null_sink();
     off_t offset = 0;
-    while (offset < size) {
-      const ssize_t n =
-          sink < 0 ? -1 : ::sendfile(sink, fd, &offset, static_cast<std::size_t>(size - offset));
+    while (offset < size && (stop == nullptr || !stop->load(std::memory_order_relaxed))) {
+      const std::size_t step = std::min(kReadStep, static_cast<std::size_t>(size - offset));
+      const ssize_t n = sink < 0 ? -1 : ::sendfile(sink, fd, &offset, step);
       if (n > 0) continue;  // sendfile moved `offset` on
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && offset == 0) {

@@ -21,6 +21,7 @@
 // an error. Thread safety: any number of threads.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <string>
 
@@ -37,7 +38,11 @@ std::size_t readahead_file(const std::string& path, std::size_t chunk = kReadahe
 // (sendfile to /dev/null: no copy to user space), returning once it is there; returns the bytes
 // read (0 if it cannot be opened, or if it is cached and `skip_cached`). Where the file system
 // cannot be read that way, falls back to readahead_file's requests (`chunk`), which return at once.
+// Reads go in steps of kReadStep; once `stop` (if given) is set, no further step starts, so a
+// reader being shut down waits for one step, not for a whole file on a slow disk.
+inline constexpr std::size_t kReadStep = std::size_t{8} << 20;
 std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk = kReadaheadChunk,
-                                      bool skip_cached = true);
+                                      bool skip_cached = true,
+                                      const std::atomic<bool>* stop = nullptr);
 
 }  // namespace draftfeed

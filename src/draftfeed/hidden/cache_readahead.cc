@@ -74,7 +74,7 @@ void CacheReadahead::run() {
     lock.unlock();
     const std::size_t bytes =
         options_.sequential_read
-            ? read_file_into_page_cache(path, options_.chunk, options_.skip_cached)
+            ? read_file_into_page_cache(path, options_.chunk, options_.skip_cached, &stopping_)
             : readahead_file(path, options_.chunk, options_.skip_cached);
     lock.lock();
     if (generation != generation_) continue;  // cleared meanwhile: not counted

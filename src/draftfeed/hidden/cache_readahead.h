@@ -14,6 +14,7 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -73,8 +74,8 @@ class CacheReadahead {
   std::unordered_map<std::int64_t, std::uint64_t> ahead_;  // read ahead, not reached: row -> bytes
   std::unordered_set<std::int64_t> reached_early_;         // reached before their readahead
   std::uint64_t ahead_bytes_ = 0;
-  std::uint64_t generation_ = 0;  // bumped by clear(): a readahead in progress is not counted
-  bool stopping_ = false;
+  std::uint64_t generation_ = 0;        // bumped by clear(): a readahead in progress is not counted
+  std::atomic<bool> stopping_ = false;  // also read without the lock, by a file being read
   CacheReadaheadStats stats_;
   std::vector<std::thread> threads_;
 };
