@@ -26,7 +26,8 @@ The cold epochs are repeated --repeat times (best taken, both sides alike: the d
 If the page cache cannot be dropped on this machine's file system, the table says so.
 
 Printed: tokens/s per side, draftfeed / reference, FP8 / bf16, and draftfeed's cold file GB/s as a
-percentage of the disk bound. Written to OUT/cold.json.
+percentage of the disk bound; per side, the block device's mean read request and busy time during its
+best cold epoch (where /sys/dev/block has the device). Written to OUT/cold.json.
 """
 
 from __future__ import annotations
@@ -107,6 +108,28 @@ def disk_bound(paths: list[str], threads: int, chunk: int = 1 << 20) -> float:
     return state["bytes"] / (time.perf_counter() - start) / 1e9
 
 
+def device_stat(path: str) -> tuple[int, int, int] | None:
+    """(reads completed, sectors read, ms busy) of the block device holding `path`, from
+    /sys/dev/block (None where there is none, e.g. tmpfs or overlay)."""
+    dev = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[2]), int(fields[9])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def device_figures(before, after, seconds: float) -> dict:
+    """The device's side of a cold epoch: its mean read request and how busy it was. The kernel's
+    readahead decides both (WILLNEED requests of single pages are < 1 MiB; sequential reads reach
+    3-4 MiB): the first thing to look at when an epoch is far from the disk bound."""
+    if before is None or after is None or after[0] <= before[0]:
+        return {}
+    return dict(request_kib=(after[1] - before[1]) * 512 / (after[0] - before[0]) / 1024,
+                device_busy=(after[2] - before[2]) / 1000 / seconds)
+
+
 # ---------------------------------------------------------------- one side, in its own process
 def loader_args(data: str, transfer, hidden: int, workers: int) -> dict:
     """speculators 0.9.0's trainer's call, exactly (tests/python/dropin_helpers.py)."""
@@ -154,7 +177,9 @@ def run_side(side: str, config: dict, workers: int, repeat: int) -> dict:
         # The disk bound right before this cold epoch (the disk is shared: it drifts over minutes).
         bound = disk_bound(paths, max(2, workers))
         _size, left = evict_checked(paths)
+        device_before = device_stat(folder)
         cold = timed_epoch(train, 1 + 2 * k)
+        cold.update(device_figures(device_before, device_stat(folder), cold["seconds"]))
         cold["resident_before"] = left
         cold["disk_bound"] = bound
         out["cold"].append(cold)
@@ -268,7 +293,9 @@ def main() -> None:
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             config["sides"][side] = r
             c, w = best(r["cold"]), best(r["warm"])
-            print(f"  {side:15s} cold {tok_s(c):>10,.0f} tok/s {r['file_bytes'] / c['seconds'] / 1e9:5.2f} GB/s   "
+            device = (f" (device: {c['request_kib']:,.0f} KiB reads, busy {100 * c['device_busy']:.0f}%)"
+                      if "request_kib" in c else "")
+            print(f"  {side:15s} cold {tok_s(c):>10,.0f} tok/s {r['file_bytes'] / c['seconds'] / 1e9:5.2f} GB/s{device}   "
                   f"warm {tok_s(w):>10,.0f} tok/s", flush=True)
         tokens = {(side, k): best(v[k])["tokens"] for side, v in config["sides"].items() for k in ("cold", "warm")}
         if len(set(tokens.values())) > 1:

@@ -1,5 +1,6 @@
 // The cache's readahead queue: files read in the order given, never more than max_ahead_bytes
-// ahead of the fetches, rows a fetch reached first skipped, and clear() dropping everything.
+// ahead of the fetches, rows a fetch reached first skipped, and clear() dropping everything; and
+// reading a file into the page cache leaving all of it there.
 // (Whether the kernel reads is the kernel's business; the queue's bookkeeping is checked here,
 // and bench/bench_cold.py measures the effect.)
 #include <fcntl.h>
@@ -7,6 +8,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <string>
@@ -35,6 +38,37 @@ class ConcurrentCacheReadaheadTest : public TempFolderTest {
     return out;
   }
 };
+
+// Drops `path` from the page cache and says whether it went (mincore on a mapping, which unlike a
+// read, even a non-blocking one, starts no I/O): some file systems keep the pages.
+bool evicted(const std::string& path, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return false;
+  std::vector<unsigned char> pages((size + 4095) / 4096);
+  const bool gone = ::mincore(map, size, pages.data()) == 0 &&
+                    std::none_of(pages.begin(), pages.end(), [](unsigned char p) { return p & 1; });
+  ::munmap(map, size);
+  return gone;
+}
+
+// Whether every page of `path` is in the page cache.
+bool resident(const std::string& path, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return false;
+  std::vector<unsigned char> pages((size + 4095) / 4096);
+  const bool all = ::mincore(map, size, pages.data()) == 0 &&
+                   std::all_of(pages.begin(), pages.end(), [](unsigned char p) { return p & 1; });
+  ::munmap(map, size);
+  return all;
+}
 
 // Waits (bounded) until `done` holds.
 template <typename F>
@@ -69,8 +103,45 @@ TEST_F(ConcurrentCacheReadaheadTest, ReadaheadOfAFileAsksForAllOfItUnlessItIsCac
   EXPECT_EQ(readahead_file(path(1), 4096), 10000u);
 }
 
+TEST_F(ConcurrentCacheReadaheadTest, ReadingAFileIntoThePageCacheReadsAllOfItUnlessItIsCached) {
+  // A file larger than one sendfile step of the kernel's pipe (16 pages), and not page-aligned.
+  const std::size_t size = (std::size_t{3} << 20) + 123;
+  const std::string big = (dir_ / "big").string();
+  std::ofstream(big, std::ios::binary) << std::string(size, 'y');
+  EXPECT_EQ(read_file_into_page_cache((dir_ / "missing").string()), 0u);
+  EXPECT_EQ(read_file_into_page_cache(big), 0u);  // just written, so in the page cache
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false), size);
+  if (!evicted(big, size)) GTEST_SKIP() << "this file system keeps the pages after DONTNEED";
+  // It returns once the file is read: every page is resident then, without waiting further.
+  EXPECT_EQ(read_file_into_page_cache(big), size);
+  EXPECT_TRUE(resident(big, size));
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, AStoppedReadStartsNoFurtherStep) {
+  const std::size_t size = kReadStep + 5000;
+  const std::string big = (dir_ / "big").string();
+  std::ofstream(big, std::ios::binary) << std::string(size, 'z');
+  const std::atomic<bool> stopped = true;
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false, &stopped), 0u);
+  const std::atomic<bool> going = false;
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false, &going), size);
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, ReadsEveryQueuedFileWithSeveralThreads) {
+  for (int row = 0; row < 6; ++row) {
+    if (!evicted(path(row), 10000)) GTEST_SKIP() << "this file system keeps the pages";
+  }
+  CacheReadahead readahead(CacheReadaheadOptions{1 << 20, 4096, /*skip_cached=*/true,
+                                                 /*sequential_read=*/true, /*threads=*/3});
+  readahead.add(rows({0, 1, 2, 3, 4, 5}));
+  ASSERT_TRUE(eventually([&] { return readahead.stats().files == 6; }));
+  EXPECT_EQ(readahead.stats().bytes, 60000u);
+  for (int row = 0; row < 6; ++row) EXPECT_TRUE(resident(path(row), 10000)) << row;
+}
+
 TEST_F(ConcurrentCacheReadaheadTest, StaysWithinItsBudgetAheadOfTheFetches) {
-  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false});
+  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false,
+                                                 /*sequential_read=*/true, /*threads=*/1});
   readahead.add(rows({0, 1, 2, 3}));
   // 10 KB ahead < 15 KB: a second file; 20 KB ahead: it waits.
   ASSERT_TRUE(eventually([&] { return readahead.stats().files == 2; }));
@@ -83,7 +154,8 @@ TEST_F(ConcurrentCacheReadaheadTest, StaysWithinItsBudgetAheadOfTheFetches) {
 }
 
 TEST_F(ConcurrentCacheReadaheadTest, RowsAFetchReachedFirstAreSkipped) {
-  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false});
+  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false,
+                                                 /*sequential_read=*/true, /*threads=*/1});
   readahead.reached(1);  // fetched before its readahead
   readahead.add(rows({0, 1, 2}));
   ASSERT_TRUE(eventually([&] { return readahead.stats().files == 2; }));
@@ -93,7 +165,8 @@ TEST_F(ConcurrentCacheReadaheadTest, RowsAFetchReachedFirstAreSkipped) {
 }
 
 TEST_F(ConcurrentCacheReadaheadTest, ClearDropsTheQueueAndTheBudget) {
-  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false});
+  CacheReadahead readahead(CacheReadaheadOptions{15000, 4096, /*skip_cached=*/false,
+                                                 /*sequential_read=*/true, /*threads=*/1});
   readahead.add(rows({0, 1, 2, 3}));
   ASSERT_TRUE(eventually([&] { return readahead.stats().files == 2; }));
   readahead.clear();  // an epoch stopped: rows 2 and 3 never come

@@ -6,8 +6,11 @@
 
 namespace draftfeed {
 
-CacheReadahead::CacheReadahead(CacheReadaheadOptions options)
-    : options_(options), thread_([this] { run(); }) {}
+CacheReadahead::CacheReadahead(CacheReadaheadOptions options) : options_(options) {
+  const int threads = std::max(1, options_.threads);
+  threads_.reserve(static_cast<std::size_t>(threads));
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
 
 CacheReadahead::~CacheReadahead() {
   {
@@ -15,7 +18,7 @@ CacheReadahead::~CacheReadahead() {
     stopping_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 void CacheReadahead::add(std::vector<std::pair<std::int64_t, std::string>> files) {
@@ -69,7 +72,10 @@ void CacheReadahead::run() {
     }
     const std::uint64_t generation = generation_;
     lock.unlock();
-    const std::size_t bytes = readahead_file(path, options_.chunk, options_.skip_cached);
+    const std::size_t bytes =
+        options_.sequential_read
+            ? read_file_into_page_cache(path, options_.chunk, options_.skip_cached, &stopping_)
+            : readahead_file(path, options_.chunk, options_.skip_cached);
     lock.lock();
     if (generation != generation_) continue;  // cleared meanwhile: not counted
     if (reached_early_.erase(row) != 0) {

@@ -2,17 +2,19 @@
 // cache (a terabyte is never in the page cache) at the disk's speed.
 //
 // The pipeline tells the cache source which rows come next (SampleSource::will_need, as it takes
-// each batch on); their files go into a queue here. One thread walks the queue in order and asks
-// the kernel to read each whole file into the page cache (file_readahead.h: asynchronous, large
-// requests), staying at most `max_ahead_bytes` ahead of the fetches: deep enough to keep the device
-// busy while batches are copied, shallow enough that the batch the copy needs next is not queued
-// behind later ones (measured: queueing four batches at once delays the first by the whole queue).
-// A fetch that gets to its row first says so (`reached`), and that row is skipped or counted as
-// consumed.
+// each batch on); their files go into a queue here. `threads` threads take the files in queue order
+// and read each whole file into the page cache (file_readahead.h: by default sequential reads,
+// which the kernel serves in large requests; two at a time keep a few in flight, as the disk bound
+// of bench_cold.py does), staying at most `max_ahead_bytes` ahead of the fetches: deep enough to
+// keep the device busy while batches are copied, shallow enough that the batch the copy needs next
+// is not queued behind later ones (measured: queueing four batches at once delays the first by the
+// whole queue). A fetch that gets to its row first says so (`reached`), and that row is skipped or
+// counted as consumed.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +33,12 @@ struct CacheReadaheadOptions {
   std::size_t max_ahead_bytes = std::size_t{256} << 20;
   std::size_t chunk = std::size_t{512} << 10;  // bytes per readahead request (file_readahead.h)
   bool skip_cached = true;                     // files already in the page cache are not asked for
+  // Read each file (read_file_into_page_cache), or only ask for it (readahead_file: returns at
+  // once, single-page requests; 0.5x the disk bound on a virtio disk, measured).
+  bool sequential_read = true;
+  // Files read at once (at least 1). Each thread starts a file while the bytes ahead are under
+  // max_ahead_bytes, so up to `threads` files may go beyond it.
+  int threads = 2;
 };
 
 struct CacheReadaheadStats {
@@ -43,7 +51,7 @@ struct CacheReadaheadStats {
 class CacheReadahead {
  public:
   explicit CacheReadahead(CacheReadaheadOptions options = {});
-  ~CacheReadahead();  // stops the thread (queued files are dropped)
+  ~CacheReadahead();  // stops the threads (queued files are dropped)
   CacheReadahead(const CacheReadahead&) = delete;
   CacheReadahead& operator=(const CacheReadahead&) = delete;
 
@@ -66,10 +74,10 @@ class CacheReadahead {
   std::unordered_map<std::int64_t, std::uint64_t> ahead_;  // read ahead, not reached: row -> bytes
   std::unordered_set<std::int64_t> reached_early_;         // reached before their readahead
   std::uint64_t ahead_bytes_ = 0;
-  std::uint64_t generation_ = 0;  // bumped by clear(): a readahead in progress is not counted
-  bool stopping_ = false;
+  std::uint64_t generation_ = 0;        // bumped by clear(): a readahead in progress is not counted
+  std::atomic<bool> stopping_ = false;  // also read without the lock, by a file being read
   CacheReadaheadStats stats_;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace draftfeed
