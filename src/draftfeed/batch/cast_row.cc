@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/cpu_features.h"
@@ -18,15 +19,14 @@ namespace {
 
 // The scalar definitions, for the tails (and the whole row where AVX2 is not).
 bool nonfinite_bits(const std::uint8_t* src, HiddenDType dtype, std::int64_t i) {
-  if (dtype == HiddenDType::kF32) {
-    std::uint32_t v;
-    std::memcpy(&v, src + 4 * i, 4);
-    return (v & 0x7F800000u) == 0x7F800000u;
+  switch (dtype) {
+    case HiddenDType::kF32:
+      return hidden_value_nonfinite<HiddenDType::kF32>(src, i);
+    case HiddenDType::kF16:
+      return hidden_value_nonfinite<HiddenDType::kF16>(src, i);
+    default:
+      return hidden_value_nonfinite<HiddenDType::kBF16>(src, i);
   }
-  std::uint16_t v;
-  std::memcpy(&v, src + 2 * i, 2);
-  const std::uint16_t mask = dtype == HiddenDType::kF16 ? 0x7C00 : 0x7F80;
-  return (v & mask) == mask;
 }
 
 std::int64_t scalar_copy(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
@@ -43,14 +43,9 @@ std::int64_t scalar_cast(const std::uint8_t* src, HiddenDType src_dtype, std::ui
                          std::int64_t first, std::int64_t n) {
   std::int64_t bad = 0;
   for (std::int64_t i = first; i < n; ++i) {
-    float value;
-    if (src_dtype == HiddenDType::kF32) {
-      std::memcpy(&value, src + 4 * i, 4);
-    } else {
-      std::uint16_t half;
-      std::memcpy(&half, src + 2 * i, 2);
-      value = f16_to_float(half);
-    }
+    const float value = src_dtype == HiddenDType::kF32
+                            ? load_hidden_value<HiddenDType::kF32>(src, i)
+                            : load_hidden_value<HiddenDType::kF16>(src, i);
     const std::uint16_t out = float_to_bf16(value);
     std::memcpy(dst + 2 * i, &out, 2);
     bad += nonfinite_bits(src, src_dtype, i);

@@ -28,20 +28,6 @@ namespace draftfeed {
 
 namespace {
 
-template <HiddenDType kSrc>
-inline bool is_nonfinite(const std::uint8_t* base, std::int64_t i) {
-  if constexpr (kSrc == HiddenDType::kF32) {
-    std::uint32_t v;
-    std::memcpy(&v, base + i * 4, 4);
-    return (v & 0x7F800000U) == 0x7F800000U;
-  } else {
-    std::uint16_t v;
-    std::memcpy(&v, base + i * 2, 2);
-    const std::uint16_t mask = kSrc == HiddenDType::kBF16 ? 0x7F80 : 0x7C00;
-    return (v & mask) == mask;
-  }
-}
-
 template <HiddenDType kDst>
 inline void store(std::uint8_t* base, std::int64_t i, float value) {
   if constexpr (kDst == HiddenDType::kF32) {
@@ -60,7 +46,9 @@ struct Elements {
   const std::uint8_t* row;
   float value(std::int64_t i) const { return load_hidden_value<kSrc>(row, i); }
   // Checked on the file's bits (a value read is never more or less finite than its bits).
-  bool nonfinite(std::int64_t i, float /*value*/) const { return is_nonfinite<kSrc>(row, i); }
+  bool nonfinite(std::int64_t i, float /*value*/) const {
+    return hidden_value_nonfinite<kSrc>(row, i);
+  }
 };
 
 // ...or FP8 codes with their token's scale, dequantized in kD as FP8Transfer does

@@ -1,5 +1,6 @@
-// One element of a row of hidden states stored as bf16, f16 or f32, as a float: the load the batch
-// copy and the FP8 quantizer share (inline: it sits in their inner loops).
+// One element of a row of hidden states stored as bf16, f16 or f32, as a float, and whether its
+// bits are non-finite: what the batch copy, its kernels' scalar tails and the FP8 quantizer share
+// (inline: it sits in their inner loops).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,23 @@ inline float load_hidden_value(const std::uint8_t* base, std::int64_t i) {
     } else {
       return f16_to_float(v);
     }
+  }
+}
+
+// NaN or Inf, read on the element's bits (exponent all ones).
+template <HiddenDType kSrc>
+inline bool hidden_value_nonfinite(const std::uint8_t* base, std::int64_t i) {
+  static_assert(kSrc == HiddenDType::kBF16 || kSrc == HiddenDType::kF16 ||
+                kSrc == HiddenDType::kF32);
+  if constexpr (kSrc == HiddenDType::kF32) {
+    std::uint32_t v;
+    std::memcpy(&v, base + i * 4, 4);
+    return (v & 0x7F800000U) == 0x7F800000U;
+  } else {
+    std::uint16_t v;
+    std::memcpy(&v, base + i * 2, 2);
+    constexpr std::uint16_t kMask = kSrc == HiddenDType::kBF16 ? 0x7F80 : 0x7C00;
+    return (v & kMask) == kMask;
   }
 }
 
