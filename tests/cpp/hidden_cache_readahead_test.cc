@@ -117,6 +117,24 @@ TEST_F(ConcurrentCacheReadaheadTest, ReadingAFileIntoThePageCacheReadsAllOfItUnl
   EXPECT_TRUE(resident(big, size));
 }
 
+TEST_F(ConcurrentCacheReadaheadTest, AFileWithOnlySomePagesCachedIsReadWhole) {
+  // Its last page in the page cache and the rest on the disk (the state a probe that itself
+  // started a read of the last page left behind): not taken as cached.
+  const std::size_t size = 5 * 4096 + 100;
+  const std::string file = (dir_ / "partly").string();
+  std::ofstream(file, std::ios::binary) << std::string(size, 'p');
+  if (!evicted(file, size)) GTEST_SKIP() << "this file system keeps the pages after DONTNEED";
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  char last = 0;
+  ASSERT_EQ(::pread(fd, &last, 1, static_cast<off_t>(size - 1)), 1);
+  ::close(fd);
+  ASSERT_FALSE(resident(file, size));
+  EXPECT_EQ(read_file_into_page_cache(file), size);
+  EXPECT_TRUE(resident(file, size));
+  EXPECT_EQ(read_file_into_page_cache(file), 0u);  // now wholly cached: skipped
+}
+
 TEST_F(ConcurrentCacheReadaheadTest, AStoppedReadStartsNoFurtherStep) {
   const std::size_t size = kReadStep + 5000;
   const std::string big = (dir_ / "big").string();

@@ -1,9 +1,9 @@
 #include "draftfeed/common/file_readahead.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,21 +13,32 @@ namespace draftfeed {
 
 namespace {
 
-// True when the byte at `offset` is in the page cache: a read that must not wait for the device
-// (RWF_NOWAIT) succeeds. A kernel without RWF_NOWAIT for buffered reads says no.
-bool byte_cached(int fd, std::size_t offset) {
-  char byte;
-  struct iovec io {
-    &byte, 1
+// True when the first and the last page of the `size`-byte file open as `fd` are in the page
+// cache: a file is read from its start, so its end is the last page to arrive, and the page cache
+// drops the least recently used pages first, so its start is the first to go. Asked with mincore
+// on a mapping, which starts no I/O. (A read that must not wait, preadv2 with RWF_NOWAIT, used
+// before, starts the kernel's readahead for the page it misses; on a fast device that read
+// completed before the call looked again, and a file with only its last page read was taken as
+// cached: seen in CI.) Two pages, not all: mincore over a whole file walks its page cache, 21 us a
+// MiB here, a sixth of the time the batch copy takes for that MiB.
+bool file_cached(int fd, std::size_t size) {
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return false;
+  static const auto kPage = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto resident = [&](std::size_t offset) {
+    unsigned char page = 0;
+    return ::mincore(static_cast<char*>(map) + offset, 1, &page) == 0 && (page & 1) != 0;
   };
-  return ::preadv2(fd, &io, 1, static_cast<off_t>(offset), RWF_NOWAIT) == 1;
+  const bool cached = resident(0) && resident((size - 1) / kPage * kPage);
+  ::munmap(map, size);
+  return cached;
 }
 
 // The size of the regular file open as `fd`, or -1 when it is not one or is skipped as cached.
 off_t size_to_read(int fd, bool skip_cached) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return -1;
-  if (skip_cached && st.st_size > 0 && byte_cached(fd, static_cast<std::size_t>(st.st_size) - 1)) {
+  if (skip_cached && st.st_size > 0 && file_cached(fd, static_cast<std::size_t>(st.st_size))) {
     return -1;
   }
   return st.st_size;

@@ -14,11 +14,12 @@
 // allocates large folios (3-3.5 MiB requests, 5 in flight). Reading is what the disk bound does, so
 // it is the default (cache_readahead.h).
 //
-// A file whose last byte is already in the page cache is taken as read (a file is read from its
-// start, so its end is the last to arrive and the first to go) and skipped when `skip_cached`:
-// asking again for resident pages costs a system call per chunk, 7% of a warm epoch's CPU
-// (measured). A hint only: a missing or unreadable file, or a file system that ignores it, is not
-// an error. Thread safety: any number of threads.
+// A file whose first and last pages are in the page cache (asked with mincore, which starts no
+// I/O) is taken as read and skipped when `skip_cached`: a file is read from its start, so its end
+// is the last page to arrive, and its start the first the page cache drops. Asking again for
+// resident pages costs a system call per chunk, 7% of a warm epoch's CPU (measured). A hint only: a
+// missing or unreadable file, or a file system that ignores it, is not an error. Thread safety: any
+// number of threads.
 #pragma once
 
 #include <atomic>
