@@ -144,6 +144,42 @@ TEST(CastRowTest, EveryF16CodeCastsAsTheScalarDefinition) {
   }
 }
 
+// Rows without NaN take the vector round for every block (a block holding a NaN takes the scalar
+// definition): every other code, in order, so that every one goes through the vector path; and a
+// long row of infinities with a NaN now and then, counted across the widening of the 16-bit lanes.
+TEST(CastRowTest, EveryNonNanF16CodeTakesTheVectorRoundAndLongRowsCountExactly) {
+  if (!cast_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
+  std::vector<std::uint8_t> src;
+  for (std::uint32_t code = 0; code < 65536; ++code) {
+    if ((code & 0x7C00u) == 0x7C00u && (code & 0x03FFu) != 0) continue;  // NaN
+    src.push_back(static_cast<std::uint8_t>(code));
+    src.push_back(static_cast<std::uint8_t>(code >> 8));
+  }
+  constexpr std::int64_t kLong = (std::int64_t{1} << 21) + 37;
+  std::vector<std::uint8_t> infinities(2 * kLong);
+  for (std::int64_t i = 0; i < kLong; ++i) {
+    const std::uint16_t code = i % 100003 == 5 ? 0x7E01 : (i % 2 != 0 ? 0x7C00 : 0xFC00);
+    std::memcpy(infinities.data() + 2 * i, &code, 2);
+  }
+  for (const auto* row_src : {&src, &infinities}) {
+    const auto n = static_cast<std::int64_t>(row_src->size() / 2);
+    for (const bool aligned : {true, false}) {
+      GuardedRow row(row_src->size(), aligned);
+      const std::int64_t bad = cast_bf16_row_avx2(row_src->data(), HiddenDType::kF16, row.data(), n,
+                                                  RowStores::kStreamed);
+      std::int64_t want_bad = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        want_bad += nonfinite(row_src->data(), HiddenDType::kF16, i);
+        std::uint16_t got;
+        std::memcpy(&got, row.data() + 2 * i, 2);
+        ASSERT_EQ(got, cast_bf16(row_src->data(), HiddenDType::kF16, i)) << "value " << i;
+      }
+      EXPECT_EQ(bad, want_bad) << "n " << n;
+      EXPECT_TRUE(row.guards_intact());
+    }
+  }
+}
+
 TEST(CastRowTest, CastsEqualTheScalarDefinitionBitForBit) {
   if (!cast_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
   for (const HiddenDType dtype : {HiddenDType::kF16, HiddenDType::kF32}) {
