@@ -34,6 +34,8 @@ TEST(Fp8Bf16RowTest, EqualsTheScalarDefinitionBitForBit) {
                                      3.0f + 0x1p-8f,
                                      5e4f,
                                      1e36f,
+                                     0x1.fep117f,
+                                     0x1p118f,
                                      0x1.fep118f,
                                      0x1p119f,
                                      0x1.02p119f,
@@ -72,6 +74,35 @@ TEST(Fp8Bf16RowTest, EqualsTheScalarDefinitionBitForBit) {
       }
       EXPECT_EQ(bad, want_bad) << "scale " << scale << ", n " << n;
       EXPECT_TRUE(out.guards_intact()) << "scale " << scale << ", n " << n;
+    }
+  }
+}
+
+// Rows without NaN codes, at scales below 2^118, take the kernel's finite path (no select, no
+// count): every finite code, at every position of a block, against the definition.
+TEST(Fp8Bf16RowTest, RowsWithoutNanCodesEqualTheDefinitionAtEveryPosition) {
+  if (!fp8_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
+  std::vector<std::uint8_t> finite;
+  for (unsigned code = 0; code < 256; ++code) {
+    if ((code & 0x7F) != 0x7F) finite.push_back(static_cast<std::uint8_t>(code));
+  }
+  for (const float raw : {1e-40f, 1e-12f, 1.0f / 448, 0.37f, -1.0f, 0.0f, 5e4f, 0x1.fep117f}) {
+    const float scale = round_to_dtype<HiddenDType::kBF16>(raw);
+    for (std::size_t shift = 0; shift < 16; ++shift) {
+      const auto n = static_cast<std::int64_t>(finite.size() + shift);
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = finite[(i + shift) % finite.size()];
+      for (const bool aligned : {true, false}) {
+        GuardedRow out(2 * codes.size(), aligned);
+        EXPECT_EQ(fp8_bf16_row_avx2(codes.data(), scale, out.data(), n, RowStores::kStreamed), 0);
+        for (std::size_t i = 0; i < codes.size(); ++i) {
+          std::uint16_t got;
+          std::memcpy(&got, out.data() + 2 * i, 2);
+          ASSERT_EQ(got, float_to_bf16(dequantize_fp8<HiddenDType::kBF16>(codes[i], scale)))
+              << "code " << int{codes[i]} << " x " << scale << " at " << i;
+        }
+        EXPECT_TRUE(out.guards_intact());
+      }
     }
   }
 }

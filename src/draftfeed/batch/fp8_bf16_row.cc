@@ -89,12 +89,62 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
   return count;
 }
 
+// Whether any of the `n` codes is a NaN code (0x7F, 0xFF), 32 codes per step.
+__attribute__((target("avx2"))) bool any_nan_code(const std::uint8_t* codes, std::int64_t n) {
+  const __m256i magnitude = _mm256_set1_epi8(0x7F);
+  __m256i found = _mm256_setzero_si256();
+  std::int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i));
+    found = _mm256_or_si256(found, _mm256_cmpeq_epi8(_mm256_and_si256(c, magnitude), magnitude));
+  }
+  if (!_mm256_testz_si256(found, found)) return true;
+  for (; i < n; ++i) {
+    if ((codes[i] & 0x7F) == 0x7F) return true;
+  }
+  return false;
+}
+
+// row_avx2 for a row without NaN codes and with a scale below 2^118: no result can be non-finite
+// (|code| <= 448 < 2^9, so |product| < 2^127, which rounds to a finite bf16), so nothing is
+// counted, and no code needs making a NaN. The code goes into f16's layout from its sign-extended
+// 16 bits in one shift and one mask (the sign lands in bits 15 and 14; the mask keeps 15). A
+// third fewer instructions than row_avx2, whose select of NaN codes and count of the results
+// cost as much as the dequantize (the scan for NaN codes reads 32 codes per step).
+template <bool kStream>
+__attribute__((target("avx2,f16c"))) void finite_row_avx2(const std::uint8_t* codes,
+                                                          float scale_bf16, std::uint8_t* dst,
+                                                          std::int64_t n) {
+  const __m256 scale = _mm256_set1_ps(scale_bf16 * 256.0f);
+  const __m256i layout = _mm256_set1_epi16(static_cast<short>(0xBF80));
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i code =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    const __m256i halves = _mm256_and_si256(_mm256_slli_epi16(code, 7), layout);
+    const __m256i low = dequantize8<true>(_mm256_castsi256_si128(halves), scale);
+    const __m256i high = dequantize8<true>(_mm256_extracti128_si256(halves, 1), scale);
+    vector_store<kStream>(dst + 2 * i,
+                          _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8));
+  }
+  vector_stores_done<kStream>();
+  for (; i < n; ++i) scalar_element(codes[i], scale_bf16, dst + 2 * i);
+}
+
 }  // namespace
 
 std::int64_t fp8_bf16_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
                                std::int64_t n, RowStores stores) {
   // The scale x 2^8 must stay finite for the one-multiply form.
   const bool stream = vector_store_streams(stores, dst);
+  if (std::fabs(scale_bf16) < 0x1p118f && !any_nan_code(codes, n)) {
+    if (stream) {
+      finite_row_avx2<true>(codes, scale_bf16, dst, n);
+    } else {
+      finite_row_avx2<false>(codes, scale_bf16, dst, n);
+    }
+    return 0;
+  }
   if (std::fabs(scale_bf16) < 0x1p119f) {
     return stream ? row_avx2<true, true>(codes, scale_bf16, dst, n)
                   : row_avx2<true, false>(codes, scale_bf16, dst, n);
