@@ -27,7 +27,8 @@ If the page cache cannot be dropped on this machine's file system, the table say
 
 Printed: tokens/s per side, draftfeed / reference, FP8 / bf16, and draftfeed's cold file GB/s as a
 percentage of the disk bound; per side, the block device's mean read request and busy time during its
-best cold epoch (where /sys/dev/block has the device). Written to OUT/cold.json.
+best cold epoch (where /sys/dev/block has the device), and the CPU cores the side's process tree kept
+busy on average (near the machine's cores, the epoch is CPU-bound). Written to OUT/cold.json.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import cli_path, machine, make_cached_dataset, print_table  # noqa: E402
+from bench_common import cli_path, machine, make_cached_dataset, print_table, tree_cpu_seconds  # noqa: E402
 from page_cache import evict, evict_checked, resident_bytes  # noqa: E402
 
 ROW_SIZES = {"small": (64, 256, 640), "medium": (256, 2048, 96), "large": (2048, 8192, 24)}
@@ -148,6 +149,7 @@ def timed_epoch(loader, epoch: int) -> dict:
     import warnings
 
     loader.batch_sampler.set_epoch(epoch)
+    cpu_before = tree_cpu_seconds()
     start = time.perf_counter()
     tokens = batches = 0
     with warnings.catch_warnings():
@@ -155,7 +157,10 @@ def timed_epoch(loader, epoch: int) -> dict:
         for batch in loader:
             tokens += int((batch["document_ids"] >= 0).sum())
             batches += 1
-    return dict(seconds=time.perf_counter() - start, tokens=tokens, batches=batches)
+    seconds = time.perf_counter() - start
+    # CPU cores busy on average (the process tree: the engine's threads, the reference's workers):
+    # near the machine's cores, an epoch is CPU-bound, not disk-bound.
+    return dict(seconds=seconds, tokens=tokens, batches=batches, cores=(tree_cpu_seconds() - cpu_before) / seconds)
 
 
 def run_side(side: str, config: dict, workers: int, repeat: int) -> dict:
@@ -293,8 +298,8 @@ def main() -> None:
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             config["sides"][side] = r
             c, w = best(r["cold"]), best(r["warm"])
-            device = (f" (device: {c['request_kib']:,.0f} KiB reads, busy {100 * c['device_busy']:.0f}%)"
-                      if "request_kib" in c else "")
+            device = (f" (device: {c['request_kib']:,.0f} KiB reads, busy {100 * c['device_busy']:.0f}%; "
+                      f"CPU {c['cores']:.2f} cores)" if "request_kib" in c else f" (CPU {c['cores']:.2f} cores)")
             print(f"  {side:15s} cold {tok_s(c):>10,.0f} tok/s {r['file_bytes'] / c['seconds'] / 1e9:5.2f} GB/s{device}   "
                   f"warm {tok_s(w):>10,.0f} tok/s", flush=True)
         tokens = {(side, k): best(v[k])["tokens"] for side, v in config["sides"].items() for k in ("cold", "warm")}
