@@ -104,23 +104,17 @@ __attribute__((target("avx2"))) std::int64_t copy_avx2(const std::uint8_t* src, 
 }
 
 // float_to_bf16 (dtype.h) on 8 floats' bits: the bf16 in the low half of each 32-bit lane.
-// Rounds to nearest even by integer adds; kNaN: a NaN is quieted and truncated, as the scalar
-// definition does it (the round could carry a NaN's payload into its exponent and sign).
+// kNaN: a NaN is quieted and truncated, as the scalar definition does it (round_to_bf16_low could
+// carry a NaN's payload into its exponent and sign).
 template <bool kNaN>
 __attribute__((target("avx2"))) inline __m256i bf16_of(__m256i bits) {
+  if constexpr (!kNaN) return round_to_bf16_low(bits);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
-  if constexpr (!kNaN) return _mm256_srli_epi32(rounded, 16);
   const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
   const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
   const __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
   return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
-}
-
-// 16 bf16 results from the floats of values 0-7 (`low`) and 8-15 (`high`), in order: packus
-// interleaves the 128-bit halves, the permute puts them back.
-__attribute__((target("avx2"))) inline __m256i pack_bf16(__m256i low, __m256i high) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
 }
 
 template <bool kStream>

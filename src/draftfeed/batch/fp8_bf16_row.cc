@@ -43,11 +43,9 @@ __attribute__((target("avx2,f16c"))) inline __m256i dequantize8(__m128i halves, 
   __m256 value = _mm256_cvtph_ps(halves);
   if constexpr (!kPrescaled) value = _mm256_mul_ps(value, _mm256_set1_ps(256.0f));
   const __m256i bits = _mm256_castps_si256(_mm256_mul_ps(value, scale));
-  // float_to_bf16 (dtype.h) without its NaN select: every NaN here (NaN codes, a NaN scale,
-  // Inf x 0) is quiet with 16 low zero bits, which rounding leaves as they are.
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
-  return _mm256_srli_epi32(rounded, 16);
+  // Without float_to_bf16's NaN select: every NaN here (NaN codes, a NaN scale, Inf x 0) is quiet
+  // with 16 low zero bits, which rounding leaves as they are.
+  return round_to_bf16_low(bits);
 }
 
 template <bool kPrescaled, bool kStream>
@@ -76,8 +74,7 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
       const __m256i halves = _mm256_or_si256(_mm256_or_si256(magnitude, sign), nan);
       const __m256i low = dequantize8<kPrescaled>(_mm256_castsi256_si128(halves), scale);
       const __m256i high = dequantize8<kPrescaled>(_mm256_extracti128_si256(halves, 1), scale);
-      // packus interleaves the 128-bit halves; the permute puts the 16 results back in order.
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8);
+      const __m256i packed = pack_bf16(low, high);
       vector_store<kStream>(dst + 2 * i, packed);
       const __m256i exponent = _mm256_and_si256(packed, _mm256_set1_epi16(0x7F80));
       bad = _mm256_sub_epi16(bad, _mm256_cmpeq_epi16(exponent, _mm256_set1_epi16(0x7F80)));
@@ -124,8 +121,7 @@ __attribute__((target("avx2,f16c"))) void finite_row_avx2(const std::uint8_t* co
     const __m256i halves = _mm256_and_si256(_mm256_slli_epi16(code, 7), layout);
     const __m256i low = dequantize8<true>(_mm256_castsi256_si128(halves), scale);
     const __m256i high = dequantize8<true>(_mm256_extracti128_si256(halves, 1), scale);
-    vector_store<kStream>(dst + 2 * i,
-                          _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xD8));
+    vector_store<kStream>(dst + 2 * i, pack_bf16(low, high));
   }
   vector_stores_done<kStream>();
   for (; i < n; ++i) scalar_element(codes[i], scale_bf16, dst + 2 * i);
