@@ -78,17 +78,22 @@ TEST(Fp8Bf16RowTest, EqualsTheScalarDefinitionBitForBit) {
   }
 }
 
-// Rows without NaN codes, at scales below 2^118, take the kernel's finite path (no select, no
-// count): every finite code, at every position of a block, against the definition.
+// Rows without NaN codes, at scales in [2^-119, 2^118), take the kernel's table path (each
+// result looked up from 32 computed ones, by its code's low 4 bits, its exponent's upper bits
+// added); scales outside it, the direct one: every finite code at every position of the 32-code
+// steps and of the tail, scales at and beside both ends of the range, against the definition.
 TEST(Fp8Bf16RowTest, RowsWithoutNanCodesEqualTheDefinitionAtEveryPosition) {
   if (!fp8_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
   std::vector<std::uint8_t> finite;
   for (unsigned code = 0; code < 256; ++code) {
-    if ((code & 0x7F) != 0x7F) finite.push_back(static_cast<std::uint8_t>(code));
+    if (!fp8_e4m3_is_nan(static_cast<std::uint8_t>(code)))
+      finite.push_back(static_cast<std::uint8_t>(code));
   }
-  for (const float raw : {1e-40f, 1e-12f, 1.0f / 448, 0.37f, -1.0f, 0.0f, 5e4f, 0x1.fep117f}) {
+  for (const float raw :
+       {1e-40f, 0x1.fep-120f, 0x1p-119f, -0x1p-119f, 0x1.02p-119f, 1e-12f, 1.0f / 448, 0.37f, -1.0f,
+        3.0f + 0x1p-8f, 0.0f, 5e4f, -0x1.fep117f, 0x1.fep117f, 0x1p118f}) {
     const float scale = round_to_dtype<HiddenDType::kBF16>(raw);
-    for (std::size_t shift = 0; shift < 16; ++shift) {
+    for (std::size_t shift = 0; shift < 32; ++shift) {
       const auto n = static_cast<std::int64_t>(finite.size() + shift);
       std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
       for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = finite[(i + shift) % finite.size()];
@@ -104,6 +109,36 @@ TEST(Fp8Bf16RowTest, RowsWithoutNanCodesEqualTheDefinitionAtEveryPosition) {
         EXPECT_TRUE(out.guards_intact());
       }
     }
+  }
+}
+
+// One NaN code anywhere in an otherwise finite row (in a 32-code step or in the tail) sends the
+// row from the table path (which has no entry for it) to the direct one: every value is still the
+// definition's, and the NaN is counted once.
+TEST(Fp8Bf16RowTest, ANanCodeAnywhereInARowIsDequantizedAndCounted) {
+  if (!fp8_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
+  const float scale = round_to_dtype<HiddenDType::kBF16>(0.37f);
+  const std::int64_t n = 3 * 32 + 9;
+  for (std::int64_t at = 0; at < n; ++at) {
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < codes.size(); ++i)
+      codes[i] = static_cast<std::uint8_t>((7 * i) % 0x7F);
+    codes[static_cast<std::size_t>(at)] = at % 2 == 0 ? 0x7F : 0xFF;
+    GuardedRow out(2 * codes.size(), true);
+    EXPECT_EQ(fp8_bf16_row_avx2(codes.data(), scale, out.data(), n, RowStores::kStreamed), 1)
+        << "NaN at " << at;
+    for (std::size_t i = 0; i < codes.size(); ++i) {
+      std::uint16_t got;
+      std::memcpy(&got, out.data() + 2 * i, 2);
+      const float want = dequantize_fp8<HiddenDType::kBF16>(codes[i], scale);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(bf16_to_float(got))) << "NaN at " << at;
+      } else {
+        ASSERT_EQ(got, float_to_bf16(want))
+            << "code " << int{codes[i]} << " at " << i << ", NaN at " << at;
+      }
+    }
+    EXPECT_TRUE(out.guards_intact());
   }
 }
 
