@@ -75,7 +75,9 @@ TEST(Fp8Test, DequantizeRoundsOnceInTheDequantizeDtype) {
   EXPECT_TRUE(std::isnan(dequantize_fp8(0x7F, 1.0f, HiddenDType::kF32)));
 }
 
-// Rows of all 256 codes (rotated per row so each position sees every code), one scale per row.
+// Rows of all 256 codes (rotated per row so each position sees every code), one scale per row;
+// in odd rows the NaN codes are replaced by the largest finite ones, so the kernels' ways for rows
+// without NaN codes (fp8_bf16_row.h, fp8_noise_row.h) are taken too.
 struct Fp8Rows {
   static constexpr std::int64_t kWidth = 259;  // odd: the kernels' pair loops have a tail
   std::vector<std::uint8_t> codes;
@@ -87,7 +89,8 @@ struct Fp8Rows {
     }
     for (std::size_t r = 0; r < scales.size(); ++r) {
       for (std::int64_t i = 0; i < kWidth; ++i) {
-        codes.push_back(static_cast<std::uint8_t>((static_cast<std::size_t>(i) + 37 * r) & 0xFF));
+        const auto code = static_cast<std::uint8_t>((static_cast<std::size_t>(i) + 37 * r) & 0xFF);
+        codes.push_back(r % 2 == 1 && fp8_e4m3_is_nan(code) ? code - 1 : code);
       }
     }
   }
@@ -162,7 +165,7 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
       }
     }
     EXPECT_EQ(nonfinite, expected_nonfinite);
-    EXPECT_GE(nonfinite, 2 * data.rows());  // the NaN codes at least
+    EXPECT_GE(nonfinite, data.rows());  // the NaN codes of the even rows at least
     EXPECT_TRUE(out.guards_intact());
   }
 }

@@ -116,7 +116,7 @@ TEST(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
 }
 
 // A long row: sums exactly halfway between two bf16 values (about one in 2^16 here) round to
-// even, and the non-finite counts cross the kernel's 2^19-value blocks.
+// even, and the non-finite source values of two million are counted exactly.
 TEST(NoiseBf16RowTest, LongRowRoundsTiesToEven) {
   if (!noise_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2 on this CPU";
   constexpr std::int64_t kN = (std::int64_t{1} << 21) + 37;

@@ -8,6 +8,7 @@
 #include "draftfeed/batch/cast_row.h"
 #include "draftfeed/batch/fp8_bf16_row.h"
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/batch/fp8_noise_row.h"
 #include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_bf16_row.h"
@@ -260,18 +261,24 @@ std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
   });
 }
 
-// FP8 dequantized in bf16 plus uniform noise into a bf16 or f32 batch, where AVX2 is: the row is
-// dequantized into a scratch row (as the file's bf16 would be: the same values, the same
-// non-finite ones) that stays in cache, then noised from there. The scalar definition adds the
-// noise to exactly those dequantized values, so the bits are row_uniform's.
+// FP8 dequantized in bf16 plus uniform noise into a bf16 or f32 batch, where AVX2 is: in one
+// pass (fp8_noise_row.h) for a row that has no NaN code and a scale its tables apply to (nearly
+// every row); otherwise the row is dequantized into a scratch row (as the file's bf16 would be:
+// the same values, the same non-finite ones) that stays in cache, then noised from there. The
+// scalar definition adds the noise to exactly those dequantized values, so the bits are
+// row_uniform's either way.
 std::int64_t copy_fp8_bf16_uniform_avx2(const RowCopy& job) {
   thread_local std::vector<std::uint8_t> scratch;
-  scratch.resize(static_cast<std::size_t>(job.width) * 2);
   const bool f32 = job.dst_dtype == HiddenDType::kF32;
   return for_each_row(job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
-    const std::int64_t bad = fp8_bf16_row_avx2(src, row_scale_bf16(job, r), scratch.data(),
-                                               job.width, RowStores::kCached);
+    const float scale = row_scale_bf16(job, r);
     const std::uint32_t key = row_noise_key(job, r);
+    if (fp8_noise_row_avx2(src, scale, dst, job.width, key, job.noise_std, f32, job.stores)) {
+      return std::int64_t{0};  // no NaN code, and every value finite
+    }
+    scratch.resize(static_cast<std::size_t>(job.width) * 2);
+    const std::int64_t bad =
+        fp8_bf16_row_avx2(src, scale, scratch.data(), job.width, RowStores::kCached);
     if (f32) {
       noise_bf16_f32_row_avx2(scratch.data(), dst, job.width, key, job.noise_std, job.stores);
     } else {

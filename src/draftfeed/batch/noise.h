@@ -57,6 +57,14 @@ inline float noise_signed_high(std::uint32_t bits) {
   return (static_cast<float>(bits >> 16) + 0.5f) * (1.0f / 32768.0f) - 1.0f;
 }
 
+// Value j of a row plus its uniform noise, in float32: the definition above for one value (a
+// pair's even value takes the low half of its draw, the odd one the high half, an odd last value
+// the low half).
+inline float uniform_noised(float value, std::uint32_t token_key, std::int64_t j, float std_dev) {
+  const std::uint32_t bits = noise_bits(token_key, static_cast<std::uint32_t>(j / 2));
+  return value + (j % 2 == 0 ? noise_signed_low(bits) : noise_signed_high(bits)) * std_dev;
+}
+
 inline float noise_uniform(std::uint32_t token_key, std::uint32_t element) {
   return static_cast<float>(mix32(token_key + element * 0x9E3779B9U) >> 8) * (1.0f / 16777216.0f);
 }
