@@ -7,6 +7,7 @@
 #include "draftfeed/batch/fp8_lanes.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_lanes.h"
+#include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/fp8.h"
@@ -46,6 +47,7 @@ __attribute__((target("avx2,f16c"))) bool row_avx2(const std::uint8_t* codes, fl
   constexpr std::int64_t kOut = kF32 ? 4 : 2;  // bytes per value written
   std::int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    prefetch_ahead(codes + i, codes + n);
     const Bf16Blocks values = table.lookup(codes + i);
     store_noised<kF32, kStream>(dst + kOut * i, values.first, noise.next());
     store_noised<kF32, kStream>(dst + kOut * (i + 16), values.second, noise.next());

@@ -5,6 +5,7 @@
 
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_lanes.h"
+#include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
@@ -81,6 +82,7 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
   std::int64_t i = 0;
 #pragma GCC unroll 2
   for (; i + 16 <= n; i += 16) {
+    prefetch_ahead(src + 2 * i, src + 2 * n);
     const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
     largest = _mm256_max_epu16(largest, _mm256_add_epi16(pair, pair));
     store_noised<kF32, kStream>(dst + (kF32 ? 4 : 2) * i, pair, noise.next());

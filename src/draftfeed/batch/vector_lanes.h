@@ -9,6 +9,20 @@
 
 namespace draftfeed {
 
+// Source bytes a compute-heavy kernel asks for ahead of where it reads (prefetch_ahead).
+inline constexpr std::int64_t kPrefetchBytes = 512;
+
+// Asks for the cache line kPrefetchBytes past `at` if it is still before `end` (the row's end:
+// past it lie bytes the copy skips, a layer it does not take). Why: a kernel that spends ~30
+// instructions on 32 bytes keeps only a few cache lines of its row in flight in the out-of-order
+// window, and the hardware prefetcher alone does not run far enough ahead to hide memory's
+// latency (uniform noise at one thread: 78-83% of memcpy without, 85-89% with).
+inline void prefetch_ahead(const std::uint8_t* at, const std::uint8_t* end) {
+  if (at + kPrefetchBytes < end) {
+    _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+  }
+}
+
 // The sum of the 16 unsigned 16-bit lanes of `lanes` (a kernel's per-lane non-finite counts).
 __attribute__((target("avx2"))) inline std::int64_t sum_u16_lanes(__m256i lanes) {
   alignas(32) std::uint16_t values[16];
