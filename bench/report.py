@@ -341,7 +341,8 @@ def cold_table(results: dict) -> list[dict]:
     except (KeyError, TypeError, ValueError) as e:  # a format this renderer does not know yet
         return [table(title, ("status", "reason"), [("unrendered", f"bench_cold.py's JSON changed ({e!r}); "
                                                      "see the result JSON")])]
-    notes = " ".join(["Targets:", *targets, *(cold.get("notes") or [])])
+    # One sentence per row size, separated (joined by spaces they ran together).
+    notes = " ".join([*(["Targets: " + "; ".join(targets) + "."] if targets else []), *(cold.get("notes") or [])])
     return [table(
         f"{title} (H={cold.get('hidden_size')}, {cold.get('workers')} workers = threads, best of the repeats, both "
         "sides alike)",

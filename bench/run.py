@@ -79,8 +79,8 @@ from plot import plot_results, warm_epoch  # noqa: E402
 SECTIONS = ("engine", "memcpy", "kernels", "store", "planner", "trainer", "online", "online_defaults", "mooncake", "cold")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
-# later commits that touch only these.
-NOT_MEASURED = ("README.md", "bench/results")
+# later commits that touch only these (report.py only renders the results' JSON into tables).
+NOT_MEASURED = ("README.md", "bench/results", "bench/report.py")
 
 
 class SectionError(Exception):
@@ -170,7 +170,7 @@ def measured_at_head(results: dict) -> tuple[bool, str]:
     excludes = [f":(exclude){p}" for p in NOT_MEASURED]
     diff = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", code["commit"], head, "--", ".", *excludes])
     if diff.returncode == 0:
-        return True, f"later commits up to HEAD change only {' and '.join(NOT_MEASURED)}"
+        return True, f"later commits up to HEAD change only {', '.join(NOT_MEASURED)}"
     return False, f"the code changed between {code['short']} and HEAD {head[:7]}"
 
 
