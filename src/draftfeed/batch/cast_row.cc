@@ -99,7 +99,7 @@ __attribute__((target("avx2"))) std::int64_t copy_avx2(const std::uint8_t* src, 
     }
     count += kWide ? sum_u16_lanes(bad) / 2 : sum_u16_lanes(bad);
   }
-  vector_stores_done<kStream>();
+  vector_kernel_done<kStream>();
   return count + scalar_copy(src, dtype, dst, i, n);
 }
 
@@ -131,9 +131,9 @@ __attribute__((target("avx2"))) std::int64_t cast_f32_avx2(const std::uint8_t* s
     bad = _mm256_sub_epi32(bad, _mm256_cmpeq_epi32(_mm256_and_si256(high, mask), mask));
     vector_store<kStream>(dst + 2 * i, pack_bf16(bf16_of<true>(low), bf16_of<true>(high)));
   }
-  vector_stores_done<kStream>();
   alignas(32) std::int32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bad);
+  vector_kernel_done<kStream>();
   std::int64_t count = 0;
   for (const std::int32_t lane : lanes) count += lane;
   return count + scalar_cast(src, HiddenDType::kF32, dst, i, n);
@@ -217,7 +217,7 @@ __attribute__((target("avx2,f16c"))) std::int64_t cast_f16_avx2(const std::uint8
     count += cast_special_f16_block<kStream>(src + 2 * i, dst + 2 * i);
     i += 16;
   }
-  vector_stores_done<kStream>();
+  vector_kernel_done<kStream>();
   return count + scalar_cast(src, HiddenDType::kF16, dst, i, n);
 }
 

@@ -68,7 +68,7 @@ __attribute__((target("avx2,f16c"))) std::int64_t row_avx2(const std::uint8_t* c
     }
     count += sum_u16_lanes(bad);
   }
-  vector_stores_done<kStream>();
+  vector_kernel_done<kStream>();
   for (; i < n; ++i) count += scalar_element(codes[i], scale_bf16, dst + 2 * i);
   return count;
 }
@@ -86,8 +86,9 @@ __attribute__((target("avx2,f16c"))) bool table_row_avx2(const std::uint8_t* cod
     vector_store<kStream>(dst + 2 * i, values.first);
     vector_store<kStream>(dst + 2 * i + 32, values.second);
   }
-  vector_stores_done<kStream>();
-  if (table.saw_nan()) return false;
+  const bool saw_nan = table.saw_nan();
+  vector_kernel_done<kStream>();
+  if (saw_nan) return false;
   for (; i < n; ++i) {
     if (fp8_e4m3_is_nan(codes[i])) return false;
     scalar_element(codes[i], scale_bf16, dst + 2 * i);

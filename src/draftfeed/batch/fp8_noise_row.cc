@@ -1,10 +1,10 @@
 #include "draftfeed/batch/fp8_noise_row.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/fp8_lanes.h"
+#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_lanes.h"
 #include "draftfeed/batch/vector_lanes.h"
@@ -26,14 +26,9 @@ bool scalar_tail(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
                  std::int64_t n, std::uint32_t key, float std_dev) {
   for (std::int64_t j = first; j < n; ++j) {
     if (fp8_e4m3_is_nan(codes[j])) return false;
-    const float value =
-        uniform_noised(dequantize_fp8<HiddenDType::kBF16>(codes[j], scale_bf16), key, j, std_dev);
-    if constexpr (kF32) {
-      std::memcpy(dst + 4 * j, &value, 4);
-    } else {
-      const std::uint16_t bits = float_to_bf16(value);
-      std::memcpy(dst + 2 * j, &bits, 2);
-    }
+    const float value = dequantize_fp8<HiddenDType::kBF16>(codes[j], scale_bf16);
+    store_hidden_value<kF32 ? HiddenDType::kF32 : HiddenDType::kBF16>(
+        dst, j, uniform_noised(value, key, j, std_dev));
   }
   return true;
 }
@@ -52,22 +47,19 @@ __attribute__((target("avx2,f16c"))) bool row_avx2(const std::uint8_t* codes, fl
     store_noised<kF32, kStream>(dst + kOut * i, values.first, noise.next());
     store_noised<kF32, kStream>(dst + kOut * (i + 16), values.second, noise.next());
   }
-  vector_stores_done<kStream>();
-  if (table.saw_nan()) return false;
+  const bool saw_nan = table.saw_nan();
+  vector_kernel_done<kStream>();
+  if (saw_nan) return false;
   return scalar_tail<kF32>(codes, scale_bf16, dst, i, n, key, std_dev);
 }
 
 template <bool kF32>
 bool row(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst, std::int64_t n,
          std::uint32_t key, float std_dev, RowStores stores) {
-  const bool stream = vector_store_streams(stores, dst);
-  // As noise_lanes.h: std x 2^-31 is exact unless it is subnormal.
-  if (std_dev == 0.0f || std::fabs(std_dev) >= 0x1p-95f) {
-    return stream ? row_avx2<kF32, true, true>(codes, scale_bf16, dst, n, key, std_dev)
-                  : row_avx2<kF32, true, false>(codes, scale_bf16, dst, n, key, std_dev);
-  }
-  return stream ? row_avx2<kF32, false, true>(codes, scale_bf16, dst, n, key, std_dev)
-                : row_avx2<kF32, false, false>(codes, scale_bf16, dst, n, key, std_dev);
+  return with_noise_form(
+      std_dev, vector_store_streams(stores, dst), [&]<bool kPrescaled, bool kStream>() {
+        return row_avx2<kF32, kPrescaled, kStream>(codes, scale_bf16, dst, n, key, std_dev);
+      });
 }
 
 }  // namespace

@@ -29,16 +29,6 @@ namespace draftfeed {
 
 namespace {
 
-template <HiddenDType kDst>
-inline void store(std::uint8_t* base, std::int64_t i, float value) {
-  if constexpr (kDst == HiddenDType::kF32) {
-    std::memcpy(base + i * 4, &value, 4);
-  } else {
-    const std::uint16_t v = float_to_bf16(value);
-    std::memcpy(base + i * 2, &v, 2);
-  }
-}
-
 // Where a row's values come from: a file's bf16/f16/f32 elements as they are...
 template <HiddenDType kSrc>
 struct Elements {
@@ -95,7 +85,7 @@ struct Fp8Elements {
 };
 
 // A value already rounded to the batch dtype (FP8 dequantized in that dtype): stored without
-// rounding again. Same bits as store<kDst>.
+// rounding again. Same bits as store_hidden_value<kDst>.
 template <HiddenDType kDst>
 inline void store_exact(std::uint8_t* base, std::int64_t i, float value) {
   if constexpr (kDst == HiddenDType::kF32) {
@@ -131,7 +121,7 @@ inline std::int64_t row_plain(const Source& src, std::uint8_t* dst, std::int64_t
       if constexpr (exact_in<Source>(kDst)) {
         store_exact<kDst>(dst, i, v);
       } else {
-        store<kDst>(dst, i, v);
+        store_hidden_value<kDst>(dst, i, v);
       }
     }
   }
@@ -152,14 +142,14 @@ inline std::int64_t row_uniform(const Source& src, std::uint8_t* dst, std::int64
     const float a = src.value(i);
     const float b = src.value(i + 1);
     bad += src.nonfinite(i, a) + src.nonfinite(i + 1, b);
-    store<kDst>(dst, i, a + noise_signed_low(bits) * std_dev);
-    store<kDst>(dst, i + 1, b + noise_signed_high(bits) * std_dev);
+    store_hidden_value<kDst>(dst, i, a + noise_signed_low(bits) * std_dev);
+    store_hidden_value<kDst>(dst, i + 1, b + noise_signed_high(bits) * std_dev);
   }
   if (n % 2 != 0) {
     const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(pairs));
     const float a = src.value(n - 1);
     bad += src.nonfinite(n - 1, a);
-    store<kDst>(dst, n - 1, a + noise_signed_low(bits) * std_dev);
+    store_hidden_value<kDst>(dst, n - 1, a + noise_signed_low(bits) * std_dev);
   }
   return bad;
 }
@@ -175,11 +165,11 @@ inline std::int64_t row_gaussian(const Source& src, std::uint8_t* dst, std::int6
     const float radius = std::sqrt(-2.0f * std::log(1.0f - u1));
     const float a = src.value(i);
     bad += src.nonfinite(i, a);
-    store<kDst>(dst, i, a + std_dev * radius * std::cos(kTwoPi * u2));
+    store_hidden_value<kDst>(dst, i, a + std_dev * radius * std::cos(kTwoPi * u2));
     if (i + 1 < n) {
       const float b = src.value(i + 1);
       bad += src.nonfinite(i + 1, b);
-      store<kDst>(dst, i + 1, b + std_dev * radius * std::sin(kTwoPi * u2));
+      store_hidden_value<kDst>(dst, i + 1, b + std_dev * radius * std::sin(kTwoPi * u2));
     }
   }
   return bad;

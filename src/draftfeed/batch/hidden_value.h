@@ -1,6 +1,6 @@
 // One element of a row of hidden states stored as bf16, f16 or f32, as a float, and whether its
-// bits are non-finite: what the batch copy, its kernels' scalar tails and the FP8 quantizer share
-// (inline: it sits in their inner loops).
+// bits are non-finite; one value stored into a bf16 or f32 batch: what the batch copy, its
+// kernels' scalar tails and the FP8 quantizer share (inline: it sits in their inner loops).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,18 @@ inline bool hidden_value_nonfinite(const std::uint8_t* base, std::int64_t i) {
     std::memcpy(&v, base + i * 2, 2);
     constexpr std::uint16_t kMask = kSrc == HiddenDType::kBF16 ? 0x7F80 : 0x7C00;
     return (v & kMask) == kMask;
+  }
+}
+
+// `value` stored as element i of a batch row of kDst (bf16: rounded to nearest even).
+template <HiddenDType kDst>
+inline void store_hidden_value(std::uint8_t* base, std::int64_t i, float value) {
+  static_assert(kDst == HiddenDType::kBF16 || kDst == HiddenDType::kF32);
+  if constexpr (kDst == HiddenDType::kF32) {
+    std::memcpy(base + i * 4, &value, 4);
+  } else {
+    const std::uint16_t v = float_to_bf16(value);
+    std::memcpy(base + i * 2, &v, 2);
   }
 }
 

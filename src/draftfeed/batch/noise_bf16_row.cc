@@ -1,8 +1,8 @@
 #include "draftfeed/batch/noise_bf16_row.h"
 
 #include <cmath>
-#include <cstring>
 
+#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_lanes.h"
 #include "draftfeed/batch/vector_lanes.h"
@@ -18,49 +18,24 @@ namespace draftfeed {
 
 namespace {
 
-// One value by the scalar definition (hidden_copy.cc's row_uniform), for the tails.
-template <bool kF32>
-inline bool scalar_element(const std::uint8_t* src, std::uint8_t* dst, std::int64_t i, float draw,
-                           float std_dev) {
-  std::uint16_t in;
-  std::memcpy(&in, src + 2 * i, 2);
-  const float value = bf16_to_float(in) + draw * std_dev;
-  if constexpr (kF32) {
-    std::memcpy(dst + 4 * i, &value, 4);
-  } else {
-    const std::uint16_t out = float_to_bf16(value);
-    std::memcpy(dst + 2 * i, &out, 2);
-  }
-  return (in & 0x7F80u) == 0x7F80u;
-}
-
 // The non-finite values among the first `n` bf16 values at `src`, as the scalar copy counts them.
 inline std::int64_t count_non_finite_bf16(const std::uint8_t* src, std::int64_t n) {
   std::int64_t count = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint16_t bits;
-    std::memcpy(&bits, src + 2 * i, 2);
-    count += (bits & 0x7F80u) == 0x7F80u;
-  }
+  for (std::int64_t i = 0; i < n; ++i) count += hidden_value_nonfinite<HiddenDType::kBF16>(src, i);
   return count;
 }
 
-// Pairs from `first_pair` on, and the odd last value, as row_uniform does them.
+// Values `first` to `n` by the scalar definition (hidden_copy.cc's row_uniform), counted as it
+// counts them (on the source's bits).
 template <bool kF32>
-std::int64_t scalar_tail(const std::uint8_t* src, std::uint8_t* dst, std::int64_t first_pair,
+std::int64_t scalar_tail(const std::uint8_t* src, std::uint8_t* dst, std::int64_t first,
                          std::int64_t n, std::uint32_t key, float std_dev) {
-  std::int64_t bad = 0;
-  const std::int64_t pairs = n / 2;
-  for (std::int64_t k = first_pair; k < pairs; ++k) {
-    const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(k));
-    bad += scalar_element<kF32>(src, dst, 2 * k, noise_signed_low(bits), std_dev);
-    bad += scalar_element<kF32>(src, dst, 2 * k + 1, noise_signed_high(bits), std_dev);
+  constexpr HiddenDType kDst = kF32 ? HiddenDType::kF32 : HiddenDType::kBF16;
+  for (std::int64_t i = first; i < n; ++i) {
+    const float value = load_hidden_value<HiddenDType::kBF16>(src, i);
+    store_hidden_value<kDst>(dst, i, uniform_noised(value, key, i, std_dev));
   }
-  if (n % 2 != 0) {
-    const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(pairs));
-    bad += scalar_element<kF32>(src, dst, n - 1, noise_signed_low(bits), std_dev);
-  }
-  return bad;
+  return count_non_finite_bf16(src + 2 * first, n - first);
 }
 
 }  // namespace
@@ -87,14 +62,14 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
     largest = _mm256_max_epu16(largest, _mm256_add_epi16(pair, pair));
     store_noised<kF32, kStream>(dst + (kF32 ? 4 : 2) * i, pair, noise.next());
   }
-  vector_stores_done<kStream>();
   // Non-finite source values are rare (a row with one is dropped or fails): counted again, by the
   // definition, only in a row that has one.
   const bool any_non_finite =
       _mm256_movemask_epi8(_mm256_cmpeq_epi16(
           _mm256_max_epu16(largest, _mm256_set1_epi16(static_cast<short>(0xFF00))), largest)) != 0;
+  vector_kernel_done<kStream>();
   const std::int64_t count = any_non_finite ? count_non_finite_bf16(src, i) : 0;
-  return count + scalar_tail<kF32>(src, dst, i / 2, n, key, std_dev);
+  return count + scalar_tail<kF32>(src, dst, i, n, key, std_dev);
 }
 
 template <bool kF32>
@@ -102,15 +77,10 @@ std::int64_t row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n, std
                  float std_dev, RowStores stores) {
   // A NaN scale (the batch spec refuses it) would make NaN noise terms with payloads: scalar.
   if (std::isnan(std_dev)) return scalar_tail<kF32>(src, dst, 0, n, key, std_dev);
-  // std x 2^-31 is exact unless it is subnormal: then the draw is scaled back first (exact too).
-  // Either way the product's real value, hence its float32 rounding, is draw x std's.
-  const bool stream = vector_store_streams(stores, dst);
-  if (std_dev == 0.0f || std::fabs(std_dev) >= 0x1p-95f) {
-    return stream ? row_avx2<kF32, true, true>(src, dst, n, key, std_dev)
-                  : row_avx2<kF32, true, false>(src, dst, n, key, std_dev);
-  }
-  return stream ? row_avx2<kF32, false, true>(src, dst, n, key, std_dev)
-                : row_avx2<kF32, false, false>(src, dst, n, key, std_dev);
+  return with_noise_form(std_dev, vector_store_streams(stores, dst),
+                         [&]<bool kPrescaled, bool kStream>() {
+                           return row_avx2<kF32, kPrescaled, kStream>(src, dst, n, key, std_dev);
+                         });
 }
 
 }  // namespace

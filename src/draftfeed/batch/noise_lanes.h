@@ -18,6 +18,7 @@
 // (tests/cpp/batch_noise_bf16_row_test.cc, batch_fp8_noise_row_test.cc).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "draftfeed/batch/noise.h"
@@ -90,6 +91,20 @@ class UniformNoiseBlocks {
   __m256i counter_;
   NoiseTerms ahead_[2];
 };
+
+// Calls `kernel.template operator()<kPrescaled, kStream>()` with the noise-term form `std_dev`
+// needs (std x 2^-31 is exact unless it is subnormal, below 2^-95: then kPrescaled is false and
+// the draw is scaled back first, exact too; either way the product's real value, hence its
+// float32 rounding, is draw x std's) and the stores asked for (`stream`, vector_store.h).
+template <class Kernel>
+inline auto with_noise_form(float std_dev, bool stream, Kernel kernel) {
+  if (std_dev == 0.0f || std::fabs(std_dev) >= 0x1p-95f) {
+    return stream ? kernel.template operator()<true, true>()
+                  : kernel.template operator()<true, false>();
+  }
+  return stream ? kernel.template operator()<false, true>()
+                : kernel.template operator()<false, false>();
+}
 
 // One block: the 16 bf16 values of `pair` (each 32-bit word a pair, the even value in its low
 // half) plus `terms`, stored at `dst` as 16 floats (kF32) or 16 bf16.

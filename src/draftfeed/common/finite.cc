@@ -98,8 +98,13 @@ __attribute__((target("avx2"))) bool avx2_all_finite(const std::uint8_t* p, std:
       const __m256i d = avx2_hits<kWidth>(_mm256_loadu_si256(v + 3), m);
       acc = _mm256_or_si256(acc, _mm256_or_si256(_mm256_or_si256(a, b), _mm256_or_si256(c, d)));
     }
-    if (!_mm256_testz_si256(acc, acc)) return false;
+    if (!_mm256_testz_si256(acc, acc)) {
+      _mm256_zeroupper();  // before SSE code runs (batch/vector_store.h's vector_kernel_done says
+                           // why)
+      return false;
+    }
   }
+  _mm256_zeroupper();
   // Fewer than 128 bytes left: the SSE2 kernel finishes (it goes scalar below 64).
   return sse2_all_finite<kWidth>(p + i, bytes - i, mask);
 }
