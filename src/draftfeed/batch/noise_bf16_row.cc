@@ -58,9 +58,9 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
 #pragma GCC unroll 2
   for (; i + 16 <= n; i += 16) {
     prefetch_ahead(src + 2 * i, src + 2 * n);
-    const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
-    largest = _mm256_max_epu16(largest, _mm256_add_epi16(pair, pair));
-    store_noised<kF32, kStream>(dst + (kF32 ? 4 : 2) * i, pair, noise.next());
+    const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
+    largest = _mm256_max_epu16(largest, _mm256_add_epi16(values, values));
+    store_noised<kF32, kStream>(dst + (kF32 ? 4 : 2) * i, values, noise.next());
   }
   // Non-finite source values are rare (a row with one is dropped or fails): counted again, by the
   // definition, only in a row that has one.
