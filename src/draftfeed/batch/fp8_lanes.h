@@ -94,20 +94,24 @@ class Fp8TableLookup {
         _mm256_blendv_epi8(_mm256_add_epi8(_mm256_shuffle_epi8(general_high_, index), upper),
                            _mm256_shuffle_epi8(small_high_, index), small),
         _mm256_and_si256(code, _mm256_set1_epi8(static_cast<char>(0x80))));
-    const __m256i magnitude = _mm256_set1_epi8(0x7F);
-    nan_ = _mm256_or_si256(nan_, _mm256_cmpeq_epi8(_mm256_and_si256(code, magnitude), magnitude));
+    // A code doubled in 8 bits (its sign shifted out) is 0xFE only for the NaN codes 0x7F and
+    // 0xFF, the largest value it can be: the largest so far says whether one was seen.
+    doubled_max_ = _mm256_max_epu8(doubled_max_, _mm256_add_epi8(code, code));
     return {_mm256_unpacklo_epi8(low, high), _mm256_unpackhi_epi8(low, high)};
   }
 
   // Whether a lookup so far had a NaN code.
-  __attribute__((target("avx2"))) bool saw_nan() const { return !_mm256_testz_si256(nan_, nan_); }
+  __attribute__((target("avx2"))) bool saw_nan() const {
+    const __m256i nan = _mm256_cmpeq_epi8(doubled_max_, _mm256_set1_epi8(static_cast<char>(0xFE)));
+    return _mm256_movemask_epi8(nan) != 0;
+  }
 
  private:
   __m256i small_low_;
   __m256i small_high_;
   __m256i general_low_;
   __m256i general_high_;
-  __m256i nan_ = _mm256_setzero_si256();
+  __m256i doubled_max_ = _mm256_setzero_si256();  // per byte, the largest code x 2 (mod 256)
 };
 
 }  // namespace draftfeed
