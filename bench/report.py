@@ -198,15 +198,18 @@ def kernels_table(results: dict) -> list[dict]:
     return [table(
         f"The batch copy's kernels against memcpy (`draftfeed kernels`; H={run['hidden_size']}, {run['layers']} "
         f"layers, {run['tokens']} tokens = one batch, samples of {run['job_tokens']} tokens; median of "
-        f"{run['repeat']} interleaved repeats)",
+        f"{run['repeat']} interleaved repeats; vector kernels: {run.get('vector_kernels', 'not recorded')})",
         headers, rows,
         "Each repeat times memcpy of the same rows (same strides, same threads) and then the kernel "
         "(`copy_hidden_rows`, dispatch included), so load on the machine falls on both alike; the share is the "
         "median of memcpy's time over the kernel's. memcpy copies the rows in the wider of the source and batch "
         "dtypes: it bounds what the kernel writes and what it reads. Above 100%: the kernels write the batch "
         "with streaming stores (batch/vector_store.h), which skip reading the destination lines first; memcpy "
-        "of rows this size does not. Uniform noise hashes every element pair: on one thread of this machine "
-        "that is compute-bound; gaussian noise (sqrt, log, sin, cos per pair, libm's) has no vector kernel.")]
+        "of rows this size does not. Uniform noise hashes every element pair, which on one thread can be "
+        "compute-bound: into bf16 it has AVX-512 kernels (32 values per step, the bf16 round by vcvtne2ps2bf16, "
+        "FP8 looked up with byte permutes), taken where the CPU has AVX-512 F/BW/DQ/VL/VBMI/BF16; the rows "
+        "named [avx2] are the AVX2 kernels timed beside them with AVX-512 forbidden (listed only on such a "
+        "CPU). Gaussian noise (sqrt, log, sin, cos per pair, libm's) has no vector kernel.")]
 
 
 # ---------------------------------------------------------------- planner

@@ -12,6 +12,7 @@
 #include "args.h"
 #include "command.h"
 #include "draftfeed/batch/hidden_copy.h"
+#include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/run_workers.h"
@@ -39,7 +40,9 @@ options:
   --tokens T        tokens in the batch (default 8192, the reference's total_seq_len)
   --job-tokens J    tokens per copy job, a sample (default 512)
   --repeat R        timed repeats (default 7, after one warm-up)
-  --only NAMES      comma-separated case names (default every case; see the output)
+  --only NAMES      comma-separated case names (default every case; see the output). A name
+                    ending in [avx2] is the AVX2 kernel with the AVX-512 ones forbidden, listed by
+                    default where the CPU has those (DRAFTFEED_AVX512=0 forbids them throughout))
   --json            print the result as JSON)";
 
 // One case: what is copied, into what, with which noise. The memcpy that bounds it copies the same
@@ -52,6 +55,9 @@ struct Case {
   NoiseKind noise;
   const char* goal;  // what the kernel should reach, as a share of memcpy (issue 14)
   double goal_share;
+  // True: the case's AVX2 kernel with the AVX-512 ones forbidden, timed beside the AVX-512 one
+  // the dispatch takes (listed only where the CPU has them).
+  bool avx2_beside_avx512 = false;
 };
 
 constexpr Case kCases[] = {
@@ -68,6 +74,10 @@ constexpr Case kCases[] = {
      0.85},
     {"fp8->bf16+uniform", HiddenDType::kF8E4M3, HiddenDType::kBF16, NoiseKind::kUniform,
      "FP8 dequantize", 0.85},
+    {"bf16->bf16+uniform[avx2]", HiddenDType::kBF16, HiddenDType::kBF16, NoiseKind::kUniform,
+     "uniform noise", 0.85, true},
+    {"fp8->bf16+uniform[avx2]", HiddenDType::kF8E4M3, HiddenDType::kBF16, NoiseKind::kUniform,
+     "FP8 dequantize", 0.85, true},
     {"bf16->bf16+gaussian", HiddenDType::kBF16, HiddenDType::kBF16, NoiseKind::kGaussian, "", 0.0},
 };
 
@@ -154,6 +164,7 @@ double run_pass(Data& d, const Case& c, bool memcpy_only, unsigned threads, std:
   const std::size_t dst_elem = hidden_dtype_size(memcpy_only ? wider : c.dst);
   const std::int64_t jobs = (d.tokens + job_tokens - 1) / job_tokens;
   std::vector<std::int64_t> counts(threads, 0);
+  const bool avx512_allowed = set_avx512_kernels_allowed(!c.avx2_beside_avx512);
   const auto start = std::chrono::steady_clock::now();
   run_workers(threads, [&](unsigned index, const std::atomic<bool>& /*stop*/) {
     for (std::int64_t j = index; j < jobs; j += threads) {
@@ -188,8 +199,16 @@ double run_pass(Data& d, const Case& c, bool memcpy_only, unsigned threads, std:
     }
   });
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  set_avx512_kernels_allowed(avx512_allowed);
   for (const std::int64_t count : counts) nonfinite += count;
   return seconds.count();
+}
+
+// The instruction sets the batch copy's kernels use on this CPU, as the dispatch chooses them.
+std::string vector_kernels() {
+  if (avx512_kernels_enabled()) return "AVX-512 (uniform noise into bf16), AVX2 (the rest)";
+  if (cpu_has_avx2_f16c()) return "AVX2";
+  return "none (scalar code, compiler-vectorised)";
 }
 
 double median(std::vector<double> values) {
@@ -207,7 +226,9 @@ std::vector<const Case*> chosen_cases(const std::string& only) {
   }
   std::vector<const Case*> chosen;
   for (const Case& c : kCases) {
-    if (names.empty() || std::find(names.begin(), names.end(), c.name) != names.end()) {
+    // By default the AVX2 kernels beside the AVX-512 ones only where the dispatch takes those.
+    if (names.empty() ? !c.avx2_beside_avx512 || avx512_kernels_enabled()
+                      : std::find(names.begin(), names.end(), c.name) != names.end()) {
       chosen.push_back(&c);
     }
   }
@@ -256,15 +277,16 @@ int run_kernels(const std::vector<std::string>& argv) {
   out["job_tokens"] = job_tokens;
   out["repeat"] = repeat;
   out["nonfinite"] = nonfinite;
+  out["vector_kernels"] = vector_kernels();
   out["cases"] = nlohmann::json::array();
   if (!args.has("json")) {
     std::printf(
         "batch copy vs memcpy of the same rows: %u thread(s), H=%lld, %lld layers, %lld "
-        "tokens, jobs of %lld tokens, median of %lld repeats\n",
+        "tokens, jobs of %lld tokens, median of %lld repeats; vector kernels: %s\n",
         threads, static_cast<long long>(hidden), static_cast<long long>(layers),
         static_cast<long long>(tokens), static_cast<long long>(job_tokens),
-        static_cast<long long>(repeat));
-    std::printf("  %-22s %12s %12s %9s %s\n", "case", "written GB/s", "memcpy GB/s", "share",
+        static_cast<long long>(repeat), vector_kernels().c_str());
+    std::printf("  %-25s %12s %12s %9s %s\n", "case", "written GB/s", "memcpy GB/s", "share",
                 "goal");
   }
   for (std::size_t k = 0; k < cases.size(); ++k) {
@@ -292,7 +314,7 @@ int run_kernels(const std::vector<std::string>& argv) {
                             {"memcpy_bytes", copied * 1e9}});
     if (!args.has("json")) {
       std::printf(
-          "  %-22s %12.2f %12.2f %8.0f%% %s\n", c.name, kernel_gbps, memcpy_gbps, share * 100.0,
+          "  %-25s %12.2f %12.2f %8.0f%% %s\n", c.name, kernel_gbps, memcpy_gbps, share * 100.0,
           c.goal_share > 0 ? (std::string(c.goal) +
                               " >= " + std::to_string(static_cast<int>(c.goal_share * 100)) + "%")
                                  .c_str()

@@ -1,16 +1,18 @@
-// The AVX2 kernel for FP8 rows dequantized in bf16 plus uniform noise (batch/fp8_noise_row.h),
-// called directly, against the scalar definition (fp8_dequantize.h's value, then hidden_copy.cc's
-// row_uniform, written out here from noise.h) bit for bit: every finite code at every position of
-// the 32-code steps and of the tail, scales across the range the kernel takes and beside its ends,
-// noise scales from none to large enough to overflow to Inf (and the tiny ones that take the
-// kernel's other form of the noise term), several keys, bf16 and f32 batches, aligned and
-// unaligned rows; and the rows it refuses (a NaN code anywhere, a scale outside its range, a NaN
-// std), which the batch copy then takes another way.
+// The AVX2 kernel for FP8 rows dequantized in bf16 plus uniform noise into a bf16 or f32 batch and
+// the AVX-512 one into a bf16 batch (batch/fp8_noise_row.h), each called directly (the AVX-512 one
+// skipped on a CPU without it), against the scalar definition (fp8_dequantize.h's value, then
+// hidden_copy.cc's row_uniform, written out here from noise.h) bit for bit: every finite code at
+// every position of the 32-code steps and of the tail, scales across the range the kernel takes and
+// beside its ends, noise scales from none to large enough to overflow to Inf (and the tiny ones
+// that take the kernel's other form of the noise term), several keys, bf16 and f32 batches, aligned
+// and unaligned rows; and the rows it refuses (a NaN code anywhere, a scale outside its range, a
+// NaN std), which the batch copy then takes another way.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "draftfeed/batch/fp8_dequantize.h"
@@ -35,6 +37,41 @@ std::uint32_t want_value(std::uint8_t code, float scale_bf16, std::int64_t j, st
   return out;
 }
 
+enum class Kernel { kAvx2, kAvx512 };
+
+std::string kernel_name(const testing::TestParamInfo<Kernel>& info) {
+  return info.param == Kernel::kAvx2 ? "avx2" : "avx512";
+}
+
+class Fp8NoiseRowTest : public testing::TestWithParam<Kernel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Kernel::kAvx2 && !fp8_noise_row_avx2_available()) {
+      GTEST_SKIP() << "no AVX2/F16C on this CPU";
+    }
+    if (GetParam() == Kernel::kAvx512 && !fp8_noise_row_avx512_available()) {
+      GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL, VBMI, BF16) on this CPU, or DRAFTFEED_AVX512=0";
+    }
+  }
+
+  // The batch dtypes the kernel writes (the AVX-512 one only bf16), and the codes per step.
+  std::vector<bool> f32_cases() const {
+    return GetParam() == Kernel::kAvx2 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  }
+  std::size_t step() const { return GetParam() == Kernel::kAvx2 ? 32 : 64; }
+
+  bool row(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst, std::int64_t n,
+           std::uint32_t key, float std_dev, bool f32) const {
+    if (GetParam() == Kernel::kAvx512) {
+      return fp8_noise_row_avx512(codes, scale_bf16, dst, n, key, std_dev, RowStores::kStreamed);
+    }
+    return fp8_noise_row_avx2(codes, scale_bf16, dst, n, key, std_dev, f32, RowStores::kStreamed);
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Fp8NoiseRowTest, testing::Values(Kernel::kAvx2, Kernel::kAvx512),
+                         kernel_name);
+
 std::uint32_t read_value(const std::uint8_t* base, std::int64_t j, bool f32) {
   std::uint32_t v = 0;
   std::memcpy(&v, base + (f32 ? 4 : 2) * j, f32 ? 4 : 2);
@@ -51,21 +88,20 @@ std::vector<std::uint8_t> finite_codes() {
   return codes;
 }
 
-TEST(Fp8NoiseRowTest, EqualsTheScalarDefinitionBitForBit) {
-  if (!fp8_noise_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
+TEST_P(Fp8NoiseRowTest, EqualsTheScalarDefinitionBitForBit) {
   const std::vector<std::uint8_t> finite = finite_codes();
   const std::vector<float> scales = {0x1p-119f, -0x1p-119f, 1e-12f, 1.0f / 448,
                                      0.37f,     -1.0f,      5e4f,   0x1.fep117f};
   const std::vector<float> stds = {0.0f, 0.05f, -0.3f, 1e38f, 3.4e38f, 0x1.fffffep-96f, 0x1p-149f};
   const std::vector<std::uint32_t> keys = {0u, 0xFFFFFFFFu,
                                            noise_token_key(noise_sample_key(7, 2, 11), 5)};
-  for (const bool f32 : {false, true}) {
+  for (const bool f32 : f32_cases()) {
     for (std::size_t c = 0; c < scales.size(); ++c) {
       const float scale = round_to_dtype<HiddenDType::kBF16>(scales[c]);
       for (std::size_t s = 0; s < stds.size(); ++s) {
-        // Every finite code at every position of a 32-code step, over the runs of shifts; the
-        // widths cover full steps only, a tail, and an odd last value.
-        for (std::size_t shift = 0; shift < 32; shift += (s == 1 ? 1 : 7)) {
+        // Every finite code at every position of a step, over the runs of shifts; the widths
+        // cover full steps only, a tail, and an odd last value.
+        for (std::size_t shift = 0; shift < step(); shift += (s == 1 ? 1 : 7)) {
           const auto n = static_cast<std::int64_t>(finite.size() + shift);
           const std::uint32_t key = keys[(c + s + shift) % keys.size()];
           std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
@@ -74,8 +110,7 @@ TEST(Fp8NoiseRowTest, EqualsTheScalarDefinitionBitForBit) {
           }
           const bool aligned = shift % 2 == 0;
           GuardedRow out((f32 ? 4 : 2) * codes.size(), aligned);
-          ASSERT_TRUE(fp8_noise_row_avx2(codes.data(), scale, out.data(), n, key, stds[s], f32,
-                                         RowStores::kStreamed))
+          ASSERT_TRUE(row(codes.data(), scale, out.data(), n, key, stds[s], f32))
               << "scale " << scale << " std " << stds[s];
           for (std::int64_t j = 0; j < n; ++j) {
             const std::uint8_t code = codes[static_cast<std::size_t>(j)];
@@ -92,35 +127,31 @@ TEST(Fp8NoiseRowTest, EqualsTheScalarDefinitionBitForBit) {
 
 // The rows the kernel leaves to the batch copy's other way: it says so, and writes nothing
 // outside the row.
-TEST(Fp8NoiseRowTest, RefusesRowsItsTablesDoNotCover) {
-  if (!fp8_noise_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
-  const std::int64_t n = 3 * 32 + 9;
+TEST_P(Fp8NoiseRowTest, RefusesRowsItsTablesDoNotCover) {
+  const auto n = static_cast<std::int64_t>(3 * step() + 9);
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < codes.size(); ++i) {
     codes[i] = static_cast<std::uint8_t>((7 * i) % 0x7F);
   }
   const float scale = round_to_dtype<HiddenDType::kBF16>(0.37f);
-  for (const bool f32 : {false, true}) {
+  for (const bool f32 : f32_cases()) {
     GuardedRow out((f32 ? 4 : 2) * codes.size(), true);
-    // A NaN code anywhere: in a 32-code step or in the tail.
+    // A NaN code anywhere: in a step or in the tail.
     for (std::int64_t at = 0; at < n; ++at) {
       std::vector<std::uint8_t> with_nan = codes;
       with_nan[static_cast<std::size_t>(at)] = at % 2 == 0 ? 0x7F : 0xFF;
-      EXPECT_FALSE(fp8_noise_row_avx2(with_nan.data(), scale, out.data(), n, 1u, 0.05f, f32,
-                                      RowStores::kStreamed))
-          << "NaN at " << at;
+      EXPECT_FALSE(row(with_nan.data(), scale, out.data(), n, 1u, 0.05f, f32)) << "NaN at " << at;
     }
     // Scales outside [2^-119, 2^118), and a NaN std.
     for (const float other :
          {0.0f, -0.0f, 0x1.fep-120f, 0x1p118f, 1e-40f, std::numeric_limits<float>::infinity(),
           std::numeric_limits<float>::quiet_NaN()}) {
-      EXPECT_FALSE(fp8_noise_row_avx2(codes.data(), round_to_dtype<HiddenDType::kBF16>(other),
-                                      out.data(), n, 1u, 0.05f, f32, RowStores::kStreamed))
+      EXPECT_FALSE(row(codes.data(), round_to_dtype<HiddenDType::kBF16>(other), out.data(), n, 1u,
+                       0.05f, f32))
           << "scale " << other;
     }
-    EXPECT_FALSE(fp8_noise_row_avx2(codes.data(), scale, out.data(), n, 1u,
-                                    std::numeric_limits<float>::quiet_NaN(), f32,
-                                    RowStores::kStreamed));
+    EXPECT_FALSE(
+        row(codes.data(), scale, out.data(), n, 1u, std::numeric_limits<float>::quiet_NaN(), f32));
     EXPECT_TRUE(out.guards_intact());
   }
 }

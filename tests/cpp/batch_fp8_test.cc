@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "avx512_allowed.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/batch/noise.h"
@@ -122,9 +123,17 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
   const auto [dequantize, dst] = GetParam();
   const Fp8Rows data;
   const std::int64_t n = data.rows() * Fp8Rows::kWidth;
-  for (const auto& [noise, aligned] :
-       {std::pair{NoiseKind::kNone, true}, std::pair{NoiseKind::kNone, false},
-        std::pair{NoiseKind::kUniform, true}, std::pair{NoiseKind::kUniform, false}}) {
+  // The uniform noise cases with the AVX-512 kernels allowed (where the CPU has them) and not.
+  struct Case {
+    NoiseKind noise;
+    bool aligned;
+    bool avx512;
+  };
+  for (const auto& [noise, aligned, avx512] :
+       {Case{NoiseKind::kNone, true, true}, Case{NoiseKind::kNone, false, true},
+        Case{NoiseKind::kUniform, true, true}, Case{NoiseKind::kUniform, false, true},
+        Case{NoiseKind::kUniform, true, false}, Case{NoiseKind::kUniform, false, false}}) {
+    const Avx512Allowed allowed(avx512);
     // Aligned rows are written with streaming stores, others normally (vector_store.h).
     GuardedRow out(static_cast<std::size_t>(n) * hidden_dtype_size(dst), aligned);
     RowCopy job;

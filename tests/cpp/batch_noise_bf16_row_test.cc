@@ -1,5 +1,6 @@
-// The AVX2 kernels for bf16 rows plus uniform noise into a bf16 or f32 batch
-// (batch/noise_bf16_row.h), called directly, against the scalar definition (hidden_copy.cc's
+// The AVX2 kernels for bf16 rows plus uniform noise into a bf16 or f32 batch and the AVX-512 one
+// into a bf16 batch (batch/noise_bf16_row.h), each called directly (the AVX-512 one skipped on a
+// CPU without it), against the scalar definition (hidden_copy.cc's
 // row_uniform, written out here from noise.h) bit for bit: random bf16 values mixed with NaNs
 // (quiet and signalling, both signs), infinities, subnormals, zeros of both signs and the largest
 // finite values, at widths around the 16-value blocks and the odd last value, several keys, and
@@ -11,8 +12,10 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "avx512_allowed.h"
 #include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_bf16_row.h"
@@ -56,6 +59,41 @@ std::uint32_t scalar_value(const std::vector<std::uint16_t>& in, std::int64_t i,
   return out;
 }
 
+enum class Kernel { kAvx2, kAvx512 };
+
+std::string kernel_name(const testing::TestParamInfo<Kernel>& info) {
+  return info.param == Kernel::kAvx2 ? "avx2" : "avx512";
+}
+
+class NoiseBf16RowTest : public testing::TestWithParam<Kernel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Kernel::kAvx2 && !noise_bf16_row_avx2_available()) {
+      GTEST_SKIP() << "no AVX2 on this CPU";
+    }
+    if (GetParam() == Kernel::kAvx512 && !noise_bf16_row_avx512_available()) {
+      GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL, VBMI, BF16) on this CPU, or DRAFTFEED_AVX512=0";
+    }
+  }
+
+  // The batch dtypes the kernel writes: the AVX-512 one only bf16.
+  std::vector<bool> f32_cases() const {
+    return GetParam() == Kernel::kAvx2 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  }
+
+  std::int64_t row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n, std::uint32_t key,
+                   float std_dev, bool f32, RowStores stores) const {
+    if (GetParam() == Kernel::kAvx512) {
+      return noise_bf16_row_avx512(src, dst, n, key, std_dev, stores);
+    }
+    return f32 ? noise_bf16_f32_row_avx2(src, dst, n, key, std_dev, stores)
+               : noise_bf16_row_avx2(src, dst, n, key, std_dev, stores);
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Kernels, NoiseBf16RowTest, testing::Values(Kernel::kAvx2, Kernel::kAvx512),
+                         kernel_name);
+
 std::uint32_t read_value(const std::uint8_t* base, std::int64_t i, bool f32) {
   if (f32) {
     std::uint32_t v;
@@ -67,8 +105,7 @@ std::uint32_t read_value(const std::uint8_t* base, std::int64_t i, bool f32) {
   return v;
 }
 
-TEST(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
-  if (!noise_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+TEST_P(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
   // Around 2^-95 the kernel switches between its two forms of the noise term (noise_bf16_row.cc).
   const std::vector<float> stds = {0.0f,
                                    0.05f,
@@ -83,9 +120,9 @@ TEST(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
                                    std::numeric_limits<float>::infinity()};
   const std::vector<std::uint32_t> keys = {0u, 1u, 0x9E3779B9u, 0xFFFFFFFFu,
                                            noise_token_key(noise_sample_key(7, 2, 11), 5)};
-  for (const bool f32 : {false, true}) {
+  for (const bool f32 : f32_cases()) {
     const std::size_t size = f32 ? 4 : 2;
-    for (const std::int64_t n : {0, 1, 2, 15, 16, 17, 31, 32, 33, 279, 1000}) {
+    for (const std::int64_t n : {0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 279, 1000}) {
       for (std::size_t s = 0; s < stds.size(); ++s) {
         for (std::size_t k = 0; k < keys.size(); ++k) {
           const auto in = random_bf16(n, static_cast<std::uint32_t>(1000 * n + 10 * s + k));
@@ -97,10 +134,8 @@ TEST(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
           if (!in.empty()) std::memcpy(src.data() + 1, in.data(), 2 * in.size());
           GuardedRow out(size * in.size(), k % 2 == 0);
           std::uint8_t* dst = out.data();
-          const std::int64_t bad = f32 ? noise_bf16_f32_row_avx2(src.data() + 1, dst, n, keys[k],
-                                                                 stds[s], RowStores::kStreamed)
-                                       : noise_bf16_row_avx2(src.data() + 1, dst, n, keys[k],
-                                                             stds[s], RowStores::kStreamed);
+          const std::int64_t bad =
+              row(src.data() + 1, dst, n, keys[k], stds[s], f32, RowStores::kStreamed);
           for (std::int64_t i = 0; i < n; ++i) {
             ASSERT_EQ(read_value(dst, i, f32), scalar_value(in, i, keys[k], stds[s], f32))
                 << (f32 ? "f32" : "bf16") << " n " << n << " position " << i << " input 0x"
@@ -117,14 +152,13 @@ TEST(NoiseBf16RowTest, EqualsTheScalarDefinitionBitForBit) {
 
 // A long row: sums exactly halfway between two bf16 values (about one in 2^16 here) round to
 // even, and the non-finite source values of two million are counted exactly.
-TEST(NoiseBf16RowTest, LongRowRoundsTiesToEven) {
-  if (!noise_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+TEST_P(NoiseBf16RowTest, LongRowRoundsTiesToEven) {
   constexpr std::int64_t kN = (std::int64_t{1} << 21) + 37;
   const auto in = random_bf16(kN, 5);
   const std::uint32_t key = 0x12345678u;
   std::vector<std::uint8_t> out(2 * kN);
-  const std::int64_t bad = noise_bf16_row_avx2(reinterpret_cast<const std::uint8_t*>(in.data()),
-                                               out.data(), kN, key, 0.05f, RowStores::kCached);
+  const std::int64_t bad = row(reinterpret_cast<const std::uint8_t*>(in.data()), out.data(), kN,
+                               key, 0.05f, /*f32=*/false, RowStores::kCached);
   std::int64_t want_bad = 0, ties = 0;
   for (std::int64_t i = 0; i < kN; ++i) {
     want_bad += (in[static_cast<std::size_t>(i)] & 0x7F80) == 0x7F80;
@@ -138,20 +172,17 @@ TEST(NoiseBf16RowTest, LongRowRoundsTiesToEven) {
 
 // A NaN scale (which the batch spec refuses) makes NaN noise terms carrying the scale's payload:
 // bf16 results are quieted and truncated as float_to_bf16 does, not rounded into the next payload.
-TEST(NoiseBf16RowTest, NaNScaleGivesTheScalarBits) {
-  if (!noise_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+TEST_P(NoiseBf16RowTest, NaNScaleGivesTheScalarBits) {
   constexpr std::int64_t kN = 1000;
   std::vector<std::uint16_t> in(kN);
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = float_to_bf16(0.01f * static_cast<float>(i));
   const std::uint32_t nan_bits = 0x7FC0FFFFu;
   float nan;
   std::memcpy(&nan, &nan_bits, 4);
-  for (const bool f32 : {false, true}) {
+  for (const bool f32 : f32_cases()) {
     std::vector<std::uint8_t> out((f32 ? 4 : 2) * kN);
     const auto* src = reinterpret_cast<const std::uint8_t*>(in.data());
-    EXPECT_EQ(f32 ? noise_bf16_f32_row_avx2(src, out.data(), kN, 7, nan, RowStores::kCached)
-                  : noise_bf16_row_avx2(src, out.data(), kN, 7, nan, RowStores::kCached),
-              0);
+    EXPECT_EQ(row(src, out.data(), kN, 7, nan, f32, RowStores::kCached), 0);
     for (std::int64_t i = 0; i < kN; ++i) {
       ASSERT_EQ(read_value(out.data(), i, f32), scalar_value(in, i, 7, nan, f32))
           << "position " << i;
@@ -159,12 +190,15 @@ TEST(NoiseBf16RowTest, NaNScaleGivesTheScalarBits) {
   }
 }
 
-// The batch copy takes the kernel for bf16 sources with uniform noise: rows with strides, each
-// with its token's key, the same bits as the scalar definition.
-TEST(NoiseBf16RowTest, BatchCopyUsesTheTokenKeys) {
+// The batch copy takes the kernels for bf16 sources with uniform noise: rows with strides, each
+// with its token's key, the same bits as the scalar definition, with AVX-512 allowed and not.
+TEST(NoiseBf16BatchCopyTest, UsesTheTokenKeys) {
   constexpr std::int64_t kRows = 5, kWidth = 279, kSrcStride = 300, kDstStride = 290;
   const auto in = random_bf16(kRows * kSrcStride, 99);
-  for (const bool f32 : {false, true}) {
+  // With the AVX-512 kernel where the CPU has it, and without (the AVX2 one).
+  for (const int f32_avx512 : {0, 1, 2, 3}) {
+    const bool f32 = f32_avx512 % 2 == 1;
+    const Avx512Allowed avx512(f32_avx512 >= 2);
     const std::size_t size = f32 ? 4 : 2;
     std::vector<std::uint8_t> out(size * kRows * kDstStride, kGuard);
     RowCopy job;

@@ -25,4 +25,11 @@ bool fp8_noise_row_avx2(const std::uint8_t* codes, float scale_bf16, std::uint8_
                         std::int64_t n, std::uint32_t key, float std_dev, bool f32,
                         RowStores stores);
 
+// The same into a bf16 batch with AVX-512 (fp8_noise_row_avx512.cc): 64 codes per step looked up
+// with byte permutes, the noise and the round as noise_bf16_row_avx512. Same contract; available
+// where cpu_has_avx512_kernels() and not switched off (avx512_kernels_enabled(), cpu_features.h).
+bool fp8_noise_row_avx512_available();
+bool fp8_noise_row_avx512(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
+                          std::int64_t n, std::uint32_t key, float std_dev, RowStores stores);
+
 }  // namespace draftfeed

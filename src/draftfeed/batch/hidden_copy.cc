@@ -261,6 +261,15 @@ float row_scale_bf16(const RowCopy& job, std::int64_t r) {
   return round_to_dtype<HiddenDType::kBF16>(raw);
 }
 
+// One bf16 row plus uniform noise into a bf16 (with AVX-512 where the CPU has it) or f32 row.
+std::int64_t noise_bf16_row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
+                            std::uint32_t key, float std_dev, bool f32, RowStores stores) {
+  if (f32) return noise_bf16_f32_row_avx2(src, dst, n, key, std_dev, stores);
+  return noise_bf16_row_avx512_available()
+             ? noise_bf16_row_avx512(src, dst, n, key, std_dev, stores)
+             : noise_bf16_row_avx2(src, dst, n, key, std_dev, stores);
+}
+
 // FP8 dequantized in bf16 into a bf16 batch without noise, where AVX2 is: each element computed
 // directly, 16 at a time (fp8_bf16_row.h), 2.2x the table's lookups.
 std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
@@ -270,42 +279,41 @@ std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
 }
 
 // FP8 dequantized in bf16 plus uniform noise into a bf16 or f32 batch, where AVX2 is: in one
-// pass (fp8_noise_row.h) for a row that has no NaN code and a scale its tables apply to (nearly
-// every row); otherwise the row is dequantized into a scratch row (as the file's bf16 would be:
-// the same values, the same non-finite ones) that stays in cache, then noised from there. The
-// scalar definition adds the noise to exactly those dequantized values, so the bits are
-// row_uniform's either way.
+// pass (fp8_noise_row.h; into bf16 with AVX-512 where the CPU has it) for a row that has no NaN
+// code and a scale its tables apply to (nearly every row); otherwise the row is dequantized into a
+// scratch row (as the file's bf16 would be: the same values, the same non-finite ones) that stays
+// in cache, then noised from there. The scalar definition adds the noise to exactly those
+// dequantized values, so the bits are row_uniform's either way.
 std::int64_t copy_fp8_bf16_uniform_avx2(const RowCopy& job) {
   thread_local std::vector<std::uint8_t> scratch;
   const bool f32 = job.dst_dtype == HiddenDType::kF32;
-  return for_each_row<NextRow::kPrefetch>(
-      job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
-        const float scale = row_scale_bf16(job, r);
-        const std::uint32_t key = row_noise_key(job, r);
-        if (fp8_noise_row_avx2(src, scale, dst, job.width, key, job.noise_std, f32, job.stores)) {
-          return std::int64_t{0};  // no NaN code, and every value finite
-        }
-        scratch.resize(static_cast<std::size_t>(job.width) * 2);
-        const std::int64_t bad =
-            fp8_bf16_row_avx2(src, scale, scratch.data(), job.width, RowStores::kCached);
-        if (f32) {
-          noise_bf16_f32_row_avx2(scratch.data(), dst, job.width, key, job.noise_std, job.stores);
-        } else {
-          noise_bf16_row_avx2(scratch.data(), dst, job.width, key, job.noise_std, job.stores);
-        }
-        return bad;
-      });
+  const bool avx512 = !f32 && fp8_noise_row_avx512_available();
+  return for_each_row<NextRow::kPrefetch>(job, [&](const std::uint8_t* src, std::uint8_t* dst,
+                                                   std::int64_t r) {
+    const float scale = row_scale_bf16(job, r);
+    const std::uint32_t key = row_noise_key(job, r);
+    const bool done =
+        avx512
+            ? fp8_noise_row_avx512(src, scale, dst, job.width, key, job.noise_std, job.stores)
+            : fp8_noise_row_avx2(src, scale, dst, job.width, key, job.noise_std, f32, job.stores);
+    if (done) return std::int64_t{0};  // no NaN code, and every value finite
+    scratch.resize(static_cast<std::size_t>(job.width) * 2);
+    const std::int64_t bad =
+        fp8_bf16_row_avx2(src, scale, scratch.data(), job.width, RowStores::kCached);
+    noise_bf16_row(scratch.data(), dst, job.width, key, job.noise_std, f32, job.stores);
+    return bad;
+  });
 }
 
 // bf16 rows with uniform noise into a bf16 or f32 batch, where AVX2 is: 16 values at a time
-// (noise_bf16_row.h), the same bits as row_uniform.
+// (noise_bf16_row.h), 32 into bf16 with AVX-512 where the CPU has it; the same bits as
+// row_uniform.
 std::int64_t copy_bf16_uniform_avx2(const RowCopy& job) {
   const bool f32 = job.dst_dtype == HiddenDType::kF32;
   return for_each_row<NextRow::kPrefetch>(
       job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
-        const std::uint32_t key = row_noise_key(job, r);
-        return f32 ? noise_bf16_f32_row_avx2(src, dst, job.width, key, job.noise_std, job.stores)
-                   : noise_bf16_row_avx2(src, dst, job.width, key, job.noise_std, job.stores);
+        return noise_bf16_row(src, dst, job.width, row_noise_key(job, r), job.noise_std, f32,
+                              job.stores);
       });
 }
 

@@ -47,6 +47,14 @@ inline bool hidden_value_nonfinite(const std::uint8_t* base, std::int64_t i) {
   }
 }
 
+// The non-finite values among the first `n` at `base`, counted on their bits.
+template <HiddenDType kSrc>
+inline std::int64_t count_nonfinite_values(const std::uint8_t* base, std::int64_t n) {
+  std::int64_t count = 0;
+  for (std::int64_t i = 0; i < n; ++i) count += hidden_value_nonfinite<kSrc>(base, i);
+  return count;
+}
+
 // `value` stored as element i of a batch row of kDst (bf16: rounded to nearest even).
 template <HiddenDType kDst>
 inline void store_hidden_value(std::uint8_t* base, std::int64_t i, float value) {

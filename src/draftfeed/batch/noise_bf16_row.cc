@@ -18,13 +18,6 @@ namespace draftfeed {
 
 namespace {
 
-// The non-finite values among the first `n` bf16 values at `src`, as the scalar copy counts them.
-inline std::int64_t count_non_finite_bf16(const std::uint8_t* src, std::int64_t n) {
-  std::int64_t count = 0;
-  for (std::int64_t i = 0; i < n; ++i) count += hidden_value_nonfinite<HiddenDType::kBF16>(src, i);
-  return count;
-}
-
 // Values `first` to `n` by the scalar definition (hidden_copy.cc's row_uniform), counted as it
 // counts them (on the source's bits).
 template <bool kF32>
@@ -35,7 +28,7 @@ std::int64_t scalar_tail(const std::uint8_t* src, std::uint8_t* dst, std::int64_
     const float value = load_hidden_value<HiddenDType::kBF16>(src, i);
     store_hidden_value<kDst>(dst, i, uniform_noised(value, key, i, std_dev));
   }
-  return count_non_finite_bf16(src + 2 * first, n - first);
+  return count_nonfinite_values<HiddenDType::kBF16>(src + 2 * first, n - first);
 }
 
 }  // namespace
@@ -68,7 +61,8 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
       _mm256_movemask_epi8(_mm256_cmpeq_epi16(
           _mm256_max_epu16(largest, _mm256_set1_epi16(static_cast<short>(0xFF00))), largest)) != 0;
   vector_kernel_done<kStream>();
-  const std::int64_t count = any_non_finite ? count_non_finite_bf16(src, i) : 0;
+  const std::int64_t count =
+      any_non_finite ? count_nonfinite_values<HiddenDType::kBF16>(src, i) : 0;
   return count + scalar_tail<kF32>(src, dst, i, n, key, std_dev);
 }
 

@@ -32,4 +32,11 @@ std::int64_t noise_bf16_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std
 std::int64_t noise_bf16_f32_row_avx2(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
                                      std::uint32_t key, float std_dev, RowStores stores);
 
+// The same into a bf16 batch with AVX-512 (noise_bf16_row_avx512.cc): 32 values per block, the
+// bf16 round by vcvtne2ps2bf16. Available where cpu_has_avx512_kernels() and not switched off
+// (avx512_kernels_enabled(), cpu_features.h).
+bool noise_bf16_row_avx512_available();
+std::int64_t noise_bf16_row_avx512(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n,
+                                   std::uint32_t key, float std_dev, RowStores stores);
+
 }  // namespace draftfeed
