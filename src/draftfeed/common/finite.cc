@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
-#if defined(__x86_64__) || defined(_M_X64)
+#include "draftfeed/common/cpu_features.h"
+
+// DRAFTFEED_X86: as cpu_features.cc, whose cpu_has_avx2() chooses the kernel.
+#if defined(DRAFTFEED_X86)
 #include <immintrin.h>
 #define DRAFTFEED_FINITE_X86 1
 #endif
@@ -107,11 +110,6 @@ __attribute__((target("avx2"))) bool avx2_all_finite(const std::uint8_t* p, std:
   _mm256_zeroupper();
   // Fewer than 128 bytes left: the SSE2 kernel finishes (it goes scalar below 64).
   return sse2_all_finite<kWidth>(p + i, bytes - i, mask);
-}
-
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
 }
 
 #endif  // DRAFTFEED_FINITE_X86

@@ -8,9 +8,11 @@
 #include <mutex>
 #include <thread>
 
+#include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/run_workers.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
+// DRAFTFEED_X86: as cpu_features.cc, whose cpu_has_avx2() chooses the kernel.
+#if defined(DRAFTFEED_X86)
 #include <immintrin.h>
 #define DRAFTFEED_SCAN_X86 1
 #endif
@@ -66,6 +68,9 @@ __attribute__((target("avx2"))) std::uint64_t read_words_avx2(const std::uint8_t
   alignas(32) std::uint64_t words[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(words),
                      _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d)));
+  // Before the scalar tail and the caller's code (batch/vector_store.h's vector_kernel_done says
+  // why; GCC inserts it only sometimes).
+  _mm256_zeroupper();
   return words[0] ^ words[1] ^ words[2] ^ words[3] ^ read_words_scalar(data, size, i);
 }
 
@@ -73,8 +78,7 @@ __attribute__((target("avx2"))) std::uint64_t read_words_avx2(const std::uint8_t
 
 std::uint64_t read_every_byte(const std::uint8_t* data, std::size_t size) {
 #ifdef DRAFTFEED_SCAN_X86
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return read_words_avx2(data, size);
+  if (cpu_has_avx2()) return read_words_avx2(data, size);
 #endif
   return read_words_scalar(data, size, 0);
 }
