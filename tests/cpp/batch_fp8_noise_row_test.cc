@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "draftfeed/batch/fp8_dequantize.h"
@@ -21,6 +20,7 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/fp8.h"
 #include "guarded_row.h"
+#include "vector_kernel_param.h"
 
 namespace draftfeed {
 namespace {
@@ -37,40 +37,26 @@ std::uint32_t want_value(std::uint8_t code, float scale_bf16, std::int64_t j, st
   return out;
 }
 
-enum class Kernel { kAvx2, kAvx512 };
-
-std::string kernel_name(const testing::TestParamInfo<Kernel>& info) {
-  return info.param == Kernel::kAvx2 ? "avx2" : "avx512";
-}
-
-class Fp8NoiseRowTest : public testing::TestWithParam<Kernel> {
+class Fp8NoiseRowTest : public VectorKernelTest {
  protected:
   void SetUp() override {
-    if (GetParam() == Kernel::kAvx2 && !fp8_noise_row_avx2_available()) {
-      GTEST_SKIP() << "no AVX2/F16C on this CPU";
-    }
-    if (GetParam() == Kernel::kAvx512 && !fp8_noise_row_avx512_available()) {
-      GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL, VBMI, BF16) on this CPU, or DRAFTFEED_AVX512=0";
-    }
+    skip_unless_available(fp8_noise_row_avx2_available(), fp8_noise_row_avx512_available());
   }
 
-  // The batch dtypes the kernel writes (the AVX-512 one only bf16), and the codes per step.
-  std::vector<bool> f32_cases() const {
-    return GetParam() == Kernel::kAvx2 ? std::vector<bool>{false, true} : std::vector<bool>{false};
-  }
-  std::size_t step() const { return GetParam() == Kernel::kAvx2 ? 32 : 64; }
+  // Codes per step.
+  std::size_t step() const { return GetParam() == VectorIsa::kAvx2 ? 32 : 64; }
 
   bool row(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst, std::int64_t n,
            std::uint32_t key, float std_dev, bool f32) const {
-    if (GetParam() == Kernel::kAvx512) {
+    if (GetParam() == VectorIsa::kAvx512) {
       return fp8_noise_row_avx512(codes, scale_bf16, dst, n, key, std_dev, RowStores::kStreamed);
     }
     return fp8_noise_row_avx2(codes, scale_bf16, dst, n, key, std_dev, f32, RowStores::kStreamed);
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Kernels, Fp8NoiseRowTest, testing::Values(Kernel::kAvx2, Kernel::kAvx512),
-                         kernel_name);
+INSTANTIATE_TEST_SUITE_P(Kernels, Fp8NoiseRowTest,
+                         testing::Values(VectorIsa::kAvx2, VectorIsa::kAvx512), vector_isa_name);
 
 std::uint32_t read_value(const std::uint8_t* base, std::int64_t j, bool f32) {
   std::uint32_t v = 0;

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "avx512_allowed.h"
@@ -21,6 +20,7 @@
 #include "draftfeed/batch/noise_bf16_row.h"
 #include "draftfeed/common/dtype.h"
 #include "guarded_row.h"
+#include "vector_kernel_param.h"
 
 namespace draftfeed {
 namespace {
@@ -59,31 +59,15 @@ std::uint32_t scalar_value(const std::vector<std::uint16_t>& in, std::int64_t i,
   return out;
 }
 
-enum class Kernel { kAvx2, kAvx512 };
-
-std::string kernel_name(const testing::TestParamInfo<Kernel>& info) {
-  return info.param == Kernel::kAvx2 ? "avx2" : "avx512";
-}
-
-class NoiseBf16RowTest : public testing::TestWithParam<Kernel> {
+class NoiseBf16RowTest : public VectorKernelTest {
  protected:
   void SetUp() override {
-    if (GetParam() == Kernel::kAvx2 && !noise_bf16_row_avx2_available()) {
-      GTEST_SKIP() << "no AVX2 on this CPU";
-    }
-    if (GetParam() == Kernel::kAvx512 && !noise_bf16_row_avx512_available()) {
-      GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL, VBMI, BF16) on this CPU, or DRAFTFEED_AVX512=0";
-    }
-  }
-
-  // The batch dtypes the kernel writes: the AVX-512 one only bf16.
-  std::vector<bool> f32_cases() const {
-    return GetParam() == Kernel::kAvx2 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+    skip_unless_available(noise_bf16_row_avx2_available(), noise_bf16_row_avx512_available());
   }
 
   std::int64_t row(const std::uint8_t* src, std::uint8_t* dst, std::int64_t n, std::uint32_t key,
                    float std_dev, bool f32, RowStores stores) const {
-    if (GetParam() == Kernel::kAvx512) {
+    if (GetParam() == VectorIsa::kAvx512) {
       return noise_bf16_row_avx512(src, dst, n, key, std_dev, stores);
     }
     return f32 ? noise_bf16_f32_row_avx2(src, dst, n, key, std_dev, stores)
@@ -91,8 +75,8 @@ class NoiseBf16RowTest : public testing::TestWithParam<Kernel> {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Kernels, NoiseBf16RowTest, testing::Values(Kernel::kAvx2, Kernel::kAvx512),
-                         kernel_name);
+INSTANTIATE_TEST_SUITE_P(Kernels, NoiseBf16RowTest,
+                         testing::Values(VectorIsa::kAvx2, VectorIsa::kAvx512), vector_isa_name);
 
 std::uint32_t read_value(const std::uint8_t* base, std::int64_t i, bool f32) {
   if (f32) {
