@@ -3,6 +3,7 @@
 // (AVX512_VBMI), for the 512-bit kernel that adds uniform noise (fp8_noise_row_avx512.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "draftfeed/batch/vector_lanes_avx512.h"
@@ -34,7 +35,7 @@ class Fp8TableLookup512 {
     const __m512 scale = _mm512_set1_ps(scale_bf16 * 256.0f);
     alignas(64) std::uint8_t lows[128];
     alignas(64) std::uint8_t highs[128];
-    for (int group = 0; group < 8; ++group) {
+    for (std::ptrdiff_t group = 0; group < 8; ++group) {
       // Codes 16g..16g+15 in f16's layout (a positive code shifted up by 7): fp8_lanes.h's
       // dequantize8<true>, 16 at a time.
       const __m256i halves = _mm256_slli_epi16(
