@@ -18,12 +18,17 @@ jobs=${JOBS:-$(nproc)}
 fuzz_seconds=${FUZZ_SECONDS:-60}
 failed=()
 
+timings=()
+
 stage() {  # stage NAME COMMAND...
-  local name=$1
+  local name=$1 start=$SECONDS result
   shift
   echo
   echo "=== $name ==="
-  if "$@"; then echo "=== $name: ok ==="; else echo "=== $name: FAILED ==="; failed+=("$name"); fi
+  if "$@"; then result=ok; else result=FAILED; failed+=("$name"); fi
+  echo "=== $name: $result ($((SECONDS - start)) s) ==="
+  # Kept for the end: the suite's budget (about 20 minutes on 2 cores) is watched stage by stage.
+  timings+=("$(printf '%5d s  %s' $((SECONDS - start)) "$name")")
 }
 
 configure_and_build() {  # configure_and_build DIR [CMAKE ARGS...]
@@ -100,6 +105,8 @@ stage "static: stubs, mypy, ruff" types_check
 stage "pytest: Python suite" python_tests
 
 echo
+echo "stage times (total $SECONDS s):"
+printf '  %s\n' "${timings[@]}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED stages: ${failed[*]}"
   exit 1
