@@ -39,7 +39,8 @@ Faults are tried in the order below; a request gets at most one.
                 and one byte; "mode": "reset" closes it without a byte instead (libcurl silently
                 resends a request whose reused connection died before any byte came back, so
                 "reset" is only counted exactly by clients that do not reuse connections)
-  stall         wait "seconds" (default 60) before answering 503: past any client timeout
+  stall         wait "seconds" (default 60) before answering 503: past any client timeout; a
+                client that hangs up first (its timeout, a cancel) ends it, as a real server would
   http_500      answer HTTP 500          http_503   answer HTTP 503
   malformed     answer truncated JSON
   oversize      answer a valid response padded past 2 MiB ("bytes" to choose the size)
@@ -467,7 +468,13 @@ class SimServer:
             transport.abort() if fault.params.get("mode") == "reset" else transport.close()
             raise asyncio.CancelledError()
         if name == "stall":
-            await asyncio.sleep(float(fault.params.get("seconds", 60.0)))
+            # A client that gives up (its timeout, a cancel) ends the stall, as a real server aborts
+            # a request whose connection closed: a stalled handler must not outlive its client and
+            # hold the next test's "in_flight" for "seconds".
+            if not await self.wait_unless_hung_up(request, float(fault.params.get("seconds", 60.0))):
+                if request.transport is not None:
+                    request.transport.close()
+                raise asyncio.CancelledError()
             return self.bad_request("stalled", 503)
         if name in ("http_500", "http_503"):
             return self.bad_request(f"injected {name}", int(name[-3:]))
@@ -544,11 +551,21 @@ class SimServer:
         assert transport is not None
         transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                         b"Connection: close\r\n\r\n" + body)
-        deadline = asyncio.get_running_loop().time() + seconds
-        while not transport.is_closing() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
+        await SimServer.wait_unless_hung_up(request, seconds)
         transport.close()
         raise asyncio.CancelledError()
+
+    @staticmethod
+    async def wait_unless_hung_up(request: web.Request, seconds: float) -> bool:
+        """Waits `seconds`; False as soon as the client has closed the connection."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while loop.time() < deadline:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return False
+            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+        return True
 
     async def send_huge(self, request: web.Request, total: int) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
