@@ -58,8 +58,10 @@ run_target() {  # run_target NAME: fuzz one target; its summary line goes to $di
 
 if [ "$long" = 1 ]; then
   limits=(-runs="${FUZZ_RUNS:-10000000}" -max_total_time="${FUZZ_LONG_SECONDS:-3600}")
+  how_long="until ${FUZZ_RUNS:-10000000} executions"
 else
   limits=(-max_total_time="${FUZZ_SECONDS:-60}")
+  how_long="for ${FUZZ_SECONDS:-60}s"
 fi
 names=()
 pids=()
@@ -69,11 +71,7 @@ for fuzzer in "$dir"/*_fuzz; do
   [[ "$name" == *"$filter"* ]] || continue
   mkdir -p "$dir/corpus/$name"
   [ -d "tests/fuzz/corpus/$name" ] && cp -n tests/fuzz/corpus/"$name"/* "$dir/corpus/$name"/ 2>/dev/null
-  if [ "$long" = 1 ]; then
-    echo "--- $name until ${FUZZ_RUNS:-10000000} executions"
-  else
-    echo "--- $name for ${FUZZ_SECONDS:-60}s"
-  fi
+  echo "--- $name $how_long"
   rm -f "$dir/$name.summary"
   run_target "$name" &
   names+=("$name")

@@ -497,8 +497,9 @@ def test_fail_on_hidden_state_error_stops_at_the_first_failure(sim, dataset, fol
 def test_cancel_ends_a_stalled_request_at_once(sim, dataset, folders):
     _, ids, _ = dataset
     cache, _ = folders
-    # The stall outlasts the cancel by far, but ends soon enough for the next test's server.
-    sim.set_faults({"stall": {"prob": 1.0, "seconds": 6}})
+    # The stall outlasts the cancel and this test by far: it ends only if the server sees the
+    # cancelled request's connection closed.
+    sim.set_faults({"stall": {"prob": 1.0, "seconds": 120}})
     source = make_source(sim, cache, request_timeout=60.0)
     timer = threading.Timer(0.5, source.cancel)
     timer.start()
@@ -508,6 +509,12 @@ def test_cancel_ends_a_stalled_request_at_once(sim, dataset, folders):
     assert time.monotonic() - start < 5
     assert not result["ok"] and "cancel" in result["message"]
     assert source.stats()["exhausted"] == 0, "a cancelled fetch is not a generation failure"
+    # The cancel hung up, and the server's stalled handler ended with it (as a real server aborts
+    # a request whose client left) instead of holding in_flight for 120 s.
+    deadline = time.monotonic() + 15
+    while sim.stats()["in_flight"]:
+        assert time.monotonic() < deadline, "the stalled request outlived its client"
+        time.sleep(0.05)
 
 
 # -- the client alone: the chat request (multimodal rows; not yet wired to dataset rows) --
