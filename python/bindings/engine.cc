@@ -106,8 +106,23 @@ struct PyBatch {
       nb::dlpack::dtype dl = dlpack_dtype(dtype);
       if (bf16_as_uint16 && dtype == TensorDType::kBF16) dl = nb::dtype<std::uint16_t>();
       std::vector<std::size_t> shape(slot.shape.begin(), slot.shape.end());
+      const bool on_device = lease->device >= 0;
       out[slot.name.c_str()] =
-          nb::ndarray<Framework>(lease->memory[s], shape.size(), shape.data(), owner, nullptr, dl);
+          nb::ndarray<Framework>(lease->memory[s], shape.size(), shape.data(), owner, nullptr, dl,
+                                 on_device ? nb::device::cuda::value : nb::device::cpu::value,
+                                 on_device ? lease->device : 0);
+    }
+    return out;
+  }
+
+  // Where each tensor's bytes are: (name, address, bytes), layout order. For tools and tests
+  // that reach the memory without a framework (a device batch's addresses are device memory).
+  nb::list tensor_memory() const {
+    nb::list out;
+    for (std::size_t s = 0; s < lease->layout->tensors.size(); ++s) {
+      out.append(nb::make_tuple(lease->layout->tensors[s].name,
+                                reinterpret_cast<std::uintptr_t>(lease->memory[s]),
+                                lease->layout->tensors[s].nbytes));
     }
     return out;
   }
@@ -226,11 +241,11 @@ struct PyLoader {
     loader->start(epoch, std::move(batches));
   }
 
-  std::optional<PyBatch> next() {
+  std::optional<PyBatch> next(std::uintptr_t consumer_stream) {
     std::shared_ptr<BatchLease> lease;
     {
       nb::gil_scoped_release release;
-      lease = loader->next();
+      lease = loader->next(consumer_stream);
     }
     if (!lease) return std::nullopt;
     return PyBatch{std::move(lease)};
@@ -253,6 +268,13 @@ struct PyLoader {
     out["held_slot_bytes"] = m.held_slot_bytes;
     out["pinned"] = m.pinned;
     out["buffer_bytes"] = m.buffer_bytes;
+    out["device"] = m.device;
+    out["device_buffers"] = m.device_buffers;
+    out["device_extra_buffers"] = m.device_extra_buffers;
+    out["device_buffer_bytes"] = m.device_buffer_bytes;
+    out["device_held_slot_bytes"] = m.device_held_slot_bytes;
+    out["device_bytes"] = m.device_buffer_bytes * static_cast<std::size_t>(m.device_buffers) +
+                          m.device_held_slot_bytes;
     out["dropped"] = drop_counts(m.dropped);
     return out;
   }
@@ -342,6 +364,18 @@ void bind_loader_options(nb::module_& m) {
           "pin_memory", [](const O& o) { return o.pipeline.try_pin; },
           [](O& o, bool v) { o.pipeline.try_pin = v; })
       .def_prop_rw(
+          "cuda_device", [](const O& o) { return o.pipeline.cuda_device; },
+          [](O& o, int v) { o.pipeline.cuda_device = v; },
+          "the rank's CUDA device for every CUDA call (-1: LOCAL_RANK, else 0)")
+      .def_prop_rw(
+          "device_stage", [](const O& o) { return o.pipeline.device_stage; },
+          [](O& o, bool v) { o.pipeline.device_stage = v; },
+          "deliver batches in device memory of cuda_device, copied ahead on a stream of its own")
+      .def_prop_rw(
+          "device_buffers", [](const O& o) { return o.pipeline.device_buffers; },
+          [](O& o, int v) { o.pipeline.device_buffers = v; },
+          "batches in device memory at most (the device stage)")
+      .def_prop_rw(
           "chunk_bytes", [](const O& o) { return o.pipeline.chunk_bytes; },
           [](O& o, std::int64_t v) { o.pipeline.chunk_bytes = v; })
       .def_prop_rw(
@@ -420,6 +454,12 @@ void init_engine(nb::module_& m) {
           },
           "(reason, message) of the first drops of this batch (PipelineOptions::max_drop_examples)")
       .def_prop_ro(
+          "device", [](const PyBatch& b) { return b.lease->device; },
+          "the CUDA device the batch's memory is on (the device stage), or -1 for host memory")
+      .def("tensor_memory", &PyBatch::tensor_memory,
+           "[(name, address, bytes)] of every tensor, in layout order (device memory for a "
+           "device batch)")
+      .def_prop_ro(
           "address",
           [](const PyBatch& b) {
             return reinterpret_cast<std::uintptr_t>(b.lease->memory.front());
@@ -434,7 +474,13 @@ void init_engine(nb::module_& m) {
           "empty_sample", [](const PyBatch& b) { return empty_sample(*b.lease->layout); },
           "the reference's empty sample (zero rows), for a batch whose samples all failed")
       .def(
-          "numpy", [](const PyBatch& b) { return b.views<nb::numpy>(true); },
+          "numpy",
+          [](const PyBatch& b) {
+            require(b.lease->device < 0, ErrorKind::kInvalidArgument,
+                    "numpy(): the batch is in device memory (cuda:" +
+                        std::to_string(b.lease->device) + "); use torch()");
+            return b.views<nb::numpy>(true);
+          },
           "dict of numpy arrays viewing the buffer (bf16 as uint16 bits)");
 
   bind_loader_options(m);
@@ -453,7 +499,10 @@ void init_engine(nb::module_& m) {
            "this rank's batches of the epoch (arrays of split-local sample indices)")
       .def("start", &PyLoader::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
            "start delivering `batches` (arrays of global rows) with their plan `indices`")
-      .def("next", &PyLoader::next, "the next batch, or None at the end of the epoch")
+      .def("next", &PyLoader::next, nb::arg("consumer_stream") = 0,
+           "the next batch, or None at the end of the epoch; consumer_stream: the CUDA stream "
+           "(cudaStream_t as an int, 0: the default stream) the consumer copies or uses the batch "
+           "on, where its reads are marked when the batch is released")
       .def("stop",
            [](PyLoader& l) {
              nb::gil_scoped_release release;
@@ -461,6 +510,9 @@ void init_engine(nb::module_& m) {
            })
       .def("metrics", &PyLoader::metrics)
       .def_prop_ro("options", [](const PyLoader& l) { return l.loader->options(); })
+      .def_prop_ro(
+          "cuda_device", [](const PyLoader& l) { return l.loader->cuda_device(); },
+          "the CUDA device the buffers are pinned on or copied to; -1: none")
       .def_prop_ro("split_begin", [](const PyLoader& l) { return l.loader->split().begin; })
       .def_prop_ro("split_end", [](const PyLoader& l) { return l.loader->split().end; })
       .def_prop_ro("batch_bytes", [](const PyLoader& l) { return l.loader->layout().total_bytes; })

@@ -15,6 +15,7 @@
 
 #include "bindings.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/cuda/cuda_runtime.h"
 #include "draftfeed/pipeline/host_memory.h"
 
 namespace draftfeed::python {
@@ -122,7 +123,7 @@ SampleArg sample_of(nb::handle object, std::size_t index, std::vector<AnyTensor>
 }
 
 nb::dict pack(const nb::list& samples, std::int64_t max_len, const std::string& hidden_states_dtype,
-              bool pin_memory) {
+              bool pin_memory, std::uintptr_t consumer_stream, int cuda_device) {
   DType hidden;
   if (hidden_states_dtype == "bfloat16") {
     hidden = DType::kBF16;
@@ -137,15 +138,28 @@ nb::dict pack(const nb::list& samples, std::int64_t max_len, const std::string& 
   std::vector<SampleArg> args;
   for (std::size_t s = 0; s < samples.size(); ++s) args.push_back(sample_of(samples[s], s, keep));
   const PackedLayout layout = layout_packed(args, max_len, hidden);
-  auto buffer =
-      std::make_shared<HostBuffer>(std::max<std::size_t>(layout.total_bytes, 64), pin_memory);
+  std::shared_ptr<HostBuffer> buffer;
   {
     nb::gil_scoped_release release;
+    std::shared_ptr<DeviceWorker> pin_with;
+    if (pin_memory) {
+      std::string why;
+      pin_with = DeviceWorker::for_device(resolve_cuda_device(cuda_device), &why);
+    }
+    buffer = std::make_shared<HostBuffer>(std::max<std::size_t>(layout.total_bytes, 64), pin_with);
     pack_samples(args, max_len, layout, buffer->data());
   }
-  auto* holder = new std::shared_ptr<HostBuffer>(buffer);
-  nb::capsule owner(holder,
-                    [](void* p) noexcept { delete static_cast<std::shared_ptr<HostBuffer>*>(p); });
+  struct Holder {
+    std::shared_ptr<HostBuffer> buffer;
+    std::uintptr_t consumer_stream;
+  };
+  auto* holder = new Holder{buffer, consumer_stream};
+  nb::capsule owner(holder, [](void* p) noexcept {
+    auto* held = static_cast<Holder*>(p);
+    // Copies the consumer queued from the batch were queued before it let the tensors go.
+    if (const auto& fence = held->buffer->fence()) fence->mark_reads_on(held->consumer_stream);
+    delete held;
+  });
   nb::dict out;
   for (const PackedTensor& t : layout.tensors) {
     std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
@@ -160,10 +174,13 @@ nb::dict pack(const nb::list& samples, std::int64_t max_len, const std::string& 
 void init_pack(nb::module_& m) {
   m.def("pack_samples", &pack, nb::arg("samples"), nb::arg("max_len"),
         nb::arg("hidden_states_dtype") = "bfloat16", nb::arg("pin_memory") = false,
+        nb::arg("consumer_stream") = 0, nb::arg("cuda_device") = -1,
         "Packs the dicts a preprocess callable returned into one batch, as speculators' collate "
         "does: every key but `lengths` as [1, max_len, ...] (hidden-state keys in "
         "hidden_states_dtype, others in the first sample's dtype), rows back to back and "
-        "truncated at max_len, then document_ids. Returns a dict of torch tensors.");
+        "truncated at max_len, then document_ids. Returns a dict of torch tensors. With "
+        "pin_memory, the batch is page-locked on cuda_device (-1: LOCAL_RANK, else 0) and freed "
+        "only after the copies queued from it on consumer_stream have run.");
 }
 
 }  // namespace draftfeed::python

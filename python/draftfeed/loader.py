@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -110,6 +111,44 @@ class BatchPlanner:
         return len(self._generate_batches(self.epoch))
 
 
+def _cuda_device_index(device: Any) -> int:
+    """The CUDA device index a `device` argument names: "cuda:N", "cuda" (the rank's: LOCAL_RANK),
+    an int, or a torch.device of type cuda."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        text = str(device)
+        kind, _, number = text.partition(":")
+        if kind != "cuda":
+            raise ValueError(f"device must be a CUDA device ('cuda:N'), got {device!r}")
+        index = int(number) if number else int(os.environ.get("LOCAL_RANK", "0"))
+    if index < 0:
+        raise ValueError(f"device index must be >= 0, got {device!r}")
+    return index
+
+
+def _torch_cuda_device() -> int:
+    """The device torch made current in this process, when torch has initialised CUDA; else -1
+    (the engine then takes LOCAL_RANK, as torchrun sets it, else 0)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_available() or not cuda.is_initialized():
+        return -1
+    return int(cuda.current_device())
+
+
+def _consumer_stream(device: int) -> int:
+    """The CUDA stream this thread's work on `device` goes to (torch's current stream), as the
+    runtime's handle; 0 (the default stream) when torch has not initialised CUDA here. Copies the
+    consumer makes of a batch (`.to(device, non_blocking=True)`) are queued there: the engine marks
+    their reads on it when the batch is released, and makes it wait for a device batch's copy."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if device < 0 or cuda is None or not cuda.is_available() or not cuda.is_initialized():
+        return 0
+    return int(cuda.current_stream(device).cuda_stream)
+
+
 def _dtype_name(dtype: Any) -> str:
     """Accepts torch dtypes and strings."""
     text = str(dtype).replace("torch.", "")
@@ -136,6 +175,7 @@ class Loader:
         world_size: int | None = None,
         sp_size: int = 1,
         source: _core.SampleSource | None = None,
+        device: Any = None,
         **options: Any,
     ) -> None:
         """`options` are `_core.LoaderOptions`' fields, with its defaults: total_seq_len (8192),
@@ -145,17 +185,29 @@ class Loader:
         num_threads (2), prefetch (4 buffers), in_order (True), max_batches, truncate (True),
         on_missing ("skip"), pin_memory (True), lock_timeout (10 s), chunk_bytes,
         fatal_failures_in_batch (False), fp8_dequantize_dtype ("bfloat16", FP8Transfer's
-        dequantize_dtype for FP8 files: a string or torch dtype). An unknown name is a TypeError."""
+        dequantize_dtype for FP8 files: a string or torch dtype), device_buffers (2). An unknown
+        name is a TypeError.
+
+        `device` ("cuda:N", "cuda" for the rank's LOCAL_RANK device, an int or a torch.device):
+        the device stage. Batches are then CUDA tensors on that device, copied from the page-locked
+        buffers on a stream of the engine's own ahead of the consumer (at most `device_buffers`
+        batches in device memory); the consumer's stream waits for each batch's copy on the device.
+        None (default): batches in host memory, page-locked when `pin_memory` and CUDA is present."""
         topology = Topology.resolve(rank, world_size, sp_size)
         core = _core.LoaderOptions()
         core.data_path = os.fspath(data_path)
         core.hidden_size = hidden_size
         core.rank, core.world_size = topology.dp_rank, topology.dp_size
         core.preprocess = "custom" if callable(preprocess) else preprocess
+        core.cuda_device = _torch_cuda_device()
+        if device is not None:
+            core.device_stage = True
+            core.cuda_device = _cuda_device_index(device)
         for name, value in options.items():
             if name == "fp8_dequantize_dtype":  # FP8Transfer's name for it
                 name, value = "fp8_dequantize", _dtype_name(value)
-            if name.startswith("_") or not hasattr(core, name) or name in ("data_path", "source"):
+            if name.startswith("_") or not hasattr(core, name) or name in (
+                "data_path", "source", "device_stage", "cuda_device"):
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
             if name == "hidden_states_dtype":
                 value = _dtype_name(value)
@@ -203,6 +255,10 @@ class Loader:
         self.on_missing = options.on_missing
         self.num_threads = options.num_threads
         self.pin_memory = options.pin_memory
+        # The CUDA device the engine's buffers are pinned on or copied to (-1: no CUDA in use):
+        # the consumer's stream on it is asked for at each batch.
+        self.cuda_device = self._core.cuda_device
+        self.device = f"cuda:{self.cuda_device}" if options.device_stage else "cpu"
         self.batch_sampler = BatchPlanner(self._core, topology)
         self._delivered: set[int] = set()
         self._state_epoch: int | None = None  # the epoch `_delivered` refers to
@@ -258,7 +314,7 @@ class Loader:
         try:
             while True:
                 try:
-                    batch = self._core.next()
+                    batch = self._core.next(_consumer_stream(self.cuda_device))
                 finally:
                     self._report_source()  # what went wrong reaches the log before any error
                 if batch is None:
@@ -289,7 +345,8 @@ class Loader:
             for s in samples
         ]
         return _core.pack_samples(samples, self.total_seq_len, self.hidden_states_dtype,
-                                  self.pin_memory)
+                                  self.pin_memory, _consumer_stream(self.cuda_device),
+                                  self.cuda_device)
 
     # -- what went wrong, said once (rate-limited: see reporting.py) --
     def _report_drops(self, batch: _core.Batch) -> None:

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "draftfeed/pipeline/buffer_pool.h"
+#include "draftfeed/pipeline/host_memory.h"
 
 namespace draftfeed {
 namespace {
@@ -17,7 +18,9 @@ using namespace std::chrono_literals;
 
 std::shared_ptr<BufferPool> two_slot_pool(int buffers) {
   // Slot 0: 64 bytes (say input_ids), slot 1: 4096 bytes (the hidden states).
-  return BufferPool::create(64 + 4096, {{0, 64}, {64, 4096}}, buffers, /*try_pin=*/false);
+  return BufferPool::create(64 + 4096, {{0, 64}, {64, 4096}}, buffers, [](std::size_t bytes) {
+    return std::make_shared<HostBuffer>(bytes, /*pin_with=*/nullptr);
+  });
 }
 
 TEST(PipelineBufferPoolTest, ABufferComesBackWhenItsBatchAndEveryViewAreGone) {

@@ -112,3 +112,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if report:
         with open(report, "w") as f:
             json.dump({"tests": _CAMPAIGN, "totals": totals}, f, indent=1)
+
+
+# -- the fake CUDA runtime (tests/cuda/fake_cudart.cc): a stand-in, not a GPU --
+@pytest.fixture(scope="session")
+def fake_cudart(tmp_path_factory) -> str:
+    """Builds the fake CUDA runtime, which the engine loads through DRAFTFEED_CUDART."""
+    source = os.path.join(os.path.dirname(__file__), "..", "cuda", "fake_cudart.cc")
+    library = str(tmp_path_factory.mktemp("fake_cudart") / "libfakecudart.so")
+    subprocess.run(["c++", "-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-o", library, source],
+                   check=True, timeout=120)
+    return library

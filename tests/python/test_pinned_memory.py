@@ -1,6 +1,6 @@
-"""Pinned batch memory through a CUDA runtime loaded at run time. No GPU here: a stand-in runtime
-(built by the test) records the calls, and the real absence of a usable GPU must leave batches in
-ordinary memory without any error."""
+"""Pinned batch memory through a CUDA runtime loaded at run time. No GPU here: the fake runtime
+(tests/cuda/fake_cudart.cc, the `fake_cudart` fixture) records the calls, and the real absence of a
+usable GPU must leave batches in ordinary memory without any error."""
 
 from __future__ import annotations
 
@@ -14,17 +14,6 @@ import pytest
 from reference_fixtures import write_fixture
 
 pytestmark = pytest.mark.timeout(300)
-
-FAKE_CUDART = r"""
-#include <stdio.h>
-#include <stdlib.h>
-static void note(const char* what, void* p, size_t n) {
-  FILE* f = fopen(getenv("FAKE_CUDART_LOG"), "a");
-  if (f) { fprintf(f, "%s %p %zu\n", what, p, n); fclose(f); }
-}
-int cudaHostRegister(void* p, size_t n, unsigned int flags) { (void)flags; note("register", p, n); return 0; }
-int cudaHostUnregister(void* p) { note("unregister", p, 0); return 0; }
-"""
 
 SCRIPT = textwrap.dedent(
     """
@@ -45,16 +34,6 @@ def data(tmp_path_factory):
     return write_fixture(str(tmp_path_factory.mktemp("pinned") / "data"), rows=24, max_len=96).path
 
 
-@pytest.fixture(scope="module")
-def fake_cudart(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cudart")
-    source = folder / "fake_cudart.c"
-    source.write_text(FAKE_CUDART)
-    library = folder / "libfakecudart.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=60)
-    return str(library)
-
-
 def run(data, pin, env):
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, data, "1" if pin else "0"],
@@ -66,20 +45,20 @@ def run(data, pin, env):
 
 def test_buffers_are_registered_and_released_through_the_runtime(data, fake_cudart, tmp_path):
     log = tmp_path / "calls.log"
-    out = run(data, True, {"DRAFTFEED_CUDART": fake_cudart, "FAKE_CUDART_LOG": str(log)})
+    out = run(data, True, {"DRAFTFEED_CUDART": fake_cudart, "FAKE_CUDA_LOG": str(log)})
     assert out["pinned"] is True and out["batches"] > 0
-    calls = [line.split() for line in log.read_text().splitlines()]
-    registered = [c for c in calls if c[0] == "register"]
-    unregistered = [c for c in calls if c[0] == "unregister"]
+    calls = [dict(field.split("=", 1) for field in line.split()) for line in log.read_text().splitlines()]
+    registered = [c for c in calls if c.get("call") == "cudaHostRegister"]
+    unregistered = [c for c in calls if c.get("call") == "cudaHostUnregister"]
     assert len(registered) == out["buffers"] >= 3
-    assert all(int(c[2]) == out["bytes"] for c in registered)
+    assert all(int(c["bytes"]) == out["bytes"] for c in registered)
     # Every pinned buffer is unregistered before it is freed (at exit at the latest).
-    assert sorted(c[1] for c in unregistered) == sorted(c[1] for c in registered)
+    assert sorted(c["ptr"] for c in unregistered) == sorted(c["ptr"] for c in registered)
 
 
 def test_pin_memory_false_never_touches_the_runtime(data, fake_cudart, tmp_path):
     log = tmp_path / "calls.log"
-    out = run(data, False, {"DRAFTFEED_CUDART": fake_cudart, "FAKE_CUDART_LOG": str(log)})
+    out = run(data, False, {"DRAFTFEED_CUDART": fake_cudart, "FAKE_CUDA_LOG": str(log)})
     assert out["pinned"] is False
     assert not log.exists()
 

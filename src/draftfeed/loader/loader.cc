@@ -42,6 +42,15 @@ LoaderOptions completed(LoaderOptions options) {
   options.pipeline.noise = options.split == "train" &&
                            options.batch.noise.kind != NoiseKind::kNone &&
                            options.batch.noise.std > 0.0;
+  if (options.pipeline.device_stage) {
+    require(options.batch.preprocess != Preprocess::kCustom, ErrorKind::kInvalidArgument,
+            "the device stage needs the engine to pack its batches: a preprocess callable runs in "
+            "Python on host memory (turn the device stage off)");
+    require(options.pipeline.device_buffers >= 1, ErrorKind::kInvalidArgument,
+            "device_buffers must be at least 1, got " +
+                std::to_string(options.pipeline.device_buffers));
+    options.pipeline.try_pin = true;  // copies from pageable memory would not run asynchronously
+  }
   if (!options.source) options.source = cache_source(options);
   return options;
 }
@@ -62,9 +71,42 @@ Loader::Loader(LoaderOptions options, std::shared_ptr<const TokenDataset> datase
   split_ = select_split(dataset, options_);
   pipeline_ = std::make_unique<Pipeline>(make_batch_layout(options_.batch), split_.dataset,
                                          options_.source, options_.pipeline);
+  if (options_.pipeline.device_stage) {
+    const int device = resolve_cuda_device(options_.pipeline.cuda_device);
+    require(pipeline_->cuda_worker() != nullptr, ErrorKind::kInvalidArgument,
+            "the device stage needs CUDA device cuda:" + std::to_string(device) + ": " +
+                pipeline_->pinning_detail());
+    device_stage_ =
+        std::make_unique<DeviceStage>(std::make_shared<const BatchLayout>(pipeline_->layout()),
+                                      pipeline_->cuda_worker(), options_.pipeline.device_buffers);
+  }
 }
 
-Loader::~Loader() = default;
+Loader::~Loader() {
+  stop();
+  device_stage_.reset();
+  // Page-locked and device memory are freed by the device worker once the device has read them:
+  // wait for that here, so a loader that is gone leaves none behind (unless a batch outlives it).
+  const std::shared_ptr<DeviceWorker> worker = pipeline_->cuda_worker();
+  pipeline_.reset();
+  if (worker) worker->settle();
+}
+
+std::shared_ptr<BatchLease> Loader::next(CudaStream consumer) {
+  return device_stage_ ? device_stage_->next(consumer) : pipeline_->next(consumer);
+}
+
+void Loader::stop() {
+  if (device_stage_) device_stage_->begin_stop();
+  pipeline_->stop();
+  if (device_stage_) device_stage_->join();
+}
+
+PipelineMetrics Loader::metrics() const {
+  PipelineMetrics metrics = pipeline_->metrics();
+  if (device_stage_) device_stage_->fill_metrics(metrics);
+  return metrics;
+}
 
 const RankPlan& Loader::plan(std::int64_t epoch, const WindowOrder& window_order) {
   auto found = plans_.find(epoch);
@@ -87,7 +129,13 @@ void Loader::start(std::int64_t epoch, std::vector<PlannedBatch> batches) {
                   " rows");
     }
   }
+  stop();
   pipeline_->start(static_cast<std::uint64_t>(epoch), std::move(batches));
+  if (device_stage_) {
+    device_stage_->start([pipeline = pipeline_.get()](CudaStream copy_stream) {
+      return pipeline->next(copy_stream);
+    });
+  }
 }
 
 void Loader::start_epoch(std::int64_t epoch) { start(epoch, planned_batches(plan(epoch), split_)); }

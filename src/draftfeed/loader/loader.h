@@ -19,6 +19,7 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/sample.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/pipeline/device_stage.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "draftfeed/sampler/multipack.h"
 
@@ -67,11 +68,17 @@ class Loader {
   // epoch's plan, which resume records); `epoch` keys the noise. start_epoch: the whole plan.
   void start(std::int64_t epoch, std::vector<PlannedBatch> batches);
   void start_epoch(std::int64_t epoch);
-  // The next batch, or null at the end of the epoch (see Pipeline::next).
-  std::shared_ptr<BatchLease> next() { return pipeline_->next(); }
-  void stop() { pipeline_->stop(); }
+  // The next batch, or null at the end of the epoch (see Pipeline::next); with the device stage,
+  // in device memory (DeviceStage::next). `consumer`: the CUDA stream the consumer uses the batch
+  // on (its copies, or its work on device batches); 0 is the default stream.
+  std::shared_ptr<BatchLease> next(CudaStream consumer = 0);
+  void stop();
 
-  PipelineMetrics metrics() const { return pipeline_->metrics(); }
+  PipelineMetrics metrics() const;
+  // The CUDA device every CUDA call is made on (pinned buffers, the device stage); -1: none.
+  int cuda_device() const {
+    return pipeline_->cuda_worker() ? pipeline_->cuda_worker()->device() : -1;
+  }
   const BatchLayout& layout() const { return pipeline_->layout(); }
   std::size_t pool_bytes() const { return pipeline_->pool_bytes(); }
 
@@ -80,6 +87,7 @@ class Loader {
   DatasetSplit split_;
   std::map<std::int64_t, RankPlan> plans_;  // by epoch: the latest few
   std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<DeviceStage> device_stage_;  // after pipeline_: destroyed first
 };
 
 }  // namespace draftfeed

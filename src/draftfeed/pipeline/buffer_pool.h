@@ -12,17 +12,25 @@
 // keeps whole batches (their Batch objects) makes the pool grow by a buffer (`extra_buffers`).
 //
 // Batch memory at any time: (buffers + extra_buffers) x buffer bytes + the slots of kept tensors.
-// Thread safety: all methods may be called from any thread.
+//
+// Memory the device may read after release (page-locked host memory, device memory: see
+// cuda/read_fence.h) is marked when released, on the stream its consumer was given
+// (Handle::set_reader_stream): when the batch's lease goes and when each held slot is let go. The
+// pool prefers a buffer whose reads have passed; whoever takes a buffer waits for (or orders its
+// writes after) the rest before writing (Handle::wait_until_unread, order_after_reads).
+// Thread safety: all methods may be called from any thread; `acquire` and the Handle's waits only
+// from draftfeed's own threads with the device current (they may ask the CUDA runtime).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "draftfeed/pipeline/host_memory.h"
+#include "draftfeed/cuda/memory_block.h"
 
 namespace draftfeed {
 
@@ -31,22 +39,30 @@ class BufferPool;
 // One slot's memory: inside a pool buffer, or its own allocation. Alive while anything holds it.
 class SlotRegion {
  public:
-  SlotRegion(std::shared_ptr<HostBuffer> storage, std::uint8_t* data, std::size_t bytes)
+  SlotRegion(std::shared_ptr<MemoryBlock> storage, std::uint8_t* data, std::size_t bytes)
       : storage_(std::move(storage)), data_(data), bytes_(bytes) {}
   std::uint8_t* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
-  // Consumers (tensor views) mark the region in use; the pool does not reuse a held region.
+  // Consumers (tensor views) mark the region in use; the pool does not reuse a held region. The
+  // last release marks the device's reads of it on the reader stream (see above).
   void hold() { holds_.fetch_add(1, std::memory_order_relaxed); }
   void release();
   bool held() const { return holds_.load(std::memory_order_acquire) > 0; }
   bool pinned() const { return storage_->pinned(); }
+  const std::shared_ptr<MemoryBlock>& storage() const { return storage_; }
+  // The stream the consumer's copies of this slot are queued on (0: the default stream).
+  void set_reader_stream(CudaStream stream) {
+    reader_stream_.store(stream, std::memory_order_relaxed);
+  }
+  CudaStream reader_stream() const { return reader_stream_.load(std::memory_order_relaxed); }
 
  private:
   friend class BufferPool;
-  std::shared_ptr<HostBuffer> storage_;  // keeps the memory alive with the region
+  std::shared_ptr<MemoryBlock> storage_;  // keeps the memory alive with the region
   std::uint8_t* data_;
   std::size_t bytes_;
   std::atomic<int> holds_{0};
+  std::atomic<CudaStream> reader_stream_{0};
   std::weak_ptr<BufferPool> pool_;  // set for a pool buffer's own regions: told when free
 };
 
@@ -58,12 +74,14 @@ struct SlotSpan {
 
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
+  // Makes the memory of one buffer (or of one slot a consumer still held) of the given bytes.
+  using Allocator = std::function<std::shared_ptr<MemoryBlock>(std::size_t bytes)>;
   static std::shared_ptr<BufferPool> create(std::size_t buffer_bytes, std::vector<SlotSpan> slots,
-                                            int buffers, bool try_pin);
+                                            int buffers, Allocator allocate);
 
  private:
   struct Buffer {
-    std::shared_ptr<HostBuffer> storage;
+    std::shared_ptr<MemoryBlock> storage;
     std::vector<std::shared_ptr<SlotRegion>> regions;  // the buffer's own, one per slot
     bool leased = false;                               // a batch in it is not yet gone
     bool held() const;
@@ -81,11 +99,22 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     const std::vector<std::shared_ptr<SlotRegion>>& regions() const { return regions_; }
     std::vector<std::uint8_t*> memory() const;
     bool pinned() const;
+    // The stream the consumer of this batch queues its copies on: its reads are marked there.
+    void set_reader_stream(CudaStream stream);
+    // The reads queued so far on `stream` (draftfeed's own copies) are marked now, on the calling
+    // thread (device current); nothing more is marked when the handle goes.
+    void mark_reads_now(CudaStream stream);
+    // Before writing: blocks until the device's reads of the buffer's own memory have passed.
+    void wait_until_unread() const;
+    // Before writing with copies on `stream`: makes it wait, on the device, for those reads.
+    void order_after_reads(CudaStream stream) const;
 
    private:
     std::shared_ptr<BufferPool> pool_;
     Buffer* buffer_;
     std::vector<std::shared_ptr<SlotRegion>> regions_;
+    CudaStream reader_stream_ = 0;
+    bool reads_marked_ = false;
   };
 
   // Waits for a free buffer; `grow_if()` is polled while waiting (and on every release) and, when
@@ -131,11 +160,11 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::size_t held_slot_bytes() const { return held_bytes_counter_->load(); }
 
  private:
-  BufferPool(std::size_t buffer_bytes, std::vector<SlotSpan> slots, bool try_pin)
-      : buffer_bytes_(buffer_bytes), slots_(std::move(slots)), try_pin_(try_pin) {}
+  BufferPool(std::size_t buffer_bytes, std::vector<SlotSpan> slots, Allocator allocate)
+      : buffer_bytes_(buffer_bytes), slots_(std::move(slots)), allocate_(std::move(allocate)) {}
   std::unique_ptr<Buffer> make_buffer();
-  // A buffer no batch is in whose slots no view holds (or, with `partly_held`, one with some);
-  // nullptr if none.
+  // A buffer no batch is in whose slots no view holds (or, with `partly_held`, one with some),
+  // one whose device reads have passed first; nullptr if none.
   Buffer* take_free_locked(bool partly_held);
   void give_back(Buffer* buffer);
   friend class SlotRegion;
@@ -143,7 +172,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
   const std::size_t buffer_bytes_;
   const std::vector<SlotSpan> slots_;
-  const bool try_pin_;
+  const Allocator allocate_;
   mutable std::mutex mutex_;
   std::condition_variable released_;
   std::vector<std::unique_ptr<Buffer>> all_;  // leased or not: see Buffer::leased

@@ -1,74 +1,45 @@
 #include "draftfeed/pipeline/host_memory.h"
 
-#include <dlfcn.h>
 #include <sys/mman.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
 #include <new>
+
+#include "draftfeed/cuda/cuda_runtime.h"
 
 namespace draftfeed {
 
-namespace {
-
-// The two entry points of the CUDA runtime we use (cudaHostRegister / cudaHostUnregister).
-using HostRegisterFn = int (*)(void* ptr, std::size_t size, unsigned int flags);
-using HostUnregisterFn = int (*)(void* ptr);
-
-struct CudaRuntime {
-  HostRegisterFn host_register = nullptr;
-  HostUnregisterFn host_unregister = nullptr;
-  PinningSupport support;
-};
-
-const CudaRuntime& cuda_runtime() {
-  static const CudaRuntime runtime = [] {
-    CudaRuntime result;
-    const char* configured = std::getenv("DRAFTFEED_CUDART");
-    const char* candidates[] = {configured, "libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                "libcudart.so.11.0"};
-    for (const char* name : candidates) {
-      if (name == nullptr || *name == '\0') continue;
-      void* handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (handle == nullptr) continue;
-      result.host_register = reinterpret_cast<HostRegisterFn>(::dlsym(handle, "cudaHostRegister"));
-      result.host_unregister =
-          reinterpret_cast<HostUnregisterFn>(::dlsym(handle, "cudaHostUnregister"));
-      if (result.host_register != nullptr && result.host_unregister != nullptr) {
-        result.support = {true, std::string("CUDA runtime ") + name + " loaded"};
-        return result;
-      }
-      result.host_register = nullptr;
-      result.host_unregister = nullptr;
-    }
-    result.support = {false, "no CUDA runtime found: batches use ordinary (pageable) memory"};
-    return result;
-  }();
-  return runtime;
+PinningSupport pinning_support() {
+  const CudaRuntime& rt = cuda_runtime();
+  return {rt.available, rt.detail};
 }
 
-}  // namespace
-
-PinningSupport pinning_support() { return cuda_runtime().support; }
-
-HostBuffer::HostBuffer(std::size_t bytes, bool try_pin) : size_(bytes) {
+HostBuffer::HostBuffer(std::size_t bytes, const std::shared_ptr<DeviceWorker>& pin_with) {
+  size_ = bytes;
   if (bytes == 0) return;
   // mmap gives page-aligned, zeroed memory that the kernel backs lazily, and returns it on free.
   void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (addr == MAP_FAILED) throw std::bad_alloc();
   data_ = static_cast<std::uint8_t*>(addr);
-  if (try_pin) {
-    const CudaRuntime& runtime = cuda_runtime();
-    // cudaHostRegisterDefault = 0; cudaSuccess = 0.
-    if (runtime.support.available && runtime.host_register(data_, bytes, 0) == 0) pinned_ = true;
-  }
+  if (!pin_with) return;
+  bool pinned = false;
+  // cudaHostRegisterDefault = 0. A refusal (no device, too much locked memory) leaves it pageable.
+  pin_with->run([&] { pinned = cuda_runtime().host_register(data_, bytes, 0) == kCudaSuccess; });
+  if (pinned) fence_ = ReadFence::create(pin_with);
 }
 
 HostBuffer::~HostBuffer() {
   if (data_ == nullptr) return;
-  if (pinned_) cuda_runtime().host_unregister(data_);
-  ::munmap(data_, size_);
+  if (!fence_) {
+    ::munmap(data_, size_);
+    return;
+  }
+  // A copy from it may still be queued: unregister and unmap once the device has read it.
+  const std::shared_ptr<DeviceWorker> worker = fence_->worker();
+  worker->post_when([fence = fence_] { return fence->passed(); },
+                    [data = data_, size = size_] {
+                      cuda_runtime().host_unregister(data);
+                      ::munmap(data, size);
+                    });
 }
 
 }  // namespace draftfeed

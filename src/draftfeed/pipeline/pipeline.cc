@@ -29,13 +29,30 @@ std::int64_t hidden_row_bytes(const BatchLayout& layout) {
   return bytes;
 }
 
-std::vector<SlotSpan> slot_spans(const BatchLayout& layout) {
+std::shared_ptr<DeviceWorker> pinning_worker(const PipelineOptions& options, std::string* why) {
+  if (!options.try_pin) {
+    *why = "pin_memory is off";
+    return nullptr;
+  }
+  return DeviceWorker::for_device(resolve_cuda_device(options.cuda_device), why);
+}
+
+}  // namespace
+
+std::vector<SlotSpan> batch_slot_spans(const BatchLayout& layout) {
   std::vector<SlotSpan> spans;
   for (const TensorSlot& slot : layout.tensors) spans.push_back({slot.offset, slot.nbytes});
   return spans;
 }
 
-}  // namespace
+void count_delivered(PipelineMetrics& metrics, const BatchLease& lease, double since_start) {
+  if (metrics.first_batch_seconds < 0) metrics.first_batch_seconds = since_start;
+  ++metrics.batches;
+  metrics.tokens += lease.tokens;
+  metrics.hidden_bytes += lease.tokens * hidden_row_bytes(*lease.layout);
+  metrics.batch_bytes += static_cast<std::int64_t>(lease.layout->total_bytes);
+  for (std::size_t r = 0; r < lease.dropped.size(); ++r) metrics.dropped[r] += lease.dropped[r];
+}
 
 struct Pipeline::Job {
   std::int64_t sequence = 0;
@@ -62,8 +79,11 @@ Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> datas
       dataset_(std::move(dataset)),
       source_(std::move(source)),
       options_(options),
-      pool_(BufferPool::create(layout_->total_bytes, slot_spans(*layout_),
-                               std::max(1, options.prefetch), options.try_pin)) {
+      cuda_(pinning_worker(options, &pinning_detail_)),
+      pool_(BufferPool::create(layout_->total_bytes, batch_slot_spans(*layout_),
+                               std::max(1, options.prefetch), [worker = cuda_](std::size_t bytes) {
+                                 return std::make_shared<HostBuffer>(bytes, worker);
+                               })) {
   require(dataset_ != nullptr && source_ != nullptr, ErrorKind::kInvalidArgument,
           "pipeline needs a dataset and a sample source");
   require(dataset_->has_loss_mask(), ErrorKind::kInvalidArgument,
@@ -128,6 +148,15 @@ void Pipeline::stop_locked() {
 }
 
 void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
+  if (cuda_) {
+    // This thread asks the runtime whether a buffer's device reads have passed.
+    try {
+      make_device_current(cuda_->device());
+    } catch (...) {
+      fail(std::current_exception());
+      return;
+    }
+  }
   for (std::size_t s = 0; s < batches.size(); ++s) {
     auto buffer = pool_->acquire([this] { return stopping_.load(); },
                                  [this] {
@@ -138,6 +167,13 @@ void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batc
                                           ready_by_sequence_.empty() && ready_fifo_.empty();
                                  });
     if (!buffer) return;
+    try {
+      // A copy the consumer queued from this buffer may not have run yet (page-locked memory).
+      buffer->wait_until_unread();
+    } catch (...) {
+      fail(std::current_exception());
+      return;
+    }
     auto job = std::make_shared<Job>();
     job->sequence = static_cast<std::int64_t>(s);
     job->epoch = epoch;
@@ -247,7 +283,7 @@ void Pipeline::place_and_copy_step(const std::shared_ptr<Job>& job) {
       BatchSpec larger = spec;
       larger.max_len = job->placement.used_rows;
       job->layout = std::make_shared<const BatchLayout>(make_batch_layout(larger));
-      job->overflow = std::make_shared<HostBuffer>(job->layout->total_bytes, false);
+      job->overflow = std::make_shared<HostBuffer>(job->layout->total_bytes, nullptr);
       job->memory = contiguous_memory(*job->layout, job->overflow->data());
     }
   } else {
@@ -391,7 +427,7 @@ void Pipeline::deliver(std::shared_ptr<BatchLease> lease, std::int64_t sequence)
   ready_changed_.notify_all();
 }
 
-std::shared_ptr<BatchLease> Pipeline::next() {
+std::shared_ptr<BatchLease> Pipeline::next(CudaStream reader) {
   const double wait_start = now_seconds();
   std::unique_lock lock(mutex_);
   auto available = [this] {
@@ -423,12 +459,8 @@ std::shared_ptr<BatchLease> Pipeline::next() {
     ready_fifo_.pop_front();
   }
   ++delivered_;
-  if (metrics_.first_batch_seconds < 0) metrics_.first_batch_seconds = now - start_time_;
-  ++metrics_.batches;
-  metrics_.tokens += lease->tokens;
-  metrics_.hidden_bytes += lease->tokens * hidden_row_bytes(*lease->layout);
-  metrics_.batch_bytes += static_cast<std::int64_t>(lease->layout->total_bytes);
-  for (std::size_t r = 0; r < lease->dropped.size(); ++r) metrics_.dropped[r] += lease->dropped[r];
+  count_delivered(metrics_, *lease, now - start_time_);
+  if (lease->buffer) lease->buffer->set_reader_stream(reader);
   return lease;
 }
 

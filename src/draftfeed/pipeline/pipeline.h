@@ -34,6 +34,9 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/sample.h"
 #include "draftfeed/common/thread_pool.h"
+#include "draftfeed/cuda/cuda_event.h"
+#include "draftfeed/cuda/cuda_runtime.h"
+#include "draftfeed/cuda/device_worker.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
@@ -48,10 +51,17 @@ struct PlannedBatch {
 };
 
 struct PipelineOptions {
-  int num_threads = 2;                 // fetch + assembly threads
-  int prefetch = 4;                    // batch buffers (batches in flight or waiting)
-  bool in_order = true;                // deliver in plan order, or as batches become ready
-  bool try_pin = true;                 // page-lock buffers when a CUDA runtime is present
+  int num_threads = 2;   // fetch + assembly threads
+  int prefetch = 4;      // batch buffers (batches in flight or waiting)
+  bool in_order = true;  // deliver in plan order, or as batches become ready
+  bool try_pin = true;   // page-lock buffers when a CUDA runtime is present
+  // The rank's CUDA device, current for every CUDA call draftfeed makes (pinning, the device
+  // stage); -1: LOCAL_RANK, else 0 (cuda/cuda_runtime.h resolve_cuda_device).
+  int cuda_device = -1;
+  // The device stage (Loader): batches delivered in device memory of cuda_device, `device_buffers`
+  // of them at most (being copied, waiting, or held by the consumer). Pins the host buffers.
+  bool device_stage = false;
+  int device_buffers = 2;
   bool noise = false;                  // apply the spec's noise (the training split)
   std::int64_t chunk_bytes = 4 << 20;  // bytes of hidden states per copy task
   int max_drop_examples = 8;           // drop messages kept per batch
@@ -93,6 +103,11 @@ class BatchLease {
   std::vector<std::int64_t> rows;
 
   std::unique_ptr<BufferPool::Handle> buffer;  // null for a batch in a buffer of its own
+
+  // The CUDA device whose memory `memory` is (the device stage's batches); -1: host memory.
+  int device = -1;
+  // Device batches: the copy that filled them (the consumer's stream waits for it).
+  std::shared_ptr<CudaEvent> ready_event;
 };
 
 struct PipelineMetrics {
@@ -111,7 +126,20 @@ struct PipelineMetrics {
   bool pinned = false;
   std::size_t buffer_bytes = 0;
   DropCounts dropped{};
+  // The device stage (absent: device -1): its buffers in device memory and their bytes.
+  int device = -1;
+  int device_buffers = 0;
+  int device_extra_buffers = 0;
+  std::size_t device_buffer_bytes = 0;
+  std::size_t device_held_slot_bytes = 0;
 };
+
+// Where each tensor of a batch lies in its buffer (the layout's slots).
+std::vector<SlotSpan> batch_slot_spans(const BatchLayout& layout);
+
+// Adds one batch handed to the consumer to the consumer-facing counts (batches, tokens, bytes,
+// drops, first batch).
+void count_delivered(PipelineMetrics& metrics, const BatchLease& lease, double since_start);
 
 class Pipeline {
  public:
@@ -124,7 +152,9 @@ class Pipeline {
   // Starts delivering `batches` (stopping any epoch in progress). `epoch` keys the noise.
   void start(std::uint64_t epoch, std::vector<PlannedBatch> batches);
   // The next batch, or nullptr when the epoch is done. Rethrows a fatal error from the workers.
-  std::shared_ptr<BatchLease> next();
+  // `reader` is the CUDA stream the consumer will queue its copies of the batch on: when the
+  // memory is page-locked, its reads are marked there when the batch is released.
+  std::shared_ptr<BatchLease> next(CudaStream reader = 0);
   // Stops promptly: queued work is discarded, the source is interrupted so running fetches end
   // (SampleSource::interrupt), threads are joined, then the source is resumed. May be called from
   // any thread (a watchdog closing the loader while the consumer waits in next(), which then
@@ -135,6 +165,10 @@ class Pipeline {
   const BatchLayout& layout() const { return *layout_; }
   // Bytes the pool holds: prefetch x batch size (plus any extra buffers a kept batch forced).
   std::size_t pool_bytes() const;
+  // The device worker when buffers may be page-locked (try_pin and a CUDA device), else null,
+  // with the reason in pinning_detail().
+  const std::shared_ptr<DeviceWorker>& cuda_worker() const { return cuda_; }
+  const std::string& pinning_detail() const { return pinning_detail_; }
 
  private:
   struct Job;
@@ -161,6 +195,8 @@ class Pipeline {
   const std::shared_ptr<const TokenDataset> dataset_;
   const std::shared_ptr<SampleSource> source_;
   const PipelineOptions options_;
+  std::string pinning_detail_;
+  const std::shared_ptr<DeviceWorker> cuda_;  // before pool_: its buffers are pinned through it
   const std::shared_ptr<BufferPool> pool_;
 
   std::mutex control_mutex_;  // serialises start() and stop(): they may come from two threads
