@@ -2,7 +2,13 @@
 loader, and how long it waited for data.
 
     PYTHONPATH=python DRAFTFEED_DEV_BUILD=build/dev python bench/bench_trainer.py \
-        [--steps 40] [--workers 2] [--seq-len 1024] [--hidden 256] [--rows 400] [--out DIR] [--json]
+        [--steps 40] [--workers 2] [--seq-len 1024] [--hidden 256] [--rows 400] [--out DIR] [--json] \
+        [--gpu]
+
+With --gpu (scripts/gpu_check.sh; needs an NVIDIA GPU and torch's CUDA build) the trainer runs on the
+GPU unpatched, and draftfeed runs twice: with its device stage (batches copied to the GPU ahead of the
+trainer, the drop-in's default with CUDA) and without (`draftfeed-host`: DRAFTFEED_DEVICE_STAGE=0,
+batches in page-locked host memory that the trainer's `.to(..., non_blocking=True)` copies).
 
 It drives tests/python/trainer_harness.py (the harness of the drop-in's trainer test, imported and
 run, not copied): `prepare` makes a tiny random Llama verifier, a dataset and its bf16 hidden-state
@@ -41,12 +47,15 @@ sys.path.insert(0, str(HARNESS.parent))
 import trainer_harness  # noqa: E402
 
 LOADERS = ("reference", "draftfeed")
+GPU_LOADERS = ("reference", "draftfeed", "draftfeed-host")
 
 
-def env() -> dict:
+def env(loader: str = "reference") -> dict:
     out = dict(os.environ)
     out.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if loader == "draftfeed-host":
+        out["DRAFTFEED_DEVICE_STAGE"] = "0"  # the drop-in's device stage off
     return out
 
 
@@ -101,12 +110,13 @@ def prepare(out: Path, args) -> dict:
 def train(loader: str, prepared: dict, work: Path, args) -> dict:
     metrics = work / f"metrics-{loader}"
     save = work / f"ckpt-{loader}"
-    cmd = [sys.executable, str(HARNESS), "train", "--loader", loader, "--metrics", str(metrics), "--",
-           *trainer_flags(prepared, save, args)]
+    harness_loader = "draftfeed" if loader.startswith("draftfeed") else loader
+    cmd = [sys.executable, str(HARNESS), "train", "--loader", harness_loader, "--metrics", str(metrics),
+           *(["--gpu"] if args.gpu else []), "--", *trainer_flags(prepared, save, args)]
     start = time.perf_counter()
     with open(work / f"{loader}.log", "w") as log:
-        proc = subprocess.run(cmd, env=env(), stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout,
-                              start_new_session=True)
+        proc = subprocess.run(cmd, env=env(loader), stdout=log, stderr=subprocess.STDOUT,
+                              timeout=args.timeout, start_new_session=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = "\n".join((work / f"{loader}.log").read_text(errors="replace").splitlines()[-30:])
@@ -137,22 +147,26 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each training run")
     p.add_argument("--out", help="write trainer.json here")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--gpu", action="store_true",
+                   help="train on the GPU; draftfeed with its device stage and without (draftfeed-host)")
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
         work = Path(tmp)
         prepared = prepare(work / "fixture", args)
         runs = {}
-        for loader in LOADERS:
+        for loader in GPU_LOADERS if args.gpu else LOADERS:
             runs[loader] = train(loader, prepared, work, args)
             s = runs[loader]["summary"]
             print(f"  {loader}: {len(runs[loader]['steps'])} steps, median step {s['median_step_ms']:.1f} ms, "
                   f"median data wait {s['median_fetch_ms']:.2f} ms, data-wait share {100 * s['data_wait_share']:.1f}% "
                   f"(all steps {100 * s['data_wait_share_all_steps']:.1f}%), wall {runs[loader]['wall_s']:.1f} s",
                   file=sys.stderr, flush=True)
-    ref, ours = runs["reference"], runs["draftfeed"]
-    if len(ref["steps"]) != len(ours["steps"]) or ref["batches"] != ours["batches"]:
-        raise SystemExit("the two runs did not train on the same batches: the figures would compare unlike work")
+    ref = runs["reference"]
+    for name, ours in runs.items():
+        if len(ref["steps"]) != len(ours["steps"]) or ref["batches"] != ours["batches"]:
+            raise SystemExit(f"the {name} run did not train on the reference's batches: the figures would "
+                             "compare unlike work")
     for r in runs.values():
         del r["batches"]
     report = dict(args={k: v for k, v in vars(args).items() if k not in ("out", "json")},

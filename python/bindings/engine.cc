@@ -273,8 +273,8 @@ struct PyLoader {
     out["device_extra_buffers"] = m.device_extra_buffers;
     out["device_buffer_bytes"] = m.device_buffer_bytes;
     out["device_held_slot_bytes"] = m.device_held_slot_bytes;
-    out["device_bytes"] = m.device_buffer_bytes * static_cast<std::size_t>(m.device_buffers) +
-                          m.device_held_slot_bytes;
+    out["device_bytes"] = m.device_bytes;
+    out["device_peak_bytes"] = m.device_peak_bytes;
     out["dropped"] = drop_counts(m.dropped);
     return out;
   }

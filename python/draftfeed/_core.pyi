@@ -238,6 +238,17 @@ class Batch:
         """
 
     @property
+    def device(self) -> int:
+        """
+        the CUDA device the batch's memory is on (the device stage), or -1 for host memory
+        """
+
+    def tensor_memory(self) -> list:
+        """
+        [(name, address, bytes)] of every tensor, in layout order (device memory for a device batch)
+        """
+
+    @property
     def address(self) -> int:
         """address of the batch buffer (for zero-copy checks)"""
 
@@ -399,6 +410,29 @@ class LoaderOptions:
     def pin_memory(self, arg: bool, /) -> None: ...
 
     @property
+    def cuda_device(self) -> int:
+        """the rank's CUDA device for every CUDA call (-1: LOCAL_RANK, else 0)"""
+
+    @cuda_device.setter
+    def cuda_device(self, arg: int, /) -> None: ...
+
+    @property
+    def device_stage(self) -> bool:
+        """
+        deliver batches in device memory of cuda_device, copied ahead on a stream of its own
+        """
+
+    @device_stage.setter
+    def device_stage(self, arg: bool, /) -> None: ...
+
+    @property
+    def device_buffers(self) -> int:
+        """batches in device memory at most (the device stage)"""
+
+    @device_buffers.setter
+    def device_buffers(self, arg: int, /) -> None: ...
+
+    @property
     def chunk_bytes(self) -> int: ...
 
     @chunk_bytes.setter
@@ -456,8 +490,10 @@ class Loader:
         start delivering `batches` (arrays of global rows) with their plan `indices`
         """
 
-    def next(self) -> Batch | None:
-        """the next batch, or None at the end of the epoch"""
+    def next(self, consumer_stream: int = 0) -> Batch | None:
+        """
+        the next batch, or None at the end of the epoch; consumer_stream: the CUDA stream (cudaStream_t as an int, 0: the default stream) the consumer copies or uses the batch on, where its reads are marked when the batch is released
+        """
 
     def stop(self) -> None: ...
 
@@ -465,6 +501,10 @@ class Loader:
 
     @property
     def options(self) -> LoaderOptions: ...
+
+    @property
+    def cuda_device(self) -> int:
+        """the CUDA device the buffers are pinned on or copied to; -1: none"""
 
     @property
     def split_begin(self) -> int: ...
@@ -736,9 +776,9 @@ def plan_all_ranks(lengths: object, max_len: int, world_size: int, *, epoch: int
     `window_order` as in plan_batches.
     """
 
-def pack_samples(samples: list, max_len: int, hidden_states_dtype: str = 'bfloat16', pin_memory: bool = False) -> dict:
+def pack_samples(samples: list, max_len: int, hidden_states_dtype: str = 'bfloat16', pin_memory: bool = False, consumer_stream: int = 0, cuda_device: int = -1) -> dict:
     """
-    Packs the dicts a preprocess callable returned into one batch, as speculators' collate does: every key but `lengths` as [1, max_len, ...] (hidden-state keys in hidden_states_dtype, others in the first sample's dtype), rows back to back and truncated at max_len, then document_ids. Returns a dict of torch tensors.
+    Packs the dicts a preprocess callable returned into one batch, as speculators' collate does: every key but `lengths` as [1, max_len, ...] (hidden-state keys in hidden_states_dtype, others in the first sample's dtype), rows back to back and truncated at max_len, then document_ids. Returns a dict of torch tensors. With pin_memory, the batch is page-locked on cuda_device (-1: LOCAL_RANK, else 0) and freed only after the copies queued from it on consumer_stream have run.
     """
 
 def fp8_to_float(codes: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> NDArray[numpy.float32]:

@@ -325,6 +325,9 @@ class Loader:
                 yield self._make_batch(batch)
         finally:
             self._core.stop()
+            # The loader holds no batch between epochs: its buffers (device memory with the device
+            # stage) go back once the consumer's batches are gone.
+            self.last_batch = None
             self._report_source()
             self._reporter.flush()
 

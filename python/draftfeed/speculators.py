@@ -28,6 +28,9 @@ How the reference's arguments map:
   `on_missing="generate"` also `setup`, `get_generated` after each request, then `cache` (when it has one
   and on_generate="cache") or `delete`.
 - the online arguments are validated here; `on_missing="generate"` needs the online source.
+- `pin_memory` (the reference's DataLoader pins whenever CUDA is available): with CUDA the batches are
+  CUDA tensors on cuda:$LOCAL_RANK, copied ahead of the trainer by the device stage (its `.to()` is then
+  a no-op); `DRAFTFEED_DEVICE_STAGE=0` keeps them in page-locked host memory (docs/device_stage.md).
 - `DRAFTFEED_SERVER_DIR` (environment; the reference's signature has no room for it): the folder the
   vLLM servers write into. Handles resolving outside it are refused, and generated files in it are
   deleted (or moved into the cache) as the reference does. Without it handles are read from anywhere,
@@ -168,6 +171,26 @@ class SpeculatorsLoader(Loader):
             warnings.warn(message, stacklevel=2)
 
 
+def _device_stage(native_preprocess: str | None) -> str | None:
+    """The device the drop-in delivers batches on, or None for host memory.
+
+    The reference's DataLoader pins its batches whenever CUDA is available (`pin_memory=True`) and
+    its trainer moves them with `.to(local_rank, non_blocking=True)`. The drop-in then copies each
+    batch to that device itself, ahead of the trainer, on a stream of its own (the device stage), and
+    the trainer's `.to()` does nothing. `DRAFTFEED_DEVICE_STAGE=0` keeps batches in (page-locked) host
+    memory instead; a preprocess callable the engine does not know runs in Python on host memory, so
+    its batches stay there too."""
+    if os.environ.get("DRAFTFEED_DEVICE_STAGE", "1") == "0" or native_preprocess is None:
+        return None
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - the drop-in is used from a torch trainer
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
 def _check_dtype(hidden_states_dtype: Any) -> str:
     name = str(hidden_states_dtype).replace("torch.", "")
     if name not in ("bfloat16", "float32"):
@@ -290,6 +313,7 @@ def create_train_val_loaders(
         source=source,
         fatal_failures_in_batch=True,
         fp8_dequantize_dtype=fp8_dequantize,
+        device=_device_stage(native),
     )
     # As speculators 0.9.0, by the engine's one rule: validation has no noise, every batch, and
     # seed 0 whatever `seed` (runs with different seeds are validated on the same batches).

@@ -25,8 +25,12 @@ import json
 import os
 import sys
 import threading
+from typing import Any
 
 import draftfeed
+
+# The torch views of the host batch whose addresses a caller is using (alive until it drops them).
+_ALIVE: dict[str, Any] = {}
 
 H2D, D2D = 1, 3
 
@@ -35,14 +39,14 @@ def checksum(address: int, size: int) -> str:
     return hashlib.blake2b(ctypes.string_at(address, size), digest_size=12).hexdigest()
 
 
-def tensor_memory(batch) -> list:
+def tensor_memory(batch: Any) -> list:
     """(name, address, bytes) of each tensor: for a host batch from its torch views, as a trainer
     copies them (the views are alive while the caller uses the addresses); for a device batch from
     the engine (a CPU build of torch cannot hold CUDA tensors)."""
     if getattr(batch, "device", -1) >= 0:
         return batch.tensor_memory()
     views = batch.torch()
-    tensor_memory.alive = views  # the caller queues its copies while these views exist
+    _ALIVE["views"] = views  # the caller queues its copies while these views exist
     return [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in views.items()]
 
 
@@ -65,6 +69,7 @@ def expected_batches(args) -> dict:
     out: dict = {}
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
+        batch: Any
         for batch in loader:
             out.setdefault(epoch, {})[batch.index] = {
                 name: checksum(address, size) for name, address, size in tensor_memory(batch)}
@@ -120,7 +125,8 @@ def main() -> None:
                                device_buffers=args.device_buffers, **options)
         else:
             loader = RawLoader(args.data, pin_memory=True, **options)
-        received = []  # (epoch, index, name, device address, size)
+        received: list[tuple[int, int, str, int, int]] = []  # (epoch, index, name, address, size)
+        batch: Any
         kept: list = []
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
@@ -131,11 +137,11 @@ def main() -> None:
                     assert on_rank_device(cuda.cudaMalloc, ctypes.byref(target), size) == 0
                     kind = D2D if on_device else H2D
                     assert on_rank_device(cuda.cudaMemcpyAsync, target, address, size, kind, stream) == 0
-                    received.append((epoch, batch.index, name, target.value, size))
+                    received.append((epoch, batch.index, name, int(target.value or 0), size))
                 if args.keep:
                     kept.append(batch if on_device else batch.torch()["input_ids"])
                     kept = kept[-args.keep:]
-                tensor_memory.alive = None
+                _ALIVE.clear()
                 del batch  # the consumer runs on; its queued work has not run yet
         metrics = loader.metrics()
         kept.clear()

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Runs speculators 0.9.0's own training entry point on CPU, with its loaders or with draftfeed's.
+"""Runs speculators 0.9.0's own training entry point on CPU (or, with --gpu, on the GPU it was written
+for), with its loaders or with draftfeed's.
 
 Used by `test_speculators_trainer.py` as a subprocess (plain `python`, or `torchrun` for world size 2).
 
     trainer_harness.py prepare OUT          a tiny random Llama verifier (OUT/verifier) and a small
                                             dataset with its hidden-state cache (OUT/data)
     trainer_harness.py train --loader {reference,draftfeed} --metrics FILE [--kill-after-mid-epoch-checkpoint]
-                             -- TRAINER FLAGS...
+                             [--gpu] -- TRAINER FLAGS...
                                             `speculators train` with TRAINER FLAGS (the same flags for both
                                             loaders), the per-step metric records written to FILE.<rank>.jsonl
     trainer_harness.py summary FILE...      median fetch_ms / step_ms and the data-wait share of metric files
@@ -17,7 +18,9 @@ What `train` does, and nothing else:
   The trainer calls it exactly as it calls the reference: no argument is wrapped, filtered or adapted,
   and the returned loaders are handed to the trainer untouched.
 - The trainer has no CPU path. `_cpu_patches` below changes device selection only, identically for both
-  loaders; every patch says why it is needed.
+  loaders; every patch says why it is needed. With --gpu nothing is patched: the trainer runs on
+  cuda:<LOCAL_RANK> as written (scripts/gpu_check.sh), with torch's deterministic algorithms so that
+  two runs on the same batches can be compared bit for bit.
 - Metrics: a logging handler on the root logger receives the trainer's `speculators.metrics` records
   (they propagate) and writes each one as a JSON line, every float also as `float.hex()`. With each
   record go the batches the draft model was called with since the previous record (seen by a global
@@ -227,7 +230,13 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
 
     # One intra-op thread: reductions in a fixed order, and two runs can share the 2 cores.
     torch.set_num_threads(1)
-    _cpu_patches()
+    if args.gpu:
+        # The same batches must give the same losses: cuBLAS and cuDNN in their deterministic modes.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        _cpu_patches()
 
     import speculators.train.cli as cli
     from speculators.train.config import TrainConfig
@@ -311,6 +320,7 @@ def main() -> None:
     t.add_argument("--loader", required=True, choices=("reference", "draftfeed"))
     t.add_argument("--metrics", required=True, help="metric records go to METRICS.<rank>.jsonl")
     t.add_argument("--kill-after-mid-epoch-checkpoint", action="store_true")
+    t.add_argument("--gpu", action="store_true", help="train on the GPU (no CPU patches)")
     s = sub.add_parser("summary")
     s.add_argument("files", nargs="+")
 

@@ -20,12 +20,7 @@ double now_seconds() {
 
 DeviceStage::DeviceStage(std::shared_ptr<const BatchLayout> layout,
                          std::shared_ptr<DeviceWorker> worker, int buffers)
-    : layout_(std::move(layout)),
-      worker_(std::move(worker)),
-      pool_(BufferPool::create(layout_->total_bytes, batch_slot_spans(*layout_),
-                               std::max(1, buffers), [worker = worker_](std::size_t bytes) {
-                                 return std::make_shared<DeviceBuffer>(bytes, worker);
-                               })) {
+    : layout_(std::move(layout)), worker_(std::move(worker)), buffers_(std::max(1, buffers)) {
   worker_->run([this] {
     void* stream = nullptr;
     // Non-blocking: the legacy default stream (torch's default) does not wait for our copies,
@@ -46,8 +41,33 @@ DeviceStage::~DeviceStage() {
 
 void DeviceStage::start(Upstream upstream) {
   join();
+  // The previous epoch's buffers, if the consumer still holds some of its batches; else new ones,
+  // once the old ones are freed (after the device's last reads of them), so that device memory
+  // never holds two epochs' buffers.
+  std::shared_ptr<BufferPool> pool = previous_pool_.lock();
+  if (!pool) {
+    if (had_pool_) worker_->settle();
+    pool = BufferPool::create(
+        layout_->total_bytes, batch_slot_spans(*layout_), buffers_,
+        [worker = worker_, live = device_bytes_, peak = peak_device_bytes_](std::size_t bytes) {
+          auto buffer = std::make_shared<DeviceBuffer>(bytes, worker);
+          const std::size_t now = live->fetch_add(bytes) + bytes;
+          std::size_t seen = peak->load();
+          while (now > seen && !peak->compare_exchange_weak(seen, now)) {
+          }
+          DeviceBuffer* raw = buffer.get();
+          return std::shared_ptr<MemoryBlock>(raw, [buffer, live, bytes](MemoryBlock*) mutable {
+            live->fetch_sub(bytes);
+            buffer.reset();
+          });
+        });
+    had_pool_ = true;
+  }
+  previous_pool_ = pool;
   {
     std::lock_guard lock(mutex_);
+    pool_ = pool;
+    extra_buffers_ = 0;
     ready_.clear();
     stopping_ = false;
     finished_ = false;
@@ -55,7 +75,18 @@ void DeviceStage::start(Upstream upstream) {
     start_time_ = now_seconds();
     counts_.first_batch_seconds = -1;
   }
-  copier_ = std::thread([this, upstream = std::move(upstream)] { run_copier(upstream); });
+  copier_ = std::thread([this, upstream = std::move(upstream), pool = std::move(pool)] {
+    run_copier(upstream, pool);
+  });
+}
+
+void DeviceStage::poke_pool() const {
+  std::shared_ptr<BufferPool> pool;
+  {
+    std::lock_guard lock(mutex_);
+    pool = pool_;
+  }
+  if (pool) pool->poke();
 }
 
 void DeviceStage::begin_stop() {
@@ -63,18 +94,23 @@ void DeviceStage::begin_stop() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  pool_->poke();
+  poke_pool();
   changed_.notify_all();
 }
 
 void DeviceStage::join() {
   if (copier_.joinable()) copier_.join();
-  std::deque<std::shared_ptr<BatchLease>> dropped;  // their buffers go back outside our lock
+  // Batches not handed out go back, and the epoch's device memory is freed once the consumer's
+  // batches are gone too. Outside our lock: a buffer going back takes the pool's.
+  std::deque<std::shared_ptr<BatchLease>> dropped;
+  std::shared_ptr<BufferPool> pool;
   std::lock_guard lock(mutex_);
   dropped.swap(ready_);
+  if (pool_) extra_buffers_ = pool_->extra_buffers();
+  pool.swap(pool_);
 }
 
-void DeviceStage::run_copier(const Upstream& upstream) {
+void DeviceStage::run_copier(const Upstream& upstream, const std::shared_ptr<BufferPool>& pool) {
   try {
     make_device_current(worker_->device());
     for (;;) {
@@ -88,7 +124,7 @@ void DeviceStage::run_copier(const Upstream& upstream) {
         finished_ = true;
         break;
       }
-      std::shared_ptr<BatchLease> device = copy_to_device(std::move(host));
+      std::shared_ptr<BatchLease> device = copy_to_device(std::move(host), *pool);
       if (!device) return;  // stopping
       {
         std::lock_guard lock(mutex_);
@@ -103,12 +139,13 @@ void DeviceStage::run_copier(const Upstream& upstream) {
   changed_.notify_all();
 }
 
-std::shared_ptr<BatchLease> DeviceStage::copy_to_device(std::shared_ptr<BatchLease> host) {
+std::shared_ptr<BatchLease> DeviceStage::copy_to_device(std::shared_ptr<BatchLease> host,
+                                                        BufferPool& pool) {
   require(
       host->buffer != nullptr && host->layout->total_bytes == layout_->total_bytes,
       ErrorKind::kRuntime,
       "batch " + std::to_string(host->index) + " is not in a pool buffer of the stage's layout");
-  auto buffer = pool_->acquire(
+  auto buffer = pool.acquire(
       [this] {
         std::lock_guard lock(mutex_);
         return stopping_;
@@ -164,14 +201,21 @@ std::shared_ptr<BatchLease> DeviceStage::next(CudaStream consumer) {
     if (!available()) {
       consumer_waiting_ = true;
       lock.unlock();
-      pool_->poke();  // the copier may need to grow the device pool for us
+      poke_pool();  // the copier may need to grow the device pool for us
       lock.lock();
       changed_.wait(lock, available);
       consumer_waiting_ = false;
     }
     counts_.consumer_wait_seconds += now_seconds() - wait_start;
     if (error_) std::rethrow_exception(error_);
-    if (ready_.empty()) return nullptr;
+    if (ready_.empty()) {
+      // The epoch is over: its device memory goes once the consumer's last batches are gone.
+      if (finished_ && pool_) {
+        extra_buffers_ = pool_->extra_buffers();
+        pool_.reset();
+      }
+      return nullptr;
+    }
     lease = std::move(ready_.front());
     ready_.pop_front();
   }
@@ -186,8 +230,6 @@ std::shared_ptr<BatchLease> DeviceStage::next(CudaStream consumer) {
 }
 
 void DeviceStage::fill_metrics(PipelineMetrics& metrics) const {
-  const int buffers = pool_->buffers();
-  const int extra = pool_->extra_buffers();
   std::lock_guard lock(mutex_);
   metrics.batches = counts_.batches;
   metrics.tokens = counts_.tokens;
@@ -198,10 +240,12 @@ void DeviceStage::fill_metrics(PipelineMetrics& metrics) const {
   metrics.first_batch_seconds = counts_.first_batch_seconds;
   metrics.ready += static_cast<int>(ready_.size());
   metrics.device = worker_->device();
-  metrics.device_buffers = buffers;
-  metrics.device_extra_buffers = extra;
-  metrics.device_buffer_bytes = pool_->buffer_bytes();
-  metrics.device_held_slot_bytes = pool_->held_slot_bytes();
+  metrics.device_buffers = buffers_;
+  metrics.device_extra_buffers = pool_ ? pool_->extra_buffers() : extra_buffers_;
+  metrics.device_buffer_bytes = layout_->total_bytes;
+  metrics.device_held_slot_bytes = pool_ ? pool_->held_slot_bytes() : 0;
+  metrics.device_bytes = device_bytes_->load();
+  metrics.device_peak_bytes = peak_device_bytes_->load();
 }
 
 }  // namespace draftfeed

@@ -3,8 +3,11 @@
 // (docs/device_stage.md).
 //
 //   copier thread: takes the pipeline's batches in delivery order; for each takes a free device
-//                  buffer (a small pool: `buffers`, default 2), makes the copy stream wait on the
-//                  device for the consumer's reads of that buffer, queues one copy per tensor,
+//                  buffer (a small pool: `buffers`, default 2, allocated when an epoch starts and
+//                  freed once its batches are gone, so a training and a validation loader do not
+//                  hold device memory at the same time; an epoch that starts while the consumer
+//                  holds batches of the last one keeps its buffers), makes the copy stream wait on
+//                  the device for the consumer's reads of that buffer, queues one copy per tensor,
 //                  records the copy's event, marks the host buffer as read by the copy stream (the
 //                  pool rewrites it only after the copy) and lets the host batch go;
 //   next():        hands the consumer the oldest copied batch after making the consumer's stream
@@ -15,6 +18,7 @@
 // Thread safety: `next` for one consumer thread; `begin_stop` from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -32,7 +36,7 @@ namespace draftfeed {
 
 class DeviceStage {
  public:
-  // Allocates `buffers` device batches of `layout` on the worker's device.
+  // Device batches of `layout` on the worker's device, `buffers` of them during an epoch.
   DeviceStage(std::shared_ptr<const BatchLayout> layout, std::shared_ptr<DeviceWorker> worker,
               int buffers);
   ~DeviceStage();
@@ -55,17 +59,27 @@ class DeviceStage {
   void fill_metrics(PipelineMetrics& metrics) const;
 
  private:
-  void run_copier(const Upstream& upstream);
-  std::shared_ptr<BatchLease> copy_to_device(std::shared_ptr<BatchLease> host);
+  void run_copier(const Upstream& upstream, const std::shared_ptr<BufferPool>& pool);
+  std::shared_ptr<BatchLease> copy_to_device(std::shared_ptr<BatchLease> host, BufferPool& pool);
+  void poke_pool() const;
 
   const std::shared_ptr<const BatchLayout> layout_;
   const std::shared_ptr<DeviceWorker> worker_;
-  const std::shared_ptr<BufferPool> pool_;  // device memory
-  CudaStream copy_stream_ = 0;              // created by the copier, non-blocking
+  const int buffers_;
+  CudaStream copy_stream_ = 0;  // non-blocking
+  // Device memory the stage's buffers hold now (alive while any batch in them is), and at most.
+  const std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
+      std::make_shared<std::atomic<std::size_t>>(0);
+  const std::shared_ptr<std::atomic<std::size_t>> peak_device_bytes_ =
+      std::make_shared<std::atomic<std::size_t>>(0);
 
   std::thread copier_;
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable changed_;
+  std::shared_ptr<BufferPool> pool_;         // the epoch's device buffers; null between epochs
+  std::weak_ptr<BufferPool> previous_pool_;  // alive while the consumer holds its batches
+  bool had_pool_ = false;
+  int extra_buffers_ = 0;  // the latest epoch's pool grew by these
   std::deque<std::shared_ptr<BatchLease>> ready_;
   bool stopping_ = false;
   bool finished_ = false;  // upstream said the epoch is over

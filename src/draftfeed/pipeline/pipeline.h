@@ -126,12 +126,16 @@ struct PipelineMetrics {
   bool pinned = false;
   std::size_t buffer_bytes = 0;
   DropCounts dropped{};
-  // The device stage (absent: device -1): its buffers in device memory and their bytes.
+  // The device stage (absent: device -1): its buffers in device memory (device_buffers during an
+  // epoch, plus any a consumer keeping whole batches forced), their bytes each, slots allocated
+  // apart for kept tensors, and the device memory it holds now and held at most.
   int device = -1;
   int device_buffers = 0;
   int device_extra_buffers = 0;
   std::size_t device_buffer_bytes = 0;
   std::size_t device_held_slot_bytes = 0;
+  std::size_t device_bytes = 0;
+  std::size_t device_peak_bytes = 0;
 };
 
 // Where each tensor of a batch lies in its buffer (the layout's slots).
