@@ -245,7 +245,7 @@ struct PyLoader {
     std::shared_ptr<BatchLease> lease;
     {
       nb::gil_scoped_release release;
-      lease = loader->next(consumer_stream);
+      lease = loader->next(cuda_stream_from_handle(consumer_stream));
     }
     if (!lease) return std::nullopt;
     return PyBatch{std::move(lease)};

@@ -151,9 +151,9 @@ nb::dict pack(const nb::list& samples, std::int64_t max_len, const std::string& 
   }
   struct Holder {
     std::shared_ptr<HostBuffer> buffer;
-    std::uintptr_t consumer_stream;
+    CudaStream consumer_stream;
   };
-  auto* holder = new Holder{buffer, consumer_stream};
+  auto* holder = new Holder{buffer, cuda_stream_from_handle(consumer_stream)};
   nb::capsule owner(holder, [](void* p) noexcept {
     auto* held = static_cast<Holder*>(p);
     // Copies the consumer queued from the batch were queued before it let the tensors go.

@@ -19,8 +19,7 @@ CudaEvent::~CudaEvent() {
 }
 
 void CudaEvent::record(CudaStream stream) {
-  check_cuda(cuda_runtime().event_record(event_, reinterpret_cast<void*>(stream)),
-             "cudaEventRecord", worker_->device());
+  check_cuda(cuda_runtime().event_record(event_, stream), "cudaEventRecord", worker_->device());
 }
 
 bool CudaEvent::done() const {
@@ -31,8 +30,8 @@ bool CudaEvent::done() const {
 }
 
 void CudaEvent::make_wait(CudaStream stream) const {
-  check_cuda(cuda_runtime().stream_wait_event(reinterpret_cast<void*>(stream), event_, 0),
-             "cudaStreamWaitEvent", worker_->device());
+  check_cuda(cuda_runtime().stream_wait_event(stream, event_, 0), "cudaStreamWaitEvent",
+             worker_->device());
 }
 
 }  // namespace draftfeed

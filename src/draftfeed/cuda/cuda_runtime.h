@@ -15,9 +15,14 @@
 
 namespace draftfeed {
 
-// A CUDA stream as the runtime knows it (cudaStream_t); 0 is the legacy default stream, torch's
+// A CUDA stream as the runtime knows it (cudaStream_t); null is the legacy default stream, torch's
 // default stream.
-using CudaStream = std::uintptr_t;
+using CudaStream = void*;
+
+// A stream handle as Python holds it (torch's `Stream.cuda_stream` is an int).
+inline CudaStream cuda_stream_from_handle(std::uintptr_t handle) {
+  return reinterpret_cast<CudaStream>(handle);  // NOLINT(performance-no-int-to-ptr): it is one
+}
 
 // The entry points draftfeed uses, with the runtime's own signatures (opaque handles as void*).
 struct CudaRuntime {

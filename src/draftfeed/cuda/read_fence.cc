@@ -38,8 +38,7 @@ void ReadFence::record_locked(CudaStream stream) {
     marks_.push_back({stream, event, false, 0});
     mark = &marks_.back();
   }
-  check_cuda(rt.event_record(mark->event, reinterpret_cast<void*>(stream)), "cudaEventRecord",
-             worker_->device());
+  check_cuda(rt.event_record(mark->event, stream), "cudaEventRecord", worker_->device());
   mark->pending = true;
   ++mark->generation;
 }
@@ -116,8 +115,8 @@ void ReadFence::order_after(CudaStream stream) {
   wait_posted(lock);
   for (const Mark& mark : marks_) {
     if (!mark.pending) continue;
-    check_cuda(rt.stream_wait_event(reinterpret_cast<void*>(stream), mark.event, 0),
-               "cudaStreamWaitEvent", worker_->device());
+    check_cuda(rt.stream_wait_event(stream, mark.event, 0), "cudaStreamWaitEvent",
+               worker_->device());
   }
 }
 

@@ -49,7 +49,7 @@ class ReadFence : public std::enable_shared_from_this<ReadFence> {
  private:
   explicit ReadFence(std::shared_ptr<DeviceWorker> worker) : worker_(std::move(worker)) {}
   struct Mark {
-    CudaStream stream = 0;
+    CudaStream stream = nullptr;
     void* event = nullptr;
     bool pending = false;     // recorded, not yet seen complete
     unsigned generation = 0;  // records so far: a wait clears `pending` only for its own

@@ -70,8 +70,8 @@ class Loader {
   void start_epoch(std::int64_t epoch);
   // The next batch, or null at the end of the epoch (see Pipeline::next); with the device stage,
   // in device memory (DeviceStage::next). `consumer`: the CUDA stream the consumer uses the batch
-  // on (its copies, or its work on device batches); 0 is the default stream.
-  std::shared_ptr<BatchLease> next(CudaStream consumer = 0);
+  // on (its copies, or its work on device batches); null is the default stream.
+  std::shared_ptr<BatchLease> next(CudaStream consumer = nullptr);
   void stop();
 
   PipelineMetrics metrics() const;

@@ -62,7 +62,7 @@ class SlotRegion {
   std::uint8_t* data_;
   std::size_t bytes_;
   std::atomic<int> holds_{0};
-  std::atomic<CudaStream> reader_stream_{0};
+  std::atomic<CudaStream> reader_stream_{nullptr};
   std::weak_ptr<BufferPool> pool_;  // set for a pool buffer's own regions: told when free
 };
 
@@ -113,7 +113,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     std::shared_ptr<BufferPool> pool_;
     Buffer* buffer_;
     std::vector<std::shared_ptr<SlotRegion>> regions_;
-    CudaStream reader_stream_ = 0;
+    CudaStream reader_stream_ = nullptr;
     bool reads_marked_ = false;
   };
 

@@ -27,7 +27,7 @@ DeviceStage::DeviceStage(std::shared_ptr<const BatchLayout> layout,
     // nor they for it, unless told to by an event.
     check_cuda(cuda_runtime().stream_create(&stream, kCudaStreamNonBlocking),
                "cudaStreamCreateWithFlags", worker_->device());
-    copy_stream_ = reinterpret_cast<CudaStream>(stream);
+    copy_stream_ = stream;
   });
 }
 
@@ -35,8 +35,7 @@ DeviceStage::~DeviceStage() {
   begin_stop();
   join();
   // Queued copies complete first; the runtime releases the stream then.
-  worker_->post(
-      [stream = copy_stream_] { cuda_runtime().stream_destroy(reinterpret_cast<void*>(stream)); });
+  worker_->post([stream = copy_stream_] { cuda_runtime().stream_destroy(stream); });
 }
 
 void DeviceStage::start(Upstream upstream) {
@@ -124,7 +123,8 @@ void DeviceStage::run_copier(const Upstream& upstream, const std::shared_ptr<Buf
         finished_ = true;
         break;
       }
-      std::shared_ptr<BatchLease> device = copy_to_device(std::move(host), *pool);
+      std::shared_ptr<BatchLease> device = copy_to_device(host, *pool);
+      host.reset();         // the host buffer goes back to its pool (rewritten after the copy)
       if (!device) return;  // stopping
       {
         std::lock_guard lock(mutex_);
@@ -139,7 +139,7 @@ void DeviceStage::run_copier(const Upstream& upstream, const std::shared_ptr<Buf
   changed_.notify_all();
 }
 
-std::shared_ptr<BatchLease> DeviceStage::copy_to_device(std::shared_ptr<BatchLease> host,
+std::shared_ptr<BatchLease> DeviceStage::copy_to_device(const std::shared_ptr<BatchLease>& host,
                                                         BufferPool& pool) {
   require(
       host->buffer != nullptr && host->layout->total_bytes == layout_->total_bytes,
@@ -162,7 +162,7 @@ std::shared_ptr<BatchLease> DeviceStage::copy_to_device(std::shared_ptr<BatchLea
   const std::vector<std::uint8_t*> memory = buffer->memory();
   for (std::size_t s = 0; s < layout_->tensors.size(); ++s) {
     check_cuda(rt.memcpy_async(memory[s], host->memory[s], layout_->tensors[s].nbytes,
-                               kCudaMemcpyHostToDevice, reinterpret_cast<void*>(copy_stream_)),
+                               kCudaMemcpyHostToDevice, copy_stream_),
                "cudaMemcpyAsync", worker_->device());
   }
   auto copied = std::make_shared<CudaEvent>(worker_);

@@ -60,13 +60,14 @@ class DeviceStage {
 
  private:
   void run_copier(const Upstream& upstream, const std::shared_ptr<BufferPool>& pool);
-  std::shared_ptr<BatchLease> copy_to_device(std::shared_ptr<BatchLease> host, BufferPool& pool);
+  std::shared_ptr<BatchLease> copy_to_device(const std::shared_ptr<BatchLease>& host,
+                                             BufferPool& pool);
   void poke_pool() const;
 
   const std::shared_ptr<const BatchLayout> layout_;
   const std::shared_ptr<DeviceWorker> worker_;
   const int buffers_;
-  CudaStream copy_stream_ = 0;  // non-blocking
+  CudaStream copy_stream_ = nullptr;  // non-blocking
   // Device memory the stage's buffers hold now (alive while any batch in them is), and at most.
   const std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
       std::make_shared<std::atomic<std::size_t>>(0);

@@ -158,7 +158,7 @@ class Pipeline {
   // The next batch, or nullptr when the epoch is done. Rethrows a fatal error from the workers.
   // `reader` is the CUDA stream the consumer will queue its copies of the batch on: when the
   // memory is page-locked, its reads are marked there when the batch is released.
-  std::shared_ptr<BatchLease> next(CudaStream reader = 0);
+  std::shared_ptr<BatchLease> next(CudaStream reader = nullptr);
   // Stops promptly: queued work is discarded, the source is interrupted so running fetches end
   // (SampleSource::interrupt), threads are joined, then the source is resumed. May be called from
   // any thread (a watchdog closing the loader while the consumer waits in next(), which then
