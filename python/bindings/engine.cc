@@ -20,7 +20,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "plans.h"

@@ -30,7 +30,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/hidden/safetensors.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 
 namespace draftfeed::python {
 

@@ -24,9 +24,9 @@
 #include "bindings.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/common/dtype.h"
-#include "draftfeed/online/lookahead.h"
-#include "draftfeed/online/online_source.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/lookahead_source.h"
+#include "draftfeed/source/online_source.h"
+#include "draftfeed/source/cache_source.h"
 #include "python_transfer.h"
 #include "sample_source.h"
 

@@ -7,8 +7,8 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
-#include "draftfeed/online/online_source.h"
-#include "draftfeed/pipeline/epoch_plan.h"
+#include "draftfeed/source/online_source.h"
+#include "draftfeed/hidden/cache_geometry.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "stream_report.h"
 

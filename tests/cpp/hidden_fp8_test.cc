@@ -16,7 +16,7 @@
 #include "draftfeed/hidden/safetensors_writer.h"
 #include "draftfeed/hidden/synthetic_cache.h"
 #include "draftfeed/hidden/validate.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 #include "temp_folder.h"
 
 namespace draftfeed {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {

@@ -18,7 +18,7 @@
 
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/hidden/safetensors_writer.h"
-#include "draftfeed/hidden/sample.h"
+#include "draftfeed/hidden/hidden_state_sample.h"
 
 namespace draftfeed {
 

@@ -4,7 +4,7 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_store.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 #include "draftfeed/pipeline/epoch_plan.h"
 
 namespace draftfeed {

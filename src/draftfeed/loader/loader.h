@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "draftfeed/sampler/multipack.h"

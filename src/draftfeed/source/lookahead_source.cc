@@ -1,4 +1,4 @@
-#include "draftfeed/online/lookahead.h"
+#include "draftfeed/source/lookahead_source.h"
 
 #include <algorithm>
 #include <exception>

@@ -45,11 +45,11 @@
 #include <string>
 #include <vector>
 
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 #include "draftfeed/common/message_log.h"
 #include "draftfeed/hidden/cache_store.h"
-#include "draftfeed/online/generated_file.h"
-#include "draftfeed/online/hidden_states_transfer.h"
+#include "draftfeed/source/generated_file.h"
+#include "draftfeed/source/hidden_states_transfer.h"
 #include "draftfeed/online/vllm_client.h"
 
 namespace draftfeed {

@@ -1,4 +1,4 @@
-#include "draftfeed/online/online_source.h"
+#include "draftfeed/source/online_source.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 
 #include "draftfeed/common/finite.h"
 #include "draftfeed/hidden/fp8_quantize.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 
 namespace draftfeed {
 

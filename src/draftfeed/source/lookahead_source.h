@@ -25,7 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {

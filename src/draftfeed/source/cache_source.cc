@@ -1,4 +1,4 @@
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 
 #include <cstdio>
 #include <cstring>

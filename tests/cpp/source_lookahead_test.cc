@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "draftfeed/dataset/synthetic.h"
-#include "draftfeed/online/lookahead.h"
+#include "draftfeed/source/lookahead_source.h"
 
 namespace draftfeed {
 namespace {

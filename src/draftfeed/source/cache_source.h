@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 #include "draftfeed/hidden/cache_readahead.h"
 #include "draftfeed/hidden/cache_store.h"
 

@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/token_dataset.h"
 
