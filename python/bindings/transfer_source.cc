@@ -1,6 +1,8 @@
 // A Python transfer object (hs-connectors interface, see python_transfer.h) as the offline sample
 // source (source/transfer_source.h): each sample comes from `transfer.get_cached(file_idx)`.
 // Slower than the native store: every sample takes the GIL.
+#include "draftfeed/source/transfer_source.h"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -9,7 +11,6 @@
 
 #include "bindings.h"
 #include "draftfeed/source/cache_source.h"
-#include "draftfeed/source/transfer_source.h"
 #include "python_transfer.h"
 #include "sample_source.h"
 

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/source/sample_source.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "draftfeed/sampler/multipack.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

@@ -22,7 +22,7 @@ std::size_t index_of(DropReason reason) { return static_cast<std::size_t>(reason
 std::int64_t hidden_row_bytes(const BatchLayout& layout) {
   std::int64_t bytes = 0;
   for (const auto& slot : layout.tensors) {
-    if (slot.dtype != TensorDType::kInt64) {
+    if (slot.dtype != DType::kI64) {
       bytes += static_cast<std::int64_t>(slot.nbytes) / layout.spec.max_len;
     }
   }

@@ -32,11 +32,11 @@
 
 #include "draftfeed/batch/assemble.h"
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/source/sample_source.h"
 #include "draftfeed/common/thread_pool.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

@@ -25,8 +25,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "draftfeed/source/sample_source.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

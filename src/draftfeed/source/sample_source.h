@@ -13,7 +13,7 @@
 #include <span>
 #include <string>
 
-#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/dtype.h"
 #include "draftfeed/common/mapped_file.h"
 #include "draftfeed/dataset/token_dataset.h"
 
@@ -33,7 +33,7 @@ const char* drop_reason_name(DropReason reason);
 // Hidden states `[tokens, layers, hidden]`, row-major and contiguous, in a file's own dtype.
 struct HiddenStatesView {
   const std::uint8_t* data = nullptr;
-  HiddenDType dtype = HiddenDType::kBF16;
+  DType dtype = DType::kBF16;
   std::int64_t tokens = 0;
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
@@ -41,7 +41,7 @@ struct HiddenStatesView {
   // little-endian, any alignment), and the dtype FP8Transfer dequantizes in (bf16, f16 or f32):
   // value = round_D(D(fp8) x D(scale)). Null for other dtypes.
   const std::uint8_t* scales = nullptr;
-  HiddenDType dequantize = HiddenDType::kBF16;
+  DType dequantize = DType::kBF16;
 };
 
 struct FetchedSample {
