@@ -319,7 +319,7 @@ void init_online(nb::module_& m) {
             if (lookahead > 0) {
               require(!data_path.empty(), ErrorKind::kInvalidArgument,
                       "lookahead needs data_path (the lookahead reads the rows' token ids)");
-              ahead = std::make_shared<LookaheadSource>(online, dataset, fetch_threads, lookahead);
+              ahead = std::make_shared<LookaheadSource>(online, dataset, lookahead);
               description += ", lookahead " + std::to_string(lookahead) + " rows";
             }
             description += ")";

@@ -163,9 +163,6 @@ class Loader:
                 value = os.fspath(value) if value is not None else ""
             setattr(core, name, value)
         if source is not None:
-            # An online source's fetch holds an engine thread for its whole round trip: give it one
-            # thread per request in flight on top of the assembly threads.
-            core.num_threads = core.num_threads + int(getattr(source, "fetch_threads", 0) or 0)
             core.source = source
         self._setup(core, topology, source, preprocess if callable(preprocess) else None)
         if source is not None and getattr(source, "reads_messages", True) is False and (

@@ -84,8 +84,7 @@ int run_loader(const LoaderRunConfig& config) {
     online_source = std::make_shared<OnlineSampleSource>(online_options);
     options.source = online_source;
   }
-  // A fetch blocks its thread for a whole request: online runs get a thread per request in flight.
-  options.pipeline.num_threads = config.threads + (online ? config.concurrency : 0);
+  options.pipeline.num_threads = config.threads;  // the online source's fetches get their own
   options.pipeline.prefetch = config.prefetch;
   options.pipeline.in_order = config.in_order;
   Loader train_loader(options, dataset);

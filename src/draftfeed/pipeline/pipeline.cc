@@ -94,7 +94,8 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
     metrics_.first_batch_seconds = -1;
   }
   stopping_ = false;
-  workers_ = std::make_unique<ThreadPool>(options_.num_threads);
+  // The source's blocked fetches get threads of their own (SampleSource::blocking_fetches).
+  workers_ = std::make_unique<ThreadPool>(options_.num_threads + source_->blocking_fetches());
   scheduler_ = std::thread([this, epoch, plan = std::move(batches)]() mutable {
     run_scheduler(epoch, std::move(plan));
   });

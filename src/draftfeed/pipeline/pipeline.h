@@ -48,11 +48,11 @@ struct PlannedBatch {
 };
 
 struct PipelineOptions {
-  int num_threads = 2;                 // fetch + assembly threads
-  int prefetch = 4;                    // batch buffers (batches in flight or waiting)
-  bool in_order = true;                // deliver in plan order, or as batches become ready
-  bool try_pin = true;                 // page-lock buffers when a CUDA runtime is present
-  bool noise = false;                  // apply the spec's noise (the training split)
+  int num_threads = 2;   // fetch + assembly threads (plus the source's blocking_fetches())
+  int prefetch = 4;      // batch buffers (batches in flight or waiting)
+  bool in_order = true;  // deliver in plan order, or as batches become ready
+  bool try_pin = true;   // page-lock buffers when a CUDA runtime is present
+  bool noise = false;    // apply the spec's noise (the training split)
   std::int64_t chunk_bytes = 4 << 20;  // bytes of hidden states per copy task
   int max_drop_examples = 8;           // drop messages kept per batch
   // A fatal generation failure (online: too many rows failed in a row, fail_on_hidden_state_error)

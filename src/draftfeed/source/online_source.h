@@ -28,8 +28,8 @@
 //      so the other rows' requests end at once instead of running out their retries.
 //
 // fetch() blocks its caller for the whole round trip; requests in flight are bounded by the
-// client's `concurrency`, so the pipeline running this source needs at least that many threads
-// (plus its assembly threads) for the bound to be reached.
+// client's `concurrency`, which blocking_fetches() reports: the pipeline running this source adds
+// that many threads to its assembly threads, so the bound is reached.
 //
 // Thread safety: fetch, generate_row, stats and cancel may be called from any number of threads.
 #pragma once
@@ -128,6 +128,8 @@ class OnlineSampleSource : public SampleSource {
   OnlineSampleSource& operator=(const OnlineSampleSource&) = delete;
 
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
+  // Every request in flight holds its fetch: the client's bound on them.
+  int blocking_fetches() const override { return options_.client.concurrency; }
 
   // The round trip alone (no cache lookup), with the failure policy: for `draftfeed generate`.
   FetchOutcome generate_row(std::int64_t global_row, const IntArrayView& input_ids);

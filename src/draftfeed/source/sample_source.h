@@ -91,6 +91,12 @@ class SampleSource {
   // the next epoch. Fetches that end because of interrupt() are not failures of the sample.
   virtual void interrupt() {}
   virtual void resume() {}
+
+  // How many fetches this source may keep blocked at once for a long time (a request to a server
+  // holds its fetch for the whole round trip). The pipeline runs that many threads on top of its
+  // own, so blocked fetches never hold back the copies; 0 (the default) for sources whose fetches
+  // are short (a file read).
+  virtual int blocking_fetches() const { return 0; }
 };
 
 }  // namespace draftfeed
