@@ -15,25 +15,25 @@
 #include <vector>
 
 #include "bindings.h"
+#include "dlpack_dtype.h"
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
-#include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/pipeline/pipeline.h"
+#include "draftfeed/source/cache_source.h"
 #include "plans.h"
 #include "sample_source.h"
 
 namespace draftfeed::python {
 namespace {
 
-HiddenDType parse_batch_dtype(const std::string& text) {
-  if (text == "bfloat16" || text == "bf16") return HiddenDType::kBF16;
-  if (text == "float32" || text == "f32" || text == "float") return HiddenDType::kF32;
-  if (text == "float16" || text == "f16" || text == "half")
-    return HiddenDType::kF16;  // refused later
+DType parse_batch_dtype(const std::string& text) {
+  if (text == "bfloat16" || text == "bf16") return DType::kBF16;
+  if (text == "float32" || text == "f32" || text == "float") return DType::kF32;
+  if (text == "float16" || text == "f16" || text == "half") return DType::kF16;  // refused later
   throw Error(ErrorKind::kInvalidArgument,
               "hidden_states_dtype must be bfloat16 or float32, got '" + text + "'");
 }
@@ -54,22 +54,6 @@ NoiseKind parse_noise(const std::string& text) {
   if (text == "none") return NoiseKind::kNone;
   throw Error(ErrorKind::kInvalidArgument,
               "noise must be 'uniform', 'gaussian' or 'none', got '" + text + "'");
-}
-
-nb::dlpack::dtype dlpack_dtype(TensorDType dtype) {
-  switch (dtype) {
-    case TensorDType::kInt64:
-      return nb::dtype<std::int64_t>();
-    case TensorDType::kBool:
-      return nb::dtype<bool>();
-    case TensorDType::kBF16:
-      return {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
-    case TensorDType::kF16:
-      return {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
-    case TensorDType::kF32:
-      return nb::dtype<float>();
-  }
-  return nb::dtype<std::uint8_t>();
 }
 
 // {reason name: samples dropped}.
@@ -100,11 +84,11 @@ struct PyBatch {
         (*region)->release();
         delete region;
       });
-      TensorDType dtype = slot.dtype;
+      DType dtype = slot.dtype;
       // The reference's all-padding batch has a bool loss mask (its empty sample's dtype).
-      if (slot.name == "loss_mask" && lease->locally_empty) dtype = TensorDType::kBool;
-      nb::dlpack::dtype dl = dlpack_dtype(dtype);
-      if (bf16_as_uint16 && dtype == TensorDType::kBF16) dl = nb::dtype<std::uint16_t>();
+      if (slot.name == "loss_mask" && lease->locally_empty) dtype = DType::kBool;
+      nb::dlpack::dtype dl = dlpack_of(dtype);
+      if (bf16_as_uint16 && dtype == DType::kBF16) dl = nb::dtype<std::uint16_t>();
       std::vector<std::size_t> shape(slot.shape.begin(), slot.shape.end());
       const bool on_device = lease->device >= 0;
       out[slot.name.c_str()] =
@@ -149,14 +133,13 @@ struct PyBatch {
       nb::dict sample;
       auto view = [&](const char* name, std::int64_t width) {
         const TensorSlot& slot = *layout.find(name);
-        const std::size_t row_bytes =
-            static_cast<std::size_t>(width) * tensor_dtype_size(slot.dtype);
+        const std::size_t row_bytes = static_cast<std::size_t>(width) * dtype_size(slot.dtype);
         std::vector<std::size_t> shape{static_cast<std::size_t>(p.rows)};
         if (slot.shape.size() == 3) shape.push_back(static_cast<std::size_t>(width));
         sample[name] = nb::ndarray<nb::pytorch>(slot_data(layout, lease->memory, name) +
                                                     static_cast<std::size_t>(p.dst_row) * row_bytes,
                                                 shape.size(), shape.data(), owner, nullptr,
-                                                dlpack_dtype(slot.dtype));
+                                                dlpack_of(slot.dtype));
       };
       view("hidden_states", layout.target_row_width());
       view("input_ids", 1);
@@ -181,9 +164,8 @@ nb::dict empty_sample(const BatchLayout& layout) {
   };
   auto* holder = new Owner;
   nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<Owner*>(p); });
-  const nb::dlpack::dtype hidden = layout.spec.dtype == HiddenDType::kBF16
-                                       ? dlpack_dtype(TensorDType::kBF16)
-                                       : dlpack_dtype(TensorDType::kF32);
+  const nb::dlpack::dtype hidden =
+      layout.spec.dtype == DType::kBF16 ? dlpack_of(DType::kBF16) : dlpack_of(DType::kF32);
   auto tensor = [&](std::vector<std::size_t> shape, nb::dlpack::dtype dtype) {
     return nb::ndarray<nb::pytorch>(holder->nothing, shape.size(), shape.data(), owner, nullptr,
                                     dtype);
@@ -328,7 +310,7 @@ void bind_loader_options(nb::module_& m) {
           [](O& o, std::int64_t v) { o.batch.num_target_layers = v; })
       .def_prop_rw(
           "hidden_states_dtype",
-          [](const O& o) { return std::string(hidden_dtype_name(o.batch.dtype)); },
+          [](const O& o) { return std::string(torch_dtype_name(o.batch.dtype)); },
           [](O& o, const std::string& v) { o.batch.dtype = parse_batch_dtype(v); },
           "'bfloat16' or 'float32'")
       .def_prop_rw(
@@ -409,17 +391,17 @@ void init_engine(nb::module_& m) {
             if (outcome.sample) {
               const HiddenStatesView& hs = outcome.sample->hidden;
               const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
-              if (hs.dtype == HiddenDType::kF8E4M3) {
+              if (hs.dtype == DType::kF8E4M3) {
                 // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
                 const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
                     hs.data, hs.scales, hs.tokens, hs.layers * hs.hidden, hs.dequantize);
-                out["dtype"] = hidden_dtype_name(hs.dequantize);
+                out["dtype"] = torch_dtype_name(hs.dequantize);
                 out["hidden_bytes"] =
                     nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
               } else {
-                out["dtype"] = hidden_dtype_name(hs.dtype);
-                out["hidden_bytes"] = nb::bytes(reinterpret_cast<const char*>(hs.data),
-                                                count * hidden_dtype_size(hs.dtype));
+                out["dtype"] = torch_dtype_name(hs.dtype);
+                out["hidden_bytes"] =
+                    nb::bytes(reinterpret_cast<const char*>(hs.data), count * dtype_size(hs.dtype));
               }
               out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
             }

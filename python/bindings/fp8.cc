@@ -30,7 +30,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/hidden/safetensors.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 
 namespace draftfeed::python {
 
@@ -50,17 +50,17 @@ nb::ndarray<nb::numpy, T> owned_array(std::vector<T> values) {
   return nb::ndarray<nb::numpy, T>(heap->data(), 1, shape, owner);
 }
 
-HiddenDType batch_dtype(const std::string& name) {
-  if (name == "bfloat16") return HiddenDType::kBF16;
-  if (name == "float32") return HiddenDType::kF32;
+DType batch_dtype(const std::string& name) {
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float32") return DType::kF32;
   throw Error(ErrorKind::kInvalidArgument,
               "out_dtype must be 'bfloat16' or 'float32', got '" + name + "'");
 }
 
-HiddenDType source_dtype(const std::string& name) {
-  if (name == "BF16") return HiddenDType::kBF16;
-  if (name == "F16") return HiddenDType::kF16;
-  if (name == "F32") return HiddenDType::kF32;
+DType source_dtype(const std::string& name) {
+  if (name == "BF16") return DType::kBF16;
+  if (name == "F16") return DType::kF16;
+  if (name == "F32") return DType::kF32;
   throw Error(ErrorKind::kInvalidArgument, "dtype must be BF16, F16 or F32, got '" + name + "'");
 }
 
@@ -80,7 +80,7 @@ nb::object copy_rows(const Input<std::uint8_t>& codes, const Input<float>& scale
           "codes must hold rows x width bytes for rows = len(scales) > 0");
   RowCopy job;
   job.src = codes.data();
-  job.src_dtype = HiddenDType::kF8E4M3;
+  job.src_dtype = DType::kF8E4M3;
   job.width = static_cast<std::int64_t>(codes.shape(0)) / rows;
   job.src_row_stride = job.width;
   job.src_scales = reinterpret_cast<const std::uint8_t*>(scales.data());
@@ -92,7 +92,7 @@ nb::object copy_rows(const Input<std::uint8_t>& codes, const Input<float>& scale
   job.noise_std = static_cast<float>(noise_std);
   job.noise_sample_key = noise_key;
   const std::size_t count = codes.shape(0);
-  if (job.dst_dtype == HiddenDType::kBF16) {
+  if (job.dst_dtype == DType::kBF16) {
     std::vector<std::uint16_t> out(count);
     job.dst = reinterpret_cast<std::uint8_t*>(out.data());
     const std::int64_t bad = copy_hidden_rows(job);
@@ -134,10 +134,9 @@ void init_fp8(nb::module_& m) {
       "quantize_fp8",
       [](const nb::bytes& values, const std::string& dtype, std::int64_t tokens,
          std::int64_t per_token) {
-        const HiddenDType src = source_dtype(dtype);
+        const DType src = source_dtype(dtype);
         require(tokens >= 0 && per_token >= 0 &&
-                    static_cast<std::size_t>(tokens * per_token) * hidden_dtype_size(src) ==
-                        values.size(),
+                    static_cast<std::size_t>(tokens * per_token) * dtype_size(src) == values.size(),
                 ErrorKind::kInvalidArgument, "values must hold tokens x per_token elements");
         std::vector<std::uint8_t> codes(static_cast<std::size_t>(tokens * per_token));
         std::vector<float> scales(static_cast<std::size_t>(tokens));
@@ -165,7 +164,7 @@ void init_fp8(nb::module_& m) {
         const auto tokens = static_cast<std::int64_t>(scales.shape(0));
         require(tokens > 0 ? codes.shape(0) % scales.shape(0) == 0 : codes.shape(0) == 0,
                 ErrorKind::kInvalidArgument, "codes must hold tokens x per_token values");
-        const HiddenDType type = parse_fp8_dequantize(dequantize);
+        const DType type = parse_fp8_dequantize(dequantize);
         const std::int64_t per_token =
             tokens > 0 ? static_cast<std::int64_t>(codes.shape(0)) / tokens : 0;
         const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
@@ -173,7 +172,7 @@ void init_fp8(nb::module_& m) {
             type);
         return nb::make_tuple(
             nb::bytes(reinterpret_cast<const char*>(values.data()), values.size()),
-            std::string(hidden_dtype_name(type)));
+            std::string(torch_dtype_name(type)));
       },
       "codes"_a, "scales"_a, "dequantize"_a = "bfloat16",
       "FP8Transfer's dequantize of a whole tensor: (raw bytes in that dtype, its torch name)");

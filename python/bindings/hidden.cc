@@ -311,7 +311,7 @@ void init_hidden(nb::module_& m) {
       "hidden_all_finite",
       [](const BytesInput& bytes, std::size_t offset, std::size_t count, const std::string& dtype) {
         const DType type = dtype_of(dtype);
-        const std::size_t width = dtype_bits(type) / 8;
+        const std::size_t width = dtype_size(type);
         if (offset > bytes.shape(0) || count > (bytes.shape(0) - offset) / (width ? width : 1)) {
           throw invalid("range past the end of the buffer");
         }
@@ -324,8 +324,7 @@ void init_hidden(nb::module_& m) {
          const std::string& dtype) {
         const DType type = dtype_of(dtype);
         if (rows < 0 || slots < 0 || width < 0 ||
-            static_cast<std::size_t>(rows * slots * width) * (dtype_bits(type) / 8) >
-                bytes.shape(0)) {
+            static_cast<std::size_t>(rows * slots * width) * (dtype_size(type)) > bytes.shape(0)) {
           throw invalid("shape past the end of the buffer");
         }
         std::vector<std::tuple<std::int64_t, std::int64_t>> out;

@@ -24,9 +24,9 @@
 #include "bindings.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/common/dtype.h"
-#include "draftfeed/online/lookahead.h"
-#include "draftfeed/online/online_source.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
+#include "draftfeed/source/lookahead_source.h"
+#include "draftfeed/source/online_source.h"
 #include "python_transfer.h"
 #include "sample_source.h"
 
@@ -115,30 +115,36 @@ nb::dict source_stats(const OnlineSourceStats& s) {
 // float32 copy of a fetched sample's hidden states (tests compare values).
 nb::ndarray<nb::numpy, float> hidden_as_float(const HiddenStatesView& hs) {
   const std::int64_t count = hs.tokens * hs.layers * hs.hidden;
+  require(hs.dtype == DType::kBF16 || hs.dtype == DType::kF16 || hs.dtype == DType::kF32 ||
+              hs.dtype == DType::kF8E4M3,
+          ErrorKind::kUnsupported,
+          std::string("hidden states in ") + torch_dtype_name(hs.dtype) + " have no float view");
   auto* values = new float[static_cast<std::size_t>(count)];
   for (std::int64_t i = 0; i < count; ++i) {
     switch (hs.dtype) {
-      case HiddenDType::kBF16: {
+      case DType::kBF16: {
         std::uint16_t bits;
         std::memcpy(&bits, hs.data + 2 * i, 2);
         values[i] = bf16_to_float(bits);
         break;
       }
-      case HiddenDType::kF16: {
+      case DType::kF16: {
         std::uint16_t bits;
         std::memcpy(&bits, hs.data + 2 * i, 2);
         values[i] = f16_to_float(bits);
         break;
       }
-      case HiddenDType::kF32:
+      case DType::kF32:
         std::memcpy(&values[i], hs.data + 4 * i, 4);
         break;
-      case HiddenDType::kF8E4M3: {
+      case DType::kF8E4M3: {
         float scale;
         std::memcpy(&scale, hs.scales + 4 * (i / (hs.layers * hs.hidden)), 4);
         values[i] = dequantize_fp8(hs.data[i], scale, hs.dequantize);
         break;
       }
+      default:  // refused above
+        break;
     }
   }
   nb::capsule owner(values, [](void* p) noexcept { delete[] static_cast<float*>(p); });
@@ -227,7 +233,7 @@ void bind_online_options(nb::module_& m) {
       .def_rw("log_failures", &O::log_failures)
       .def_prop_rw(
           "fp8_dequantize",
-          [](const O& o) { return std::string(hidden_dtype_name(o.fp8_dequantize)); },
+          [](const O& o) { return std::string(torch_dtype_name(o.fp8_dequantize)); },
           [](O& o, const std::string& v) { o.fp8_dequantize = parse_fp8_dequantize(v); },
           "FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32'");
 }
@@ -313,7 +319,7 @@ void init_online(nb::module_& m) {
             if (lookahead > 0) {
               require(!data_path.empty(), ErrorKind::kInvalidArgument,
                       "lookahead needs data_path (the lookahead reads the rows' token ids)");
-              ahead = std::make_shared<LookaheadSource>(online, dataset, fetch_threads, lookahead);
+              ahead = std::make_shared<LookaheadSource>(online, dataset, lookahead);
               description += ", lookahead " + std::to_string(lookahead) + " rows";
             }
             description += ")";

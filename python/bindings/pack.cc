@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "dlpack_dtype.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/cuda/cuda_runtime.h"
 #include "draftfeed/pipeline/host_memory.h"
@@ -53,31 +54,6 @@ std::optional<DType> dtype_of(nb::dlpack::dtype dl) {
   }
 }
 
-nb::dlpack::dtype dlpack_of(DType dtype) {
-  using Code = nb::dlpack::dtype_code;
-  auto make = [](Code code, unsigned bits) {
-    return nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
-  };
-  switch (dtype) {
-    case DType::kBool:
-      return make(Code::Bool, 8);
-    case DType::kI8:
-    case DType::kI16:
-    case DType::kI32:
-    case DType::kI64:
-      return make(Code::Int, dtype_bits(dtype));
-    case DType::kU8:
-    case DType::kU16:
-    case DType::kU32:
-    case DType::kU64:
-      return make(Code::UInt, dtype_bits(dtype));
-    case DType::kBF16:
-      return make(Code::Bfloat, 16);
-    default:
-      return make(Code::Float, dtype_bits(dtype));
-  }
-}
-
 // The callable's sample: every value must be a CPU tensor whose trailing dimensions are
 // contiguous (the Python side passes `.contiguous()` ones).
 SampleArg sample_of(nb::handle object, std::size_t index, std::vector<AnyTensor>& keep) {
@@ -101,7 +77,7 @@ SampleArg sample_of(nb::handle object, std::size_t index, std::vector<AnyTensor>
     TensorArg arg;
     arg.data = static_cast<const std::uint8_t*>(tensor.data());
     arg.dtype = *dtype;
-    const std::size_t item = dtype_bits(*dtype) / 8;
+    const std::size_t item = dtype_size(*dtype);
     std::int64_t expected = static_cast<std::int64_t>(item);  // bytes of a contiguous suffix
     for (std::size_t d = tensor.ndim(); d-- > 1;) {
       if (tensor.shape(d) > 1 && tensor.stride(d) * static_cast<std::int64_t>(item) != expected) {

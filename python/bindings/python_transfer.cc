@@ -21,10 +21,10 @@ std::shared_ptr<const void> hold(nb::object object) {
   });
 }
 
-std::optional<HiddenDType> hidden_dtype_of(const std::string& name) {
-  if (name == "torch.bfloat16") return HiddenDType::kBF16;
-  if (name == "torch.float16") return HiddenDType::kF16;
-  if (name == "torch.float32") return HiddenDType::kF32;
+std::optional<DType> hidden_dtype_of(const std::string& name) {
+  if (name == "torch.bfloat16") return DType::kBF16;
+  if (name == "torch.float16") return DType::kF16;
+  if (name == "torch.float32") return DType::kF32;
   return std::nullopt;
 }
 

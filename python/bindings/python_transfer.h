@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "draftfeed/online/hidden_states_transfer.h"
+#include "draftfeed/source/hidden_states_transfer.h"
 
 namespace draftfeed::python {
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed::python {
 

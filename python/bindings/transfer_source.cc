@@ -1,6 +1,8 @@
-// The offline sample source for a Python transfer object (hs-connectors interface, see
-// python_transfer.h): each sample comes from `transfer.get_cached(file_idx)`, and `on_missing`
-// decides what a missing one means. Slower than the native store: every sample takes the GIL.
+// A Python transfer object (hs-connectors interface, see python_transfer.h) as the offline sample
+// source (source/transfer_source.h): each sample comes from `transfer.get_cached(file_idx)`.
+// Slower than the native store: every sample takes the GIL.
+#include "draftfeed/source/transfer_source.h"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -8,39 +10,17 @@
 #include <string>
 
 #include "bindings.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 #include "python_transfer.h"
 #include "sample_source.h"
 
 namespace draftfeed::python {
-namespace {
-
-class PythonTransferSource : public SampleSource {
- public:
-  PythonTransferSource(std::shared_ptr<HiddenStatesTransfer> transfer, OnMissing on_missing)
-      : transfer_(std::move(transfer)), on_missing_(on_missing) {}
-
-  FetchOutcome fetch(std::int64_t row, const IntArrayView& input_ids) override {
-    FetchOutcome outcome = transfer_->get_cached(row, input_ids);
-    if (!outcome.sample && outcome.reason == DropReason::kMissing &&
-        on_missing_ == OnMissing::kRaise) {
-      outcome.fatal = true;
-    }
-    return outcome;
-  }
-
- private:
-  std::shared_ptr<HiddenStatesTransfer> transfer_;
-  OnMissing on_missing_;
-};
-
-}  // namespace
 
 void init_transfer_source(nb::module_& m) {
   m.def(
       "python_transfer_source",
       [](nb::object transfer, const std::string& on_missing) {
-        return PySampleSource{std::make_shared<PythonTransferSource>(
+        return PySampleSource{std::make_shared<TransferSampleSource>(
                                   make_python_transfer(std::move(transfer), /*generating=*/false),
                                   parse_on_missing(on_missing)),
                               "python transfer"};

@@ -215,9 +215,6 @@ class Loader:
                 value = os.fspath(value) if value is not None else ""
             setattr(core, name, value)
         if source is not None:
-            # An online source's fetch holds an engine thread for its whole round trip: give it one
-            # thread per request in flight on top of the assembly threads.
-            core.num_threads = core.num_threads + int(getattr(source, "fetch_threads", 0) or 0)
             core.source = source
         self._setup(core, topology, source, preprocess if callable(preprocess) else None)
         if source is not None and getattr(source, "reads_messages", True) is False and (
@@ -318,6 +315,9 @@ class Loader:
                 finally:
                     self._report_source()  # what went wrong reaches the log before any error
                 if batch is None:
+                    # The epoch is over: the loader holds none of its batches (their buffers, device
+                    # memory with the device stage, go once the consumer's are gone).
+                    self.last_batch = None
                     break
                 self._delivered.add(batch.index)
                 self.last_batch = batch
@@ -325,9 +325,6 @@ class Loader:
                 yield self._make_batch(batch)
         finally:
             self._core.stop()
-            # The loader holds no batch between epochs: its buffers (device memory with the device
-            # stage) go back once the consumer's batches are gone.
-            self.last_batch = None
             self._report_source()
             self._reporter.flush()
 

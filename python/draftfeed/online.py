@@ -7,7 +7,7 @@ names; pass it to the loader::
                                            data_path=data, fetch_threads=32, server_dir="/shared/hs")
     loader = draftfeed.Loader(data, hidden_size=4096, source=source)
 
-Every fetch blocks one engine thread for its whole round trip: the Loader adds `fetch_threads`
+Every fetch blocks one engine thread for its whole round trip: the engine adds `fetch_threads`
 threads to its assembly threads for an online source. With in-order delivery a slow request holds
 its batch's buffer and every buffer behind it, so each epoch the Loader hands a source with a
 lookahead (`data_path=` given) the epoch's rows in plan order, to be fetched ahead of the buffers.

@@ -305,7 +305,7 @@ def create_train_val_loaders(
         rank=topology.dp_rank,
         world_size=topology.dp_size,
         sp_size=1,
-        num_threads=max(1, num_workers),  # the Loader adds one per request in flight if online
+        num_threads=max(1, num_workers),  # the engine adds one per request in flight if online
         prefetch=max(2, prefetch_factor or 2),
         in_order=dataloader_in_order,
         max_batches=max_train_batches,

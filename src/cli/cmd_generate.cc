@@ -16,7 +16,7 @@
 #include "command.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/validate.h"
-#include "draftfeed/online/online_source.h"
+#include "draftfeed/source/online_source.h"
 #include "row_range.h"
 
 namespace draftfeed::cli {

@@ -50,8 +50,8 @@ options:
 // cast from f32 reads twice what it writes, so memcpy of what it writes would not bound it).
 struct Case {
   const char* name;
-  HiddenDType src;
-  HiddenDType dst;
+  DType src;
+  DType dst;
   NoiseKind noise;
   const char* goal;  // what the kernel should reach, as a share of memcpy (issue 14)
   double goal_share;
@@ -61,24 +61,21 @@ struct Case {
 };
 
 constexpr Case kCases[] = {
-    {"bf16->bf16", HiddenDType::kBF16, HiddenDType::kBF16, NoiseKind::kNone, "no noise", 0.90},
-    {"bf16->f32", HiddenDType::kBF16, HiddenDType::kF32, NoiseKind::kNone, "no noise", 0.90},
-    {"f16->bf16", HiddenDType::kF16, HiddenDType::kBF16, NoiseKind::kNone, "no noise", 0.90},
-    {"f32->bf16", HiddenDType::kF32, HiddenDType::kBF16, NoiseKind::kNone, "no noise", 0.90},
-    {"f32->f32", HiddenDType::kF32, HiddenDType::kF32, NoiseKind::kNone, "no noise", 0.90},
-    {"bf16->bf16+uniform", HiddenDType::kBF16, HiddenDType::kBF16, NoiseKind::kUniform,
-     "uniform noise", 0.85},
-    {"bf16->f32+uniform", HiddenDType::kBF16, HiddenDType::kF32, NoiseKind::kUniform,
-     "uniform noise", 0.85},
-    {"fp8->bf16", HiddenDType::kF8E4M3, HiddenDType::kBF16, NoiseKind::kNone, "FP8 dequantize",
+    {"bf16->bf16", DType::kBF16, DType::kBF16, NoiseKind::kNone, "no noise", 0.90},
+    {"bf16->f32", DType::kBF16, DType::kF32, NoiseKind::kNone, "no noise", 0.90},
+    {"f16->bf16", DType::kF16, DType::kBF16, NoiseKind::kNone, "no noise", 0.90},
+    {"f32->bf16", DType::kF32, DType::kBF16, NoiseKind::kNone, "no noise", 0.90},
+    {"f32->f32", DType::kF32, DType::kF32, NoiseKind::kNone, "no noise", 0.90},
+    {"bf16->bf16+uniform", DType::kBF16, DType::kBF16, NoiseKind::kUniform, "uniform noise", 0.85},
+    {"bf16->f32+uniform", DType::kBF16, DType::kF32, NoiseKind::kUniform, "uniform noise", 0.85},
+    {"fp8->bf16", DType::kF8E4M3, DType::kBF16, NoiseKind::kNone, "FP8 dequantize", 0.85},
+    {"fp8->bf16+uniform", DType::kF8E4M3, DType::kBF16, NoiseKind::kUniform, "FP8 dequantize",
      0.85},
-    {"fp8->bf16+uniform", HiddenDType::kF8E4M3, HiddenDType::kBF16, NoiseKind::kUniform,
-     "FP8 dequantize", 0.85},
-    {"bf16->bf16+uniform[avx2]", HiddenDType::kBF16, HiddenDType::kBF16, NoiseKind::kUniform,
-     "uniform noise", 0.85, true},
-    {"fp8->bf16+uniform[avx2]", HiddenDType::kF8E4M3, HiddenDType::kBF16, NoiseKind::kUniform,
-     "FP8 dequantize", 0.85, true},
-    {"bf16->bf16+gaussian", HiddenDType::kBF16, HiddenDType::kBF16, NoiseKind::kGaussian, "", 0.0},
+    {"bf16->bf16+uniform[avx2]", DType::kBF16, DType::kBF16, NoiseKind::kUniform, "uniform noise",
+     0.85, true},
+    {"fp8->bf16+uniform[avx2]", DType::kF8E4M3, DType::kBF16, NoiseKind::kUniform, "FP8 dequantize",
+     0.85, true},
+    {"bf16->bf16+gaussian", DType::kBF16, DType::kBF16, NoiseKind::kGaussian, "", 0.0},
 };
 
 // Deterministic pseudo-random bits (xorshift64*): the data only has to look like hidden states.
@@ -140,15 +137,15 @@ Data make_data(std::int64_t tokens, std::int64_t hidden, std::int64_t layers) {
   return d;
 }
 
-const std::vector<std::uint8_t>& source_of(const Data& d, HiddenDType dtype) {
+const std::vector<std::uint8_t>& source_of(const Data& d, DType dtype) {
   switch (dtype) {
-    case HiddenDType::kBF16:
+    case DType::kBF16:
       return d.bf16;
-    case HiddenDType::kF16:
+    case DType::kF16:
       return d.f16;
-    case HiddenDType::kF32:
+    case DType::kF32:
       return d.f32;
-    case HiddenDType::kF8E4M3:
+    default:
       break;
   }
   return d.fp8;
@@ -158,10 +155,10 @@ const std::vector<std::uint8_t>& source_of(const Data& d, HiddenDType dtype) {
 // seconds and adds the non-finite count to `nonfinite` (so no work is optimised away).
 double run_pass(Data& d, const Case& c, bool memcpy_only, unsigned threads, std::int64_t job_tokens,
                 std::int64_t& nonfinite) {
-  const HiddenDType wider = hidden_dtype_size(c.src) > hidden_dtype_size(c.dst) ? c.src : c.dst;
+  const DType wider = dtype_size(c.src) > dtype_size(c.dst) ? c.src : c.dst;
   const std::vector<std::uint8_t>& src = source_of(d, memcpy_only ? wider : c.src);
-  const std::size_t src_elem = hidden_dtype_size(memcpy_only ? wider : c.src);
-  const std::size_t dst_elem = hidden_dtype_size(memcpy_only ? wider : c.dst);
+  const std::size_t src_elem = dtype_size(memcpy_only ? wider : c.src);
+  const std::size_t dst_elem = dtype_size(memcpy_only ? wider : c.dst);
   const std::int64_t jobs = (d.tokens + job_tokens - 1) / job_tokens;
   std::vector<std::int64_t> counts(threads, 0);
   const bool avx512_allowed = set_avx512_kernels_allowed(!c.avx2_beside_avx512);
@@ -291,11 +288,10 @@ int run_kernels(const std::vector<std::string>& argv) {
   }
   for (std::size_t k = 0; k < cases.size(); ++k) {
     const Case& c = *cases[k];
-    const double written = static_cast<double>(tokens * data.width) *
-                           static_cast<double>(hidden_dtype_size(c.dst)) / 1e9;
-    const double copied =
-        static_cast<double>(tokens * data.width) *
-        static_cast<double>(std::max(hidden_dtype_size(c.dst), hidden_dtype_size(c.src))) / 1e9;
+    const double written =
+        static_cast<double>(tokens * data.width) * static_cast<double>(dtype_size(c.dst)) / 1e9;
+    const double copied = static_cast<double>(tokens * data.width) *
+                          static_cast<double>(std::max(dtype_size(c.dst), dtype_size(c.src))) / 1e9;
     std::vector<double> shares;
     for (std::size_t r = 0; r < kernel_s[k].size(); ++r) {
       shares.push_back(memcpy_s[k][r] / kernel_s[k][r]);

@@ -5,20 +5,20 @@
 
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/hidden/cache_geometry.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
-#include "draftfeed/online/online_source.h"
-#include "draftfeed/pipeline/epoch_plan.h"
 #include "draftfeed/pipeline/host_memory.h"
+#include "draftfeed/source/online_source.h"
 #include "stream_report.h"
 
 namespace draftfeed::cli {
 
 namespace {
 
-HiddenDType batch_dtype(const std::string& text) {
-  if (text == "bfloat16" || text == "bf16") return HiddenDType::kBF16;
-  if (text == "float32" || text == "fp32" || text == "f32") return HiddenDType::kF32;
+DType batch_dtype(const std::string& text) {
+  if (text == "bfloat16" || text == "bf16") return DType::kBF16;
+  if (text == "float32" || text == "fp32" || text == "f32") return DType::kF32;
   throw Error(ErrorKind::kInvalidArgument, "--dtype must be bf16 or fp32, got '" + text + "'");
 }
 
@@ -84,8 +84,7 @@ int run_loader(const LoaderRunConfig& config) {
     online_source = std::make_shared<OnlineSampleSource>(online_options);
     options.source = online_source;
   }
-  // A fetch blocks its thread for a whole request: online runs get a thread per request in flight.
-  options.pipeline.num_threads = config.threads + (online ? config.concurrency : 0);
+  options.pipeline.num_threads = config.threads;  // the online source's fetches get their own
   options.pipeline.prefetch = config.prefetch;
   options.pipeline.in_order = config.in_order;
   Loader train_loader(options, dataset);
@@ -97,7 +96,7 @@ int run_loader(const LoaderRunConfig& config) {
                 static_cast<long long>(train.num_rows()), static_cast<long long>(val.num_rows()));
     std::printf("hidden    %s: L=%lld layers, H=%lld, batches in %s\n", hs_path.c_str(),
                 static_cast<long long>(layers), static_cast<long long>(hidden),
-                hidden_dtype_name(options.batch.dtype));
+                torch_dtype_name(options.batch.dtype));
     std::printf("engine    %d threads, %d buffers of %s (peak batch memory %s), %s, %s (%s)\n",
                 config.threads, config.prefetch,
                 human_bytes(static_cast<double>(train_loader.layout().total_bytes)).c_str(),

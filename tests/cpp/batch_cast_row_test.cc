@@ -22,7 +22,7 @@ const std::int64_t kWidths[] = {0, 1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 279
 
 // Random bits of `n` values of `dtype`, a quarter of them special (NaN with payloads, Inf,
 // subnormal, zero, largest finite), the rest any bits or ordinary magnitudes.
-std::vector<std::uint8_t> random_values(HiddenDType dtype, std::int64_t n, std::uint32_t seed) {
+std::vector<std::uint8_t> random_values(DType dtype, std::int64_t n, std::uint32_t seed) {
   static const std::uint32_t special32[] = {0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345,
                                             0x7FFFFFFF, 0x7F800000, 0xFF800000, 0x00000001,
                                             0x80000001, 0x007FFFFF, 0x00000000, 0x80000000,
@@ -31,7 +31,7 @@ std::vector<std::uint8_t> random_values(HiddenDType dtype, std::int64_t n, std::
                                             0xFC00, 0x0001, 0x8001, 0x03FF, 0x0000, 0x8000,
                                             0x7BFF, 0xFBFF, 0x7F80, 0x7FC0};
   std::mt19937 rng(seed);
-  const std::size_t size = hidden_dtype_size(dtype);
+  const std::size_t size = dtype_size(dtype);
   std::vector<std::uint8_t> out(static_cast<std::size_t>(n) * size);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint32_t r = rng();
@@ -42,28 +42,28 @@ std::vector<std::uint8_t> random_values(HiddenDType dtype, std::int64_t n, std::
       const float v = std::uniform_real_distribution<float>(-4.0f, 4.0f)(rng);
       std::uint32_t f;
       std::memcpy(&f, &v, 4);
-      bits = size == 4 ? f : dtype == HiddenDType::kF16 ? float_to_f16(v) : float_to_bf16(v);
+      bits = size == 4 ? f : dtype == DType::kF16 ? float_to_f16(v) : float_to_bf16(v);
     }
     std::memcpy(out.data() + static_cast<std::size_t>(i) * size, &bits, size);
   }
   return out;
 }
 
-bool nonfinite(const std::uint8_t* src, HiddenDType dtype, std::int64_t i) {
-  if (dtype == HiddenDType::kF32) {
+bool nonfinite(const std::uint8_t* src, DType dtype, std::int64_t i) {
+  if (dtype == DType::kF32) {
     std::uint32_t v;
     std::memcpy(&v, src + 4 * i, 4);
     return (v & 0x7F800000u) == 0x7F800000u;
   }
   std::uint16_t v;
   std::memcpy(&v, src + 2 * i, 2);
-  const std::uint16_t mask = dtype == HiddenDType::kF16 ? 0x7C00 : 0x7F80;
+  const std::uint16_t mask = dtype == DType::kF16 ? 0x7C00 : 0x7F80;
   return (v & mask) == mask;
 }
 
 // The scalar definition of the cast: float_to_bf16 of the value as a float.
-std::uint16_t cast_bf16(const std::uint8_t* src, HiddenDType dtype, std::int64_t i) {
-  if (dtype == HiddenDType::kF32) {
+std::uint16_t cast_bf16(const std::uint8_t* src, DType dtype, std::int64_t i) {
+  if (dtype == DType::kF32) {
     float v;
     std::memcpy(&v, src + 4 * i, 4);
     return float_to_bf16(v);
@@ -75,8 +75,8 @@ std::uint16_t cast_bf16(const std::uint8_t* src, HiddenDType dtype, std::int64_t
 
 TEST(CastRowTest, CopiesEqualTheSourceAndCountItsNonFiniteValues) {
   if (!cast_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
-  for (const HiddenDType dtype : {HiddenDType::kBF16, HiddenDType::kF16, HiddenDType::kF32}) {
-    const std::size_t size = hidden_dtype_size(dtype);
+  for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const std::size_t size = dtype_size(dtype);
     for (const std::int64_t n : kWidths) {
       for (const bool aligned : {true, false}) {
         const auto src = random_values(dtype, n, static_cast<std::uint32_t>(n * 7 + size));
@@ -98,8 +98,8 @@ TEST(CastRowTest, CopiesEqualTheSourceAndCountItsNonFiniteValues) {
 TEST(CastRowTest, CountsLongRowsOfNonFiniteValuesExactly) {
   if (!cast_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
   constexpr std::int64_t kN = (std::int64_t{1} << 21) + 37;
-  for (const HiddenDType dtype : {HiddenDType::kBF16, HiddenDType::kF32}) {
-    const std::size_t size = hidden_dtype_size(dtype);
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    const std::size_t size = dtype_size(dtype);
     std::vector<std::uint8_t> src(static_cast<std::size_t>(kN) * size);
     const std::uint32_t nan32 = 0x7FC00001u;
     const std::uint16_t nan16 = 0xFF80u;  // -Inf
@@ -130,13 +130,13 @@ TEST(CastRowTest, EveryF16CodeCastsAsTheScalarDefinition) {
   for (const bool aligned : {true, false}) {
     GuardedRow row(2 * kN, aligned);
     const std::int64_t bad =
-        cast_bf16_row_avx2(src.data(), HiddenDType::kF16, row.data(), kN, RowStores::kStreamed);
+        cast_bf16_row_avx2(src.data(), DType::kF16, row.data(), kN, RowStores::kStreamed);
     std::int64_t want_bad = 0;
     for (std::int64_t i = 0; i < kN; ++i) {
-      want_bad += nonfinite(src.data(), HiddenDType::kF16, i);
+      want_bad += nonfinite(src.data(), DType::kF16, i);
       std::uint16_t got;
       std::memcpy(&got, row.data() + 2 * i, 2);
-      ASSERT_EQ(got, cast_bf16(src.data(), HiddenDType::kF16, i))
+      ASSERT_EQ(got, cast_bf16(src.data(), DType::kF16, i))
           << "f16 0x" << std::hex << static_cast<int>(src[2 * i] | (src[2 * i + 1] << 8));
     }
     EXPECT_EQ(bad, want_bad);
@@ -165,14 +165,14 @@ TEST(CastRowTest, EveryNonNanF16CodeTakesTheVectorRoundAndLongRowsCountExactly) 
     const auto n = static_cast<std::int64_t>(row_src->size() / 2);
     for (const bool aligned : {true, false}) {
       GuardedRow row(row_src->size(), aligned);
-      const std::int64_t bad = cast_bf16_row_avx2(row_src->data(), HiddenDType::kF16, row.data(), n,
-                                                  RowStores::kStreamed);
+      const std::int64_t bad =
+          cast_bf16_row_avx2(row_src->data(), DType::kF16, row.data(), n, RowStores::kStreamed);
       std::int64_t want_bad = 0;
       for (std::int64_t i = 0; i < n; ++i) {
-        want_bad += nonfinite(row_src->data(), HiddenDType::kF16, i);
+        want_bad += nonfinite(row_src->data(), DType::kF16, i);
         std::uint16_t got;
         std::memcpy(&got, row.data() + 2 * i, 2);
-        ASSERT_EQ(got, cast_bf16(row_src->data(), HiddenDType::kF16, i)) << "value " << i;
+        ASSERT_EQ(got, cast_bf16(row_src->data(), DType::kF16, i)) << "value " << i;
       }
       EXPECT_EQ(bad, want_bad) << "n " << n;
       EXPECT_TRUE(row.guards_intact());
@@ -182,7 +182,7 @@ TEST(CastRowTest, EveryNonNanF16CodeTakesTheVectorRoundAndLongRowsCountExactly) 
 
 TEST(CastRowTest, CastsEqualTheScalarDefinitionBitForBit) {
   if (!cast_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
-  for (const HiddenDType dtype : {HiddenDType::kF16, HiddenDType::kF32}) {
+  for (const DType dtype : {DType::kF16, DType::kF32}) {
     for (const std::int64_t n : kWidths) {
       for (const bool aligned : {true, false}) {
         const auto src = random_values(dtype, n, static_cast<std::uint32_t>(n * 13 + 1));
@@ -209,16 +209,16 @@ TEST(CastRowTest, CastsEqualTheScalarDefinitionBitForBit) {
 TEST(CastRowTest, BatchCopyWithoutNoiseGivesTheDefinitions) {
   constexpr std::int64_t kRows = 5, kWidth = 279, kSrcStride = 300, kDstStride = 290;
   struct Case {
-    HiddenDType src, dst;
+    DType src, dst;
     RowStores stores;
   };
-  for (const Case p : {Case{HiddenDType::kBF16, HiddenDType::kBF16, RowStores::kStreamed},
-                       Case{HiddenDType::kBF16, HiddenDType::kBF16, RowStores::kCached},
-                       Case{HiddenDType::kF32, HiddenDType::kF32, RowStores::kStreamed},
-                       Case{HiddenDType::kF16, HiddenDType::kBF16, RowStores::kStreamed},
-                       Case{HiddenDType::kF32, HiddenDType::kBF16, RowStores::kCached}}) {
+  for (const Case p : {Case{DType::kBF16, DType::kBF16, RowStores::kStreamed},
+                       Case{DType::kBF16, DType::kBF16, RowStores::kCached},
+                       Case{DType::kF32, DType::kF32, RowStores::kStreamed},
+                       Case{DType::kF16, DType::kBF16, RowStores::kStreamed},
+                       Case{DType::kF32, DType::kBF16, RowStores::kCached}}) {
     const auto src = random_values(p.src, kRows * kSrcStride, 31);
-    const std::size_t out_size = hidden_dtype_size(p.dst);
+    const std::size_t out_size = dtype_size(p.dst);
     GuardedRow out(out_size * kRows * kDstStride, /*aligned=*/true);
     std::memset(out.data(), 0xCD, out_size * kRows * kDstStride);
     RowCopy job;
@@ -233,7 +233,7 @@ TEST(CastRowTest, BatchCopyWithoutNoiseGivesTheDefinitions) {
     job.stores = p.stores;
     const std::int64_t bad = copy_hidden_rows(job);
     std::int64_t want_bad = 0;
-    const std::size_t in_size = hidden_dtype_size(p.src);
+    const std::size_t in_size = dtype_size(p.src);
     for (std::int64_t r = 0; r < kRows; ++r) {
       const std::uint8_t* in = src.data() + static_cast<std::size_t>(r * kSrcStride) * in_size;
       const std::uint8_t* got = out.data() + static_cast<std::size_t>(r * kDstStride) * out_size;

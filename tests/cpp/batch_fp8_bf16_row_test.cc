@@ -54,13 +54,13 @@ TEST(Fp8Bf16RowTest, EqualsTheScalarDefinitionBitForBit) {
       for (std::size_t i = 0; i < codes.size(); ++i) {
         codes[i] = static_cast<std::uint8_t>((i + 53 * s) & 0xFF);
       }
-      const float scale = round_to_dtype<HiddenDType::kBF16>(scales[s % scales.size()]);
+      const float scale = round_to_dtype<DType::kBF16>(scales[s % scales.size()]);
       GuardedRow out(2 * codes.size(), aligned);
       const std::int64_t bad =
           fp8_bf16_row_avx2(codes.data(), scale, out.data(), n, RowStores::kStreamed);
       std::int64_t want_bad = 0;
       for (std::size_t i = 0; i < codes.size(); ++i) {
-        const float want = dequantize_fp8<HiddenDType::kBF16>(codes[i], scale);
+        const float want = dequantize_fp8<DType::kBF16>(codes[i], scale);
         want_bad += !std::isfinite(want);
         std::uint16_t got;
         std::memcpy(&got, out.data() + 2 * i, 2);
@@ -92,7 +92,7 @@ TEST(Fp8Bf16RowTest, RowsWithoutNanCodesEqualTheDefinitionAtEveryPosition) {
   for (const float raw :
        {1e-40f, 0x1.fep-120f, 0x1p-119f, -0x1p-119f, 0x1.02p-119f, 1e-12f, 1.0f / 448, 0.37f, -1.0f,
         3.0f + 0x1p-8f, 0.0f, 5e4f, -0x1.fep117f, 0x1.fep117f, 0x1p118f}) {
-    const float scale = round_to_dtype<HiddenDType::kBF16>(raw);
+    const float scale = round_to_dtype<DType::kBF16>(raw);
     for (std::size_t shift = 0; shift < 32; ++shift) {
       const auto n = static_cast<std::int64_t>(finite.size() + shift);
       std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
@@ -103,7 +103,7 @@ TEST(Fp8Bf16RowTest, RowsWithoutNanCodesEqualTheDefinitionAtEveryPosition) {
         for (std::size_t i = 0; i < codes.size(); ++i) {
           std::uint16_t got;
           std::memcpy(&got, out.data() + 2 * i, 2);
-          ASSERT_EQ(got, float_to_bf16(dequantize_fp8<HiddenDType::kBF16>(codes[i], scale)))
+          ASSERT_EQ(got, float_to_bf16(dequantize_fp8<DType::kBF16>(codes[i], scale)))
               << "code " << int{codes[i]} << " x " << scale << " at " << i;
         }
         EXPECT_TRUE(out.guards_intact());
@@ -117,7 +117,7 @@ TEST(Fp8Bf16RowTest, RowsWithoutNanCodesEqualTheDefinitionAtEveryPosition) {
 // definition's, and the NaN is counted once.
 TEST(Fp8Bf16RowTest, ANanCodeAnywhereInARowIsDequantizedAndCounted) {
   if (!fp8_bf16_row_avx2_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU";
-  const float scale = round_to_dtype<HiddenDType::kBF16>(0.37f);
+  const float scale = round_to_dtype<DType::kBF16>(0.37f);
   const std::int64_t n = 3 * 32 + 9;
   for (std::int64_t at = 0; at < n; ++at) {
     std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
@@ -130,7 +130,7 @@ TEST(Fp8Bf16RowTest, ANanCodeAnywhereInARowIsDequantizedAndCounted) {
     for (std::size_t i = 0; i < codes.size(); ++i) {
       std::uint16_t got;
       std::memcpy(&got, out.data() + 2 * i, 2);
-      const float want = dequantize_fp8<HiddenDType::kBF16>(codes[i], scale);
+      const float want = dequantize_fp8<DType::kBF16>(codes[i], scale);
       if (std::isnan(want)) {
         ASSERT_TRUE(std::isnan(bf16_to_float(got))) << "NaN at " << at;
       } else {

@@ -30,7 +30,7 @@ std::uint32_t want_value(std::uint8_t code, float scale_bf16, std::int64_t j, st
                          float std_dev, bool f32) {
   const std::uint32_t bits = noise_bits(key, static_cast<std::uint32_t>(j / 2));
   const float draw = j % 2 == 0 ? noise_signed_low(bits) : noise_signed_high(bits);
-  const float value = dequantize_fp8<HiddenDType::kBF16>(code, scale_bf16) + draw * std_dev;
+  const float value = dequantize_fp8<DType::kBF16>(code, scale_bf16) + draw * std_dev;
   if (!f32) return float_to_bf16(value);
   std::uint32_t out;
   std::memcpy(&out, &value, 4);
@@ -83,7 +83,7 @@ TEST_P(Fp8NoiseRowTest, EqualsTheScalarDefinitionBitForBit) {
                                            noise_token_key(noise_sample_key(7, 2, 11), 5)};
   for (const bool f32 : f32_cases()) {
     for (std::size_t c = 0; c < scales.size(); ++c) {
-      const float scale = round_to_dtype<HiddenDType::kBF16>(scales[c]);
+      const float scale = round_to_dtype<DType::kBF16>(scales[c]);
       for (std::size_t s = 0; s < stds.size(); ++s) {
         // Every finite code at every position of a step, over the runs of shifts; the widths
         // cover full steps only, a tail, and an odd last value.
@@ -119,7 +119,7 @@ TEST_P(Fp8NoiseRowTest, RefusesRowsItsTablesDoNotCover) {
   for (std::size_t i = 0; i < codes.size(); ++i) {
     codes[i] = static_cast<std::uint8_t>((7 * i) % 0x7F);
   }
-  const float scale = round_to_dtype<HiddenDType::kBF16>(0.37f);
+  const float scale = round_to_dtype<DType::kBF16>(0.37f);
   for (const bool f32 : f32_cases()) {
     GuardedRow out((f32 ? 4 : 2) * codes.size(), true);
     // A NaN code anywhere: in a step or in the tail.
@@ -132,8 +132,8 @@ TEST_P(Fp8NoiseRowTest, RefusesRowsItsTablesDoNotCover) {
     for (const float other :
          {0.0f, -0.0f, 0x1.fep-120f, 0x1p118f, 1e-40f, std::numeric_limits<float>::infinity(),
           std::numeric_limits<float>::quiet_NaN()}) {
-      EXPECT_FALSE(row(codes.data(), round_to_dtype<HiddenDType::kBF16>(other), out.data(), n, 1u,
-                       0.05f, f32))
+      EXPECT_FALSE(
+          row(codes.data(), round_to_dtype<DType::kBF16>(other), out.data(), n, 1u, 0.05f, f32))
           << "scale " << other;
     }
     EXPECT_FALSE(

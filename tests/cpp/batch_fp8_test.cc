@@ -67,13 +67,13 @@ TEST(Fp8Test, DequantizeRoundsOnceInTheDequantizeDtype) {
   // bf16(1.125) x bf16(scale) with scale = 1 + 2^-7 + 2^-9: the scale rounds to 1 + 2^-7 in bf16,
   // the product 1.125 x (1 + 2^-7) = 1.1337890625 rounds to bf16 1.1328125.
   const float scale = 1.0f + 0x1p-7f + 0x1p-9f;
-  EXPECT_EQ(dequantize_fp8(0x39, scale, HiddenDType::kBF16), 1.1328125f);
-  EXPECT_EQ(dequantize_fp8(0x39, scale, HiddenDType::kF32), 1.125f * scale);
+  EXPECT_EQ(dequantize_fp8(0x39, scale, DType::kBF16), 1.1328125f);
+  EXPECT_EQ(dequantize_fp8(0x39, scale, DType::kF32), 1.125f * scale);
   // f16 keeps the scale, and rounds the product 1.1359863... to 11 bits: 1163 x 2^-10.
-  EXPECT_EQ(dequantize_fp8(0x39, scale, HiddenDType::kF16), 1163.0f * 0x1p-10f);
-  EXPECT_TRUE(std::isinf(dequantize_fp8(0x7E, 1e36f, HiddenDType::kBF16)));
-  EXPECT_TRUE(std::isinf(dequantize_fp8(0x7E, 1e3f, HiddenDType::kF16)));
-  EXPECT_TRUE(std::isnan(dequantize_fp8(0x7F, 1.0f, HiddenDType::kF32)));
+  EXPECT_EQ(dequantize_fp8(0x39, scale, DType::kF16), 1163.0f * 0x1p-10f);
+  EXPECT_TRUE(std::isinf(dequantize_fp8(0x7E, 1e36f, DType::kBF16)));
+  EXPECT_TRUE(std::isinf(dequantize_fp8(0x7E, 1e3f, DType::kF16)));
+  EXPECT_TRUE(std::isnan(dequantize_fp8(0x7F, 1.0f, DType::kF32)));
 }
 
 // Rows of all 256 codes (rotated per row so each position sees every code), one scale per row;
@@ -98,8 +98,8 @@ struct Fp8Rows {
   std::int64_t rows() const { return static_cast<std::int64_t>(scales.size()); }
 };
 
-float stored(const GuardedRow& out, HiddenDType dst, std::size_t i) {
-  if (dst == HiddenDType::kF32) {
+float stored(const GuardedRow& out, DType dst, std::size_t i) {
+  if (dst == DType::kF32) {
     float v;
     std::memcpy(&v, out.data() + 4 * i, 4);
     return v;
@@ -109,15 +109,15 @@ float stored(const GuardedRow& out, HiddenDType dst, std::size_t i) {
   return bf16_to_float(bits);
 }
 
-float in_batch_dtype(float value, HiddenDType dst) {
-  return dst == HiddenDType::kF32 ? value : bf16_to_float(float_to_bf16(value));
+float in_batch_dtype(float value, DType dst) {
+  return dst == DType::kF32 ? value : bf16_to_float(float_to_bf16(value));
 }
 
 bool same(float a, float b) {
   return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
 }
 
-class Fp8CopyTest : public ::testing::TestWithParam<std::tuple<HiddenDType, HiddenDType>> {};
+class Fp8CopyTest : public ::testing::TestWithParam<std::tuple<DType, DType>> {};
 
 TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
   const auto [dequantize, dst] = GetParam();
@@ -135,10 +135,10 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
         Case{NoiseKind::kUniform, true, false}, Case{NoiseKind::kUniform, false, false}}) {
     const Avx512Allowed allowed(avx512);
     // Aligned rows are written with streaming stores, others normally (vector_store.h).
-    GuardedRow out(static_cast<std::size_t>(n) * hidden_dtype_size(dst), aligned);
+    GuardedRow out(static_cast<std::size_t>(n) * dtype_size(dst), aligned);
     RowCopy job;
     job.src = data.codes.data();
-    job.src_dtype = HiddenDType::kF8E4M3;
+    job.src_dtype = DType::kF8E4M3;
     job.src_row_stride = Fp8Rows::kWidth;
     job.src_scales = reinterpret_cast<const std::uint8_t*>(data.scales.data());
     job.dequantize = dequantize;
@@ -179,10 +179,10 @@ TEST_P(Fp8CopyTest, EqualsTheScalarDefinition) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryDequantizeAndBatchDtype, Fp8CopyTest,
-    ::testing::Combine(::testing::Values(HiddenDType::kBF16, HiddenDType::kF16, HiddenDType::kF32),
-                       ::testing::Values(HiddenDType::kBF16, HiddenDType::kF32)));
+INSTANTIATE_TEST_SUITE_P(EveryDequantizeAndBatchDtype, Fp8CopyTest,
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16,
+                                                              DType::kF32),
+                                            ::testing::Values(DType::kBF16, DType::kF32)));
 
 }  // namespace
 }  // namespace draftfeed

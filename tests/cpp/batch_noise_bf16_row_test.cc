@@ -187,10 +187,10 @@ TEST(NoiseBf16BatchCopyTest, UsesTheTokenKeys) {
     std::vector<std::uint8_t> out(size * kRows * kDstStride, kGuard);
     RowCopy job;
     job.src = reinterpret_cast<const std::uint8_t*>(in.data());
-    job.src_dtype = HiddenDType::kBF16;
+    job.src_dtype = DType::kBF16;
     job.src_row_stride = kSrcStride;
     job.dst = out.data();
-    job.dst_dtype = f32 ? HiddenDType::kF32 : HiddenDType::kBF16;
+    job.dst_dtype = f32 ? DType::kF32 : DType::kBF16;
     job.dst_row_stride = kDstStride;
     job.rows = kRows;
     job.width = kWidth;

@@ -16,7 +16,7 @@
 #include "draftfeed/hidden/safetensors_writer.h"
 #include "draftfeed/hidden/synthetic_cache.h"
 #include "draftfeed/hidden/validate.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 #include "temp_folder.h"
 
 namespace draftfeed {
@@ -64,11 +64,11 @@ TEST_F(HiddenFp8Test, GoodFileIsAcceptedAndDequantizedInTheChosenDtype) {
   ASSERT_TRUE(check.ok()) << check.message;
   const std::vector<std::int64_t> row = kIds;
   const IntArrayView ids{reinterpret_cast<const std::uint8_t*>(row.data()), 3, 8, true};
-  const FetchOutcome outcome = CacheSampleSource::check(4, ids, sample, HiddenDType::kF32);
+  const FetchOutcome outcome = CacheSampleSource::check(4, ids, sample, DType::kF32);
   ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
   const HiddenStatesView& hs = outcome.sample->hidden;
-  EXPECT_EQ(hs.dtype, HiddenDType::kF8E4M3);
-  EXPECT_EQ(hs.dequantize, HiddenDType::kF32);
+  EXPECT_EQ(hs.dtype, DType::kF8E4M3);
+  EXPECT_EQ(hs.dequantize, DType::kF32);
   ASSERT_NE(hs.scales, nullptr);
   float second;
   std::memcpy(&second, hs.scales + 4, 4);
@@ -128,7 +128,7 @@ TEST_F(HiddenFp8Test, QuantizerFollowsHsConnectorsFormula) {
   const std::vector<float> values = {4.0f, -1.0f, 0.5f, 0.0f, 0.0f, -0.0f};
   std::vector<std::uint8_t> codes(6);
   std::vector<float> scales(2);
-  quantize_fp8(reinterpret_cast<const std::uint8_t*>(values.data()), HiddenDType::kF32, 2, 3,
+  quantize_fp8(reinterpret_cast<const std::uint8_t*>(values.data()), DType::kF32, 2, 3,
                codes.data(), scales.data());
   EXPECT_EQ(scales[0], 4.0f / 448.0f);
   EXPECT_EQ(scales[1], kFp8MinScale);

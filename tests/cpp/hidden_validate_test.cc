@@ -58,7 +58,7 @@ class HiddenValidateTest : public ::testing::Test {
       }
     }
     std::vector<std::uint8_t> id_bytes;
-    const unsigned width = dtype_bits(id_dtype) / 8;
+    const unsigned width = dtype_size(id_dtype);
     for (const auto id : ids) {
       for (unsigned b = 0; b < width; ++b)
         id_bytes.push_back(static_cast<std::uint8_t>(id >> (8 * b)));

@@ -16,8 +16,8 @@
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/dataset/dataset_writer.h"
-#include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/pipeline.h"
+#include "draftfeed/source/cache_source.h"
 #include "sample_file.h"
 #include "sigbus_recovery.h"
 #include "temp_folder.h"

@@ -90,9 +90,9 @@ class MemorySource : public SampleSource {
       values->front() = 0x7FC0;  // NaN in the first token
     FetchedSample sample;
     sample.owner = values;
-    sample.hidden = {reinterpret_cast<const std::uint8_t*>(values->data()), HiddenDType::kBF16,
+    sample.hidden = {reinterpret_cast<const std::uint8_t*>(values->data()), DType::kBF16,
                      ids.size(), kLayers, kHidden};
-    if (unknown_dtype.count(row)) sample.hidden.dtype = static_cast<HiddenDType>(77);
+    if (unknown_dtype.count(row)) sample.hidden.dtype = static_cast<DType>(77);
     return FetchOutcome::ok(std::move(sample));
   }
 

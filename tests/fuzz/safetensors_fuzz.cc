@@ -31,16 +31,16 @@ void fuzz_fp8(const draftfeed::SafetensorsLayout& layout) {
   if (!problem.empty() || states->dtype != DType::kF8E4M3 || states->nbytes == 0) return;
   if (states->shape[0] == 0 || states->nbytes > (1u << 20)) return;
   std::vector<float> out(states->nbytes);
-  for (const HiddenDType dequantize : {HiddenDType::kBF16, HiddenDType::kF16, HiddenDType::kF32}) {
+  for (const DType dequantize : {DType::kBF16, DType::kF16, DType::kF32}) {
     RowCopy job;
     job.src = states->data;
-    job.src_dtype = HiddenDType::kF8E4M3;
+    job.src_dtype = DType::kF8E4M3;
     job.width = states->shape[1] * states->shape[2];
     job.src_row_stride = job.width;
     job.src_scales = scales->data;
     job.dequantize = dequantize;
     job.dst = reinterpret_cast<std::uint8_t*>(out.data());
-    job.dst_dtype = HiddenDType::kF32;
+    job.dst_dtype = DType::kF32;
     job.dst_row_stride = job.width;
     job.rows = states->shape[0];
     job.noise = NoiseKind::kUniform;
@@ -63,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const auto& view : layout->tensors) {
     if (view.nbytes > 0 && (view.data < data || view.data + view.nbytes > data + size))
       std::abort();
-    (void)all_finite(view.data, view.nbytes / std::max<std::size_t>(1, dtype_bits(view.dtype) / 8),
+    (void)all_finite(view.data, view.nbytes / std::max<std::size_t>(1, dtype_size(view.dtype)),
                      finite_scan_supports(view.dtype) ? view.dtype : DType::kU8);
     tensors.push_back(TensorToWrite{view.name, view.dtype, view.shape, view.bytes()});
   }

@@ -67,8 +67,8 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   const HiddenStatesView& hs = sample.hidden;
   const std::int64_t rows = last - first;
   if (rows <= 0) return 0;
-  const std::size_t src_elem = hidden_dtype_size(hs.dtype);
-  const std::size_t dst_elem = hidden_dtype_size(spec.dtype);
+  const std::size_t src_elem = dtype_size(hs.dtype);
+  const std::size_t dst_elem = dtype_size(spec.dtype);
   const std::int64_t src_stride = hs.layers * hs.hidden;
   const std::int64_t shift = shift_of(spec.preprocess);
   std::uint8_t* target = slot_data(layout, batch, "hidden_states");
@@ -170,7 +170,7 @@ void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
   // Zero the padding rows of the hidden-state tensors (the buffer is reused across batches).
   for (std::size_t s = 0; s < layout.tensors.size(); ++s) {
     const TensorSlot& slot = layout.tensors[s];
-    if (slot.dtype == TensorDType::kInt64) continue;
+    if (slot.dtype == DType::kI64) continue;
     const std::size_t row_bytes = slot.nbytes / static_cast<std::size_t>(max_len);
     std::memset(batch[s] + static_cast<std::size_t>(used) * row_bytes, 0,
                 static_cast<std::size_t>(max_len - used) * row_bytes);

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/batch/sample.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

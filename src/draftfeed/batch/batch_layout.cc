@@ -5,35 +5,6 @@
 
 namespace draftfeed {
 
-const char* hidden_dtype_name(HiddenDType dtype) {
-  switch (dtype) {
-    case HiddenDType::kBF16:
-      return "bfloat16";
-    case HiddenDType::kF16:
-      return "float16";
-    case HiddenDType::kF32:
-      return "float32";
-    case HiddenDType::kF8E4M3:
-      return "float8_e4m3fn";
-  }
-  return "unknown";
-}
-
-std::size_t tensor_dtype_size(TensorDType dtype) {
-  switch (dtype) {
-    case TensorDType::kInt64:
-      return 8;
-    case TensorDType::kBool:
-      return 1;
-    case TensorDType::kBF16:
-    case TensorDType::kF16:
-      return 2;
-    case TensorDType::kF32:
-      return 4;
-  }
-  return 0;
-}
-
 const TensorSlot* BatchLayout::find(const std::string& name) const {
   for (const auto& slot : tensors) {
     if (slot.name == name) return &slot;
@@ -69,45 +40,44 @@ BatchLayout make_batch_layout(const BatchSpec& spec) {
           "hidden_size must be positive, got " + std::to_string(spec.hidden_size));
   require(spec.num_target_layers > 0, ErrorKind::kInvalidArgument,
           "num_target_layers must be positive, got " + std::to_string(spec.num_target_layers));
-  require(spec.dtype != HiddenDType::kF16, ErrorKind::kInvalidArgument,
+  require(spec.dtype != DType::kF16, ErrorKind::kInvalidArgument,
           "hidden_states_dtype float16 is not supported for training (use bfloat16 or float32)");
-  require(spec.dtype != HiddenDType::kF8E4M3, ErrorKind::kInvalidArgument,
+  require(spec.dtype != DType::kF8E4M3, ErrorKind::kInvalidArgument,
           "hidden_states_dtype float8_e4m3fn is a file type, not a batch type (use bfloat16 or "
           "float32)");
   require(spec.noise.std >= 0.0, ErrorKind::kInvalidArgument,
           "noise std must be >= 0, got " + std::to_string(spec.noise.std));
 
-  const TensorDType hidden =
-      spec.dtype == HiddenDType::kBF16 ? TensorDType::kBF16 : TensorDType::kF32;
+  const DType hidden = spec.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   const std::int64_t n = spec.max_len;
   const std::int64_t target_width = spec.num_target_layers * spec.hidden_size;
 
   // Key order is the reference collate's: the first sample's keys after preprocess, `lengths`
   // removed, `document_ids` appended.
   std::vector<TensorSlot> tensors;
-  auto add = [&](const char* name, TensorDType dtype, std::vector<std::int64_t> shape) {
+  auto add = [&](const char* name, DType dtype, std::vector<std::int64_t> shape) {
     tensors.push_back(TensorSlot{name, dtype, std::move(shape), 0, 0});
   };
   switch (spec.preprocess) {
     case Preprocess::kNone:
     case Preprocess::kCustom:  // the samples' staging area: the reference sample's tensors
       add("hidden_states", hidden, {1, n, target_width});
-      add("input_ids", TensorDType::kInt64, {1, n});
+      add("input_ids", DType::kI64, {1, n});
       add("verifier_last_hidden_states", hidden, {1, n, spec.hidden_size});
       break;
     case Preprocess::kEagle3Shift:
-      add("input_ids", TensorDType::kInt64, {1, n});
+      add("input_ids", DType::kI64, {1, n});
       add("hidden_states", hidden, {1, n, target_width});
       add("verifier_last_hidden_states", hidden, {1, n, spec.hidden_size});
       break;
     case Preprocess::kMtp:
-      add("input_ids", TensorDType::kInt64, {1, n});
+      add("input_ids", DType::kI64, {1, n});
       add("hidden_states", hidden, {1, n, spec.hidden_size});
       break;
   }
-  add("loss_mask", TensorDType::kInt64, {1, n});
-  add("position_ids", TensorDType::kInt64, {1, n});
-  add("document_ids", TensorDType::kInt64, {1, n});
+  add("loss_mask", DType::kI64, {1, n});
+  add("position_ids", DType::kI64, {1, n});
+  add("document_ids", DType::kI64, {1, n});
 
   BatchLayout layout;
   layout.spec = spec;
@@ -116,7 +86,7 @@ BatchLayout make_batch_layout(const BatchSpec& spec) {
     std::size_t elements = 1;
     for (const auto dim : slot.shape) elements *= static_cast<std::size_t>(dim);
     slot.offset = offset;
-    slot.nbytes = elements * tensor_dtype_size(slot.dtype);
+    slot.nbytes = elements * dtype_size(slot.dtype);
     offset = (offset + slot.nbytes + 63) / 64 * 64;
   }
   layout.tensors = std::move(tensors);

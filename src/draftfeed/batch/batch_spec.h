@@ -8,16 +8,9 @@
 #include <string>
 #include <vector>
 
-namespace draftfeed {
+#include "draftfeed/common/dtype.h"
 
-// Element types of hidden states, in files and in batches. F8 E4M3 (common/fp8.h) is a file type
-// only: its values come with one scale per token and are dequantized into a batch's bf16 or f32.
-enum class HiddenDType : std::uint8_t { kBF16, kF16, kF32, kF8E4M3 };
-constexpr std::size_t hidden_dtype_size(HiddenDType dtype) {
-  return dtype == HiddenDType::kF32 ? 4 : dtype == HiddenDType::kF8E4M3 ? 1 : 2;
-}
-// "bfloat16", "float16", "float32", "float8_e4m3fn" (torch's names)
-const char* hidden_dtype_name(HiddenDType dtype);
+namespace draftfeed {
 
 // Per-sample transforms the reference applies before packing (speculators' preprocess functions).
 enum class Preprocess : std::uint8_t {
@@ -38,21 +31,19 @@ struct NoiseSpec {
 };
 
 struct BatchSpec {
-  std::int64_t max_len = 8192;             // rows of every tensor (the reference's total_seq_len)
-  std::int64_t hidden_size = 0;            // H
-  std::int64_t num_target_layers = 3;      // L - 1: layers flattened into `hidden_states`
-  HiddenDType dtype = HiddenDType::kBF16;  // of every tensor whose name contains "hidden_states"
+  std::int64_t max_len = 8192;         // rows of every tensor (the reference's total_seq_len)
+  std::int64_t hidden_size = 0;        // H
+  std::int64_t num_target_layers = 3;  // L - 1: layers flattened into `hidden_states`
+  // Of every tensor whose name contains "hidden_states": bf16 or f32 (f16 is refused, as the
+  // reference refuses it for training).
+  DType dtype = DType::kBF16;
   Preprocess preprocess = Preprocess::kNone;
   NoiseSpec noise;  // applied only where the pipeline says (the training split)
 };
 
-// DLPack-style element description of a batch tensor.
-enum class TensorDType : std::uint8_t { kInt64, kBool, kBF16, kF16, kF32 };
-std::size_t tensor_dtype_size(TensorDType dtype);
-
 struct TensorSlot {
   std::string name;
-  TensorDType dtype;
+  DType dtype;                      // I64, BOOL, BF16, F16 or F32
   std::vector<std::int64_t> shape;  // with the leading batch dimension of 1
   std::size_t offset;               // bytes from the start of the batch buffer
   std::size_t nbytes;

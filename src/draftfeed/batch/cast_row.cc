@@ -4,11 +4,11 @@
 #include <bit>
 #include <cstring>
 
-#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
+#include "draftfeed/common/hidden_value.h"
 
 #if defined(DRAFTFEED_X86)
 #include <immintrin.h>
@@ -19,34 +19,33 @@ namespace draftfeed {
 namespace {
 
 // The scalar definitions, for the tails (and the whole row where AVX2 is not).
-bool nonfinite_bits(const std::uint8_t* src, HiddenDType dtype, std::int64_t i) {
+bool nonfinite_bits(const std::uint8_t* src, DType dtype, std::int64_t i) {
   switch (dtype) {
-    case HiddenDType::kF32:
-      return hidden_value_nonfinite<HiddenDType::kF32>(src, i);
-    case HiddenDType::kF16:
-      return hidden_value_nonfinite<HiddenDType::kF16>(src, i);
+    case DType::kF32:
+      return hidden_value_nonfinite<DType::kF32>(src, i);
+    case DType::kF16:
+      return hidden_value_nonfinite<DType::kF16>(src, i);
     default:
-      return hidden_value_nonfinite<HiddenDType::kBF16>(src, i);
+      return hidden_value_nonfinite<DType::kBF16>(src, i);
   }
 }
 
-std::int64_t scalar_copy(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
+std::int64_t scalar_copy(const std::uint8_t* src, DType dtype, std::uint8_t* dst,
                          std::int64_t first, std::int64_t n) {
   if (n <= first) return 0;  // an empty row may have null pointers, which memcpy must not get
-  const std::size_t size = hidden_dtype_size(dtype);
+  const std::size_t size = dtype_size(dtype);
   std::memcpy(dst + first * size, src + first * size, static_cast<std::size_t>(n - first) * size);
   std::int64_t bad = 0;
   for (std::int64_t i = first; i < n; ++i) bad += nonfinite_bits(src, dtype, i);
   return bad;
 }
 
-std::int64_t scalar_cast(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+std::int64_t scalar_cast(const std::uint8_t* src, DType src_dtype, std::uint8_t* dst,
                          std::int64_t first, std::int64_t n) {
   std::int64_t bad = 0;
   for (std::int64_t i = first; i < n; ++i) {
-    const float value = src_dtype == HiddenDType::kF32
-                            ? load_hidden_value<HiddenDType::kF32>(src, i)
-                            : load_hidden_value<HiddenDType::kF16>(src, i);
+    const float value = src_dtype == DType::kF32 ? load_hidden_value<DType::kF32>(src, i)
+                                                 : load_hidden_value<DType::kF16>(src, i);
     const std::uint16_t out = float_to_bf16(value);
     std::memcpy(dst + 2 * i, &out, 2);
     bad += nonfinite_bits(src, src_dtype, i);
@@ -81,12 +80,12 @@ __attribute__((target("avx2"))) inline __m256i copy32(const std::uint8_t* src, s
 }
 
 template <bool kWide, bool kStream>
-__attribute__((target("avx2"))) std::int64_t copy_avx2(const std::uint8_t* src, HiddenDType dtype,
+__attribute__((target("avx2"))) std::int64_t copy_avx2(const std::uint8_t* src, DType dtype,
                                                        std::uint8_t* dst, std::int64_t n) {
   const std::int64_t size = kWide ? 4 : 2;
   const std::int64_t per_block = 32 / size;
   const __m256i mask = kWide ? _mm256_set1_epi32(0x7F800000)
-                             : _mm256_set1_epi16(dtype == HiddenDType::kF16 ? 0x7C00 : 0x7F80);
+                             : _mm256_set1_epi16(dtype == DType::kF16 ? 0x7C00 : 0x7F80);
   std::int64_t count = 0;
   std::int64_t i = 0;
   while (i + 2 * per_block <= n) {
@@ -136,7 +135,7 @@ __attribute__((target("avx2"))) std::int64_t cast_f32_avx2(const std::uint8_t* s
   vector_kernel_done<kStream>();
   std::int64_t count = 0;
   for (const std::int32_t lane : lanes) count += lane;
-  return count + scalar_cast(src, HiddenDType::kF32, dst, i, n);
+  return count + scalar_cast(src, DType::kF32, dst, i, n);
 }
 
 // float_to_bf16(f16 value) for 16 normal f16 values (exponent 1-30), in 16-bit integer lanes:
@@ -178,7 +177,7 @@ __attribute__((target("avx2,f16c"), noinline)) std::int64_t cast_special_f16_blo
   const __m256i nonfinite = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(0x7BFF));
   const __m256i nan = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(0x7C00));
   if (!_mm256_testz_si256(nan, nan)) {
-    return scalar_cast(src, HiddenDType::kF16, dst, 0, 16);
+    return scalar_cast(src, DType::kF16, dst, 0, 16);
   }
   const __m256i low = _mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(halves)));
   const __m256i high = _mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)));
@@ -218,15 +217,15 @@ __attribute__((target("avx2,f16c"))) std::int64_t cast_f16_avx2(const std::uint8
     i += 16;
   }
   vector_kernel_done<kStream>();
-  return count + scalar_cast(src, HiddenDType::kF16, dst, i, n);
+  return count + scalar_cast(src, DType::kF16, dst, i, n);
 }
 
 }  // namespace
 
-std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
-                           std::int64_t n, RowStores stores) {
+std::int64_t copy_row_avx2(const std::uint8_t* src, DType dtype, std::uint8_t* dst, std::int64_t n,
+                           RowStores stores) {
   const bool stream = vector_store_streams(stores, dst);
-  if (dtype == HiddenDType::kF32) {
+  if (dtype == DType::kF32) {
     return stream ? copy_avx2<true, true>(src, dtype, dst, n)
                   : copy_avx2<true, false>(src, dtype, dst, n);
   }
@@ -234,10 +233,10 @@ std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint
                 : copy_avx2<false, false>(src, dtype, dst, n);
 }
 
-std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, DType src_dtype, std::uint8_t* dst,
                                 std::int64_t n, RowStores stores) {
   const bool stream = vector_store_streams(stores, dst);
-  if (src_dtype == HiddenDType::kF16) {
+  if (src_dtype == DType::kF16) {
     return stream ? cast_f16_avx2<true>(src, dst, n) : cast_f16_avx2<false>(src, dst, n);
   }
   return stream ? cast_f32_avx2<true>(src, dst, n) : cast_f32_avx2<false>(src, dst, n);
@@ -247,12 +246,12 @@ std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, 
 
 bool cast_row_avx2_available() { return false; }
 
-std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
-                           std::int64_t n, RowStores /*stores*/) {
+std::int64_t copy_row_avx2(const std::uint8_t* src, DType dtype, std::uint8_t* dst, std::int64_t n,
+                           RowStores /*stores*/) {
   return scalar_copy(src, dtype, dst, 0, n);
 }
 
-std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, DType src_dtype, std::uint8_t* dst,
                                 std::int64_t n, RowStores /*stores*/) {
   return scalar_cast(src, src_dtype, dst, 0, n);
 }

@@ -26,12 +26,12 @@ bool cast_row_avx2_available();
 
 // `n` values of `dtype` (bf16, f16 or f32) copied bit for bit from `src` to `dst`, any alignment;
 // returns the number of non-finite ones. Only where available.
-std::int64_t copy_row_avx2(const std::uint8_t* src, HiddenDType dtype, std::uint8_t* dst,
-                           std::int64_t n, RowStores stores);
+std::int64_t copy_row_avx2(const std::uint8_t* src, DType dtype, std::uint8_t* dst, std::int64_t n,
+                           RowStores stores);
 
 // `n` values of `src_dtype` (f16 or f32) -> `n` bf16 values at `dst`, any alignment; returns the
 // number of non-finite source values. Only where available.
-std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, HiddenDType src_dtype, std::uint8_t* dst,
+std::int64_t cast_bf16_row_avx2(const std::uint8_t* src, DType src_dtype, std::uint8_t* dst,
                                 std::int64_t n, RowStores stores);
 
 }  // namespace draftfeed

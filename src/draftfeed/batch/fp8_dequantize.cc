@@ -6,8 +6,8 @@ namespace draftfeed {
 
 std::vector<std::uint8_t> dequantize_fp8_tensor(const std::uint8_t* codes,
                                                 const std::uint8_t* scales, std::int64_t tokens,
-                                                std::int64_t per_token, HiddenDType dequantize) {
-  const std::size_t width = dequantize == HiddenDType::kF32 ? 4 : 2;
+                                                std::int64_t per_token, DType dequantize) {
+  const std::size_t width = dequantize == DType::kF32 ? 4 : 2;
   std::vector<std::uint8_t> out(static_cast<std::size_t>(tokens * per_token) * width);
   std::uint8_t* dst = out.data();
   for (std::int64_t t = 0; t < tokens; ++t) {
@@ -16,11 +16,11 @@ std::vector<std::uint8_t> dequantize_fp8_tensor(const std::uint8_t* codes,
     for (std::int64_t i = 0; i < per_token; ++i, dst += width) {
       // The value is already rounded to D: storing it in D is exact.
       const float value = dequantize_fp8(codes[t * per_token + i], scale, dequantize);
-      if (dequantize == HiddenDType::kF32) {
+      if (dequantize == DType::kF32) {
         std::memcpy(dst, &value, 4);
       } else {
         const std::uint16_t bits =
-            dequantize == HiddenDType::kBF16 ? float_to_bf16(value) : float_to_f16(value);
+            dequantize == DType::kBF16 ? float_to_bf16(value) : float_to_f16(value);
         std::memcpy(dst, &bits, 2);
       }
     }

@@ -25,13 +25,13 @@
 namespace draftfeed {
 
 // `value` rounded to the dequantize dtype D, as a float (the identity for f32).
-template <HiddenDType kD>
+template <DType kD>
 inline float round_to_dtype(float value) {
-  static_assert(kD == HiddenDType::kBF16 || kD == HiddenDType::kF16 || kD == HiddenDType::kF32,
+  static_assert(kD == DType::kBF16 || kD == DType::kF16 || kD == DType::kF32,
                 "FP8Transfer dequantizes into bf16, f16 or f32");
-  if constexpr (kD == HiddenDType::kBF16) {
+  if constexpr (kD == DType::kBF16) {
     return bf16_to_float(float_to_bf16(value));
-  } else if constexpr (kD == HiddenDType::kF16) {
+  } else if constexpr (kD == DType::kF16) {
     return f16_to_float(float_to_f16(value));
   } else {
     return value;
@@ -40,23 +40,22 @@ inline float round_to_dtype(float value) {
 
 // One element: `scale_in_d` is the token's scale already rounded to D (round_to_dtype<kD>), done
 // once per token rather than per element.
-template <HiddenDType kD>
+template <DType kD>
 inline float dequantize_fp8(std::uint8_t code, float scale_in_d) {
   return round_to_dtype<kD>(fp8_e4m3_to_float(code) * scale_in_d);
 }
 
 // The same with D chosen at run time, from the raw float32 scale: for tests and tools.
-inline float dequantize_fp8(std::uint8_t code, float scale, HiddenDType dequantize) {
+inline float dequantize_fp8(std::uint8_t code, float scale, DType dequantize) {
   switch (dequantize) {
-    case HiddenDType::kBF16:
-      return dequantize_fp8<HiddenDType::kBF16>(code, round_to_dtype<HiddenDType::kBF16>(scale));
-    case HiddenDType::kF16:
-      return dequantize_fp8<HiddenDType::kF16>(code, round_to_dtype<HiddenDType::kF16>(scale));
-    case HiddenDType::kF32:
-    case HiddenDType::kF8E4M3:  // not a dequantize dtype; refused where D is chosen
+    case DType::kBF16:
+      return dequantize_fp8<DType::kBF16>(code, round_to_dtype<DType::kBF16>(scale));
+    case DType::kF16:
+      return dequantize_fp8<DType::kF16>(code, round_to_dtype<DType::kF16>(scale));
+    default:  // f32 (another dtype is not a dequantize dtype: refused where D is chosen)
       break;
   }
-  return dequantize_fp8<HiddenDType::kF32>(code, scale);
+  return dequantize_fp8<DType::kF32>(code, scale);
 }
 
 // A whole [tokens, per_token] FP8 tensor dequantized into D's own bytes (bf16 or f16 bits, f32),
@@ -64,6 +63,6 @@ inline float dequantize_fp8(std::uint8_t code, float scale, HiddenDType dequanti
 // `scales` holds `tokens` float32 values (any alignment).
 std::vector<std::uint8_t> dequantize_fp8_tensor(const std::uint8_t* codes,
                                                 const std::uint8_t* scales, std::int64_t tokens,
-                                                std::int64_t per_token, HiddenDType dequantize);
+                                                std::int64_t per_token, DType dequantize);
 
 }  // namespace draftfeed

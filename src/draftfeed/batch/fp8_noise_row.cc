@@ -4,13 +4,13 @@
 
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/fp8_lanes.h"
-#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_lanes.h"
 #include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/fp8.h"
+#include "draftfeed/common/hidden_value.h"
 
 namespace draftfeed {
 
@@ -26,9 +26,9 @@ bool scalar_tail(const std::uint8_t* codes, float scale_bf16, std::uint8_t* dst,
                  std::int64_t n, std::uint32_t key, float std_dev) {
   for (std::int64_t j = first; j < n; ++j) {
     if (fp8_e4m3_is_nan(codes[j])) return false;
-    const float value = dequantize_fp8<HiddenDType::kBF16>(codes[j], scale_bf16);
-    store_hidden_value<kF32 ? HiddenDType::kF32 : HiddenDType::kBF16>(
-        dst, j, uniform_noised(value, key, j, std_dev));
+    const float value = dequantize_fp8<DType::kBF16>(codes[j], scale_bf16);
+    store_hidden_value<kF32 ? DType::kF32 : DType::kBF16>(dst, j,
+                                                          uniform_noised(value, key, j, std_dev));
   }
   return true;
 }

@@ -10,11 +10,11 @@
 #include "draftfeed/batch/fp8_bf16_row.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/batch/fp8_noise_row.h"
-#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_bf16_row.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/hidden_value.h"
 
 // Kernels are compiled twice, for AVX2 and for the baseline, and chosen at load time (GCC ifunc),
 // so one binary runs everywhere and uses wide vectors where it can. Sanitizer builds keep one
@@ -31,9 +31,9 @@ namespace draftfeed {
 namespace {
 
 // Where a row's values come from: a file's bf16/f16/f32 elements as they are...
-template <HiddenDType kSrc>
+template <DType kSrc>
 struct Elements {
-  static constexpr HiddenDType kDType = kSrc;
+  static constexpr DType kDType = kSrc;
   static constexpr bool kDequantized = false;
   const std::uint8_t* row;
   float value(std::int64_t i) const { return load_hidden_value<kSrc>(row, i); }
@@ -51,12 +51,12 @@ struct Elements {
 // a lookup. A value is non-finite after dequantizing: NaN codes, and overflow of kD. The commonest
 // case, bf16 into a bf16 batch without noise, has its own AVX2 kernel (fp8_bf16_row.h) where the
 // CPU has AVX2 and F16C; the table serves the others and that case elsewhere.
-template <HiddenDType kD>
+template <DType kD>
 struct Fp8Elements {
-  static constexpr HiddenDType kDType = HiddenDType::kF8E4M3;
+  static constexpr DType kDType = DType::kF8E4M3;
   static constexpr bool kDequantized = true;
-  static constexpr HiddenDType kDequantize = kD;
-  static constexpr bool kTabulated = kD != HiddenDType::kF32;
+  static constexpr DType kDequantize = kD;
+  static constexpr bool kTabulated = kD != DType::kF32;
   const std::uint8_t* row;
   float scale;  // the token's scale, rounded to kD
   float table[kTabulated ? 256 : 1];
@@ -87,9 +87,9 @@ struct Fp8Elements {
 
 // A value already rounded to the batch dtype (FP8 dequantized in that dtype): stored without
 // rounding again. Same bits as store_hidden_value<kDst>.
-template <HiddenDType kDst>
+template <DType kDst>
 inline void store_exact(std::uint8_t* base, std::int64_t i, float value) {
-  if constexpr (kDst == HiddenDType::kF32) {
+  if constexpr (kDst == DType::kF32) {
     std::memcpy(base + i * 4, &value, 4);
   } else {
     std::uint32_t bits;
@@ -100,7 +100,7 @@ inline void store_exact(std::uint8_t* base, std::int64_t i, float value) {
 }
 
 template <class Source>
-constexpr bool exact_in(HiddenDType dst) {
+constexpr bool exact_in(DType dst) {
   if constexpr (Source::kDequantized) {
     return Source::kDequantize == dst;
   } else {
@@ -109,11 +109,11 @@ constexpr bool exact_in(HiddenDType dst) {
 }
 
 // One row with no noise. bf16 -> bf16 and f32 -> f32 are bit copies.
-template <class Source, HiddenDType kDst>
+template <class Source, DType kDst>
 inline std::int64_t row_plain(const Source& src, std::uint8_t* dst, std::int64_t n) {
   std::uint32_t bad = 0;
   if constexpr (Source::kDType == kDst) {
-    std::memcpy(dst, src.row, static_cast<std::size_t>(n) * hidden_dtype_size(kDst));
+    std::memcpy(dst, src.row, static_cast<std::size_t>(n) * dtype_size(kDst));
     for (std::int64_t i = 0; i < n; ++i) bad += src.nonfinite(i, 0.0f);
   } else {
     for (std::int64_t i = 0; i < n; ++i) {
@@ -129,7 +129,7 @@ inline std::int64_t row_plain(const Source& src, std::uint8_t* dst, std::int64_t
   return bad;
 }
 
-template <class Source, HiddenDType kDst>
+template <class Source, DType kDst>
 inline std::int64_t row_uniform(const Source& src, std::uint8_t* dst, std::int64_t n,
                                 std::uint32_t key, float std_dev) {
   // One 32-bit draw serves an element pair: half the hashing. A row has far fewer than 2^32
@@ -155,7 +155,7 @@ inline std::int64_t row_uniform(const Source& src, std::uint8_t* dst, std::int64
   return bad;
 }
 
-template <class Source, HiddenDType kDst>
+template <class Source, DType kDst>
 inline std::int64_t row_gaussian(const Source& src, std::uint8_t* dst, std::int64_t n,
                                  std::uint32_t key, float std_dev) {
   std::int64_t bad = 0;
@@ -179,7 +179,7 @@ inline std::int64_t row_gaussian(const Source& src, std::uint8_t* dst, std::int6
 // Row r's source: its elements, with the token's scale for FP8.
 template <class Source>
 inline Source source_row(const RowCopy& job, const std::uint8_t* row, std::int64_t r) {
-  if constexpr (Source::kDType == HiddenDType::kF8E4M3) {
+  if constexpr (Source::kDType == DType::kF8E4M3) {
     return Source(row, job.src_scales, r);
   } else {
     (void)job;
@@ -188,12 +188,11 @@ inline Source source_row(const RowCopy& job, const std::uint8_t* row, std::int64
   }
 }
 
-template <class Source, HiddenDType kDst>
+template <class Source, DType kDst>
 DRAFTFEED_KERNEL std::int64_t copy_rows(const RowCopy& job) {
   const std::size_t src_stride =
-      static_cast<std::size_t>(job.src_row_stride) * hidden_dtype_size(Source::kDType);
-  const std::size_t dst_stride =
-      static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(kDst);
+      static_cast<std::size_t>(job.src_row_stride) * dtype_size(Source::kDType);
+  const std::size_t dst_stride = static_cast<std::size_t>(job.dst_row_stride) * dtype_size(kDst);
   std::int64_t bad = 0;
   for (std::int64_t r = 0; r < job.rows; ++r) {
     const Source src =
@@ -214,8 +213,8 @@ DRAFTFEED_KERNEL std::int64_t copy_rows(const RowCopy& job) {
 
 template <class Source>
 std::int64_t copy_from(const RowCopy& job) {
-  return job.dst_dtype == HiddenDType::kF32 ? copy_rows<Source, HiddenDType::kF32>(job)
-                                            : copy_rows<Source, HiddenDType::kBF16>(job);
+  return job.dst_dtype == DType::kF32 ? copy_rows<Source, DType::kF32>(job)
+                                      : copy_rows<Source, DType::kBF16>(job);
 }
 
 // Whether a row loop asks for the start of the next row's source before copying a row.
@@ -235,11 +234,11 @@ inline constexpr std::size_t kRowStartBytes = 512;
 template <NextRow kNext = NextRow::kLeave, class RowFn>
 std::int64_t for_each_row(const RowCopy& job, RowFn row) {
   const std::size_t src_stride =
-      static_cast<std::size_t>(job.src_row_stride) * hidden_dtype_size(job.src_dtype);
+      static_cast<std::size_t>(job.src_row_stride) * dtype_size(job.src_dtype);
   const std::size_t dst_stride =
-      static_cast<std::size_t>(job.dst_row_stride) * hidden_dtype_size(job.dst_dtype);
-  const std::size_t start_bytes = std::min(
-      kRowStartBytes, static_cast<std::size_t>(job.width) * hidden_dtype_size(job.src_dtype));
+      static_cast<std::size_t>(job.dst_row_stride) * dtype_size(job.dst_dtype);
+  const std::size_t start_bytes =
+      std::min(kRowStartBytes, static_cast<std::size_t>(job.width) * dtype_size(job.src_dtype));
   std::int64_t bad = 0;
   for (std::int64_t r = 0; r < job.rows; ++r) {
     const std::uint8_t* src = job.src + static_cast<std::size_t>(r) * src_stride;
@@ -258,7 +257,7 @@ std::uint32_t row_noise_key(const RowCopy& job, std::int64_t r) {
 float row_scale_bf16(const RowCopy& job, std::int64_t r) {
   float raw;
   std::memcpy(&raw, job.src_scales + r * 4, 4);
-  return round_to_dtype<HiddenDType::kBF16>(raw);
+  return round_to_dtype<DType::kBF16>(raw);
 }
 
 // One bf16 row plus uniform noise into a bf16 (with AVX-512 where the CPU has it) or f32 row.
@@ -286,7 +285,7 @@ std::int64_t copy_fp8_bf16_avx2(const RowCopy& job) {
 // dequantized values, so the bits are row_uniform's either way.
 std::int64_t copy_fp8_bf16_uniform_avx2(const RowCopy& job) {
   thread_local std::vector<std::uint8_t> scratch;
-  const bool f32 = job.dst_dtype == HiddenDType::kF32;
+  const bool f32 = job.dst_dtype == DType::kF32;
   const bool avx512 = !f32 && fp8_noise_row_avx512_available();
   return for_each_row<NextRow::kPrefetch>(job, [&](const std::uint8_t* src, std::uint8_t* dst,
                                                    std::int64_t r) {
@@ -309,7 +308,7 @@ std::int64_t copy_fp8_bf16_uniform_avx2(const RowCopy& job) {
 // (noise_bf16_row.h), 32 into bf16 with AVX-512 where the CPU has it; the same bits as
 // row_uniform.
 std::int64_t copy_bf16_uniform_avx2(const RowCopy& job) {
-  const bool f32 = job.dst_dtype == HiddenDType::kF32;
+  const bool f32 = job.dst_dtype == DType::kF32;
   return for_each_row<NextRow::kPrefetch>(
       job, [&](const std::uint8_t* src, std::uint8_t* dst, std::int64_t r) {
         return noise_bf16_row(src, dst, job.width, row_noise_key(job, r), job.noise_std, f32,
@@ -320,11 +319,10 @@ std::int64_t copy_bf16_uniform_avx2(const RowCopy& job) {
 // Rows without noise where AVX2 and F16C are: a bit copy with the count in the same pass, or a
 // cast of f16/f32 to bf16 (cast_row.h). False where the job is none of those.
 bool plain_avx2_applies(const RowCopy& job) {
-  const bool float_source = job.src_dtype == HiddenDType::kBF16 ||
-                            job.src_dtype == HiddenDType::kF16 ||
-                            job.src_dtype == HiddenDType::kF32;
+  const bool float_source =
+      job.src_dtype == DType::kBF16 || job.src_dtype == DType::kF16 || job.src_dtype == DType::kF32;
   if (job.noise != NoiseKind::kNone || !float_source || !cast_row_avx2_available()) return false;
-  return job.src_dtype == job.dst_dtype || job.dst_dtype == HiddenDType::kBF16;
+  return job.src_dtype == job.dst_dtype || job.dst_dtype == DType::kBF16;
 }
 
 std::int64_t copy_plain_avx2(const RowCopy& job) {
@@ -337,21 +335,21 @@ std::int64_t copy_plain_avx2(const RowCopy& job) {
 
 std::int64_t copy_from_fp8(const RowCopy& job) {
   switch (job.dequantize) {
-    case HiddenDType::kBF16:
+    case DType::kBF16:
       if (fp8_bf16_row_avx2_available() && job.noise == NoiseKind::kNone &&
-          job.dst_dtype == HiddenDType::kBF16) {
+          job.dst_dtype == DType::kBF16) {
         return copy_fp8_bf16_avx2(job);
       }
       if (fp8_bf16_row_avx2_available() && noise_bf16_row_avx2_available() &&
           job.noise == NoiseKind::kUniform) {
         return copy_fp8_bf16_uniform_avx2(job);
       }
-      return copy_from<Fp8Elements<HiddenDType::kBF16>>(job);
-    case HiddenDType::kF16:
-      return copy_from<Fp8Elements<HiddenDType::kF16>>(job);
-    case HiddenDType::kF32:
-      return copy_from<Fp8Elements<HiddenDType::kF32>>(job);
-    case HiddenDType::kF8E4M3:
+      return copy_from<Fp8Elements<DType::kBF16>>(job);
+    case DType::kF16:
+      return copy_from<Fp8Elements<DType::kF16>>(job);
+    case DType::kF32:
+      return copy_from<Fp8Elements<DType::kF32>>(job);
+    default:
       break;
   }
   throw Error(ErrorKind::kInvalidArgument, "FP8 values dequantize into bf16, f16 or f32");
@@ -362,17 +360,19 @@ std::int64_t copy_from_fp8(const RowCopy& job) {
 std::int64_t copy_hidden_rows(const RowCopy& job) {
   if (plain_avx2_applies(job)) return copy_plain_avx2(job);
   switch (job.src_dtype) {
-    case HiddenDType::kBF16:
+    case DType::kBF16:
       if (job.noise == NoiseKind::kUniform && noise_bf16_row_avx2_available()) {
         return copy_bf16_uniform_avx2(job);
       }
-      return copy_from<Elements<HiddenDType::kBF16>>(job);
-    case HiddenDType::kF16:
-      return copy_from<Elements<HiddenDType::kF16>>(job);
-    case HiddenDType::kF32:
-      return copy_from<Elements<HiddenDType::kF32>>(job);
-    case HiddenDType::kF8E4M3:
+      return copy_from<Elements<DType::kBF16>>(job);
+    case DType::kF16:
+      return copy_from<Elements<DType::kF16>>(job);
+    case DType::kF32:
+      return copy_from<Elements<DType::kF32>>(job);
+    case DType::kF8E4M3:
       return copy_from_fp8(job);
+    default:
+      break;
   }
   throw Error(ErrorKind::kUnsupported, "hidden states in a dtype the copy does not know (code " +
                                            std::to_string(static_cast<int>(job.src_dtype)) + ")");

@@ -12,15 +12,15 @@ namespace draftfeed {
 
 struct RowCopy {
   const std::uint8_t* src = nullptr;  // first element of the first row to copy
-  HiddenDType src_dtype = HiddenDType::kBF16;
+  DType src_dtype = DType::kBF16;
   std::int64_t src_row_stride = 0;  // elements between consecutive rows (L * H)
   // F8 E4M3 sources: the float32 scale of the first row's token (one per row, consecutive, any
   // alignment), and the dtype the values are dequantized in (fp8_dequantize.h) before the cast.
   const std::uint8_t* src_scales = nullptr;
-  HiddenDType dequantize = HiddenDType::kBF16;
+  DType dequantize = DType::kBF16;
   std::uint8_t* dst = nullptr;
-  HiddenDType dst_dtype = HiddenDType::kBF16;  // bf16 or f32
-  std::int64_t dst_row_stride = 0;             // elements
+  DType dst_dtype = DType::kBF16;   // bf16 or f32
+  std::int64_t dst_row_stride = 0;  // elements
   std::int64_t rows = 0;
   std::int64_t width = 0;  // elements per row
 

@@ -2,13 +2,13 @@
 
 #include <cmath>
 
-#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise.h"
 #include "draftfeed/batch/noise_lanes.h"
 #include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/dtype.h"
+#include "draftfeed/common/hidden_value.h"
 
 #if defined(DRAFTFEED_X86)
 #include <immintrin.h>
@@ -23,12 +23,12 @@ namespace {
 template <bool kF32>
 std::int64_t scalar_tail(const std::uint8_t* src, std::uint8_t* dst, std::int64_t first,
                          std::int64_t n, std::uint32_t key, float std_dev) {
-  constexpr HiddenDType kDst = kF32 ? HiddenDType::kF32 : HiddenDType::kBF16;
+  constexpr DType kDst = kF32 ? DType::kF32 : DType::kBF16;
   for (std::int64_t i = first; i < n; ++i) {
-    const float value = load_hidden_value<HiddenDType::kBF16>(src, i);
+    const float value = load_hidden_value<DType::kBF16>(src, i);
     store_hidden_value<kDst>(dst, i, uniform_noised(value, key, i, std_dev));
   }
-  return count_nonfinite_values<HiddenDType::kBF16>(src + 2 * first, n - first);
+  return count_nonfinite_values<DType::kBF16>(src + 2 * first, n - first);
 }
 
 }  // namespace
@@ -61,8 +61,7 @@ __attribute__((target("avx2"))) std::int64_t row_avx2(const std::uint8_t* src, s
       _mm256_movemask_epi8(_mm256_cmpeq_epi16(
           _mm256_max_epu16(largest, _mm256_set1_epi16(static_cast<short>(0xFF00))), largest)) != 0;
   vector_kernel_done<kStream>();
-  const std::int64_t count =
-      any_non_finite ? count_nonfinite_values<HiddenDType::kBF16>(src, i) : 0;
+  const std::int64_t count = any_non_finite ? count_nonfinite_values<DType::kBF16>(src, i) : 0;
   return count + scalar_tail<kF32>(src, dst, i, n, key, std_dev);
 }
 

@@ -7,13 +7,13 @@
 
 #include <cmath>
 
-#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/batch/noise_bf16_row.h"
 #include "draftfeed/batch/noise_lanes.h"
 #include "draftfeed/batch/noise_lanes_avx512.h"
 #include "draftfeed/batch/vector_lanes.h"
 #include "draftfeed/batch/vector_store.h"
 #include "draftfeed/common/cpu_features.h"
+#include "draftfeed/common/hidden_value.h"
 
 namespace draftfeed {
 
@@ -46,7 +46,7 @@ __attribute__((target(DRAFTFEED_AVX512_TARGET))) std::int64_t row_avx512(
   const bool any_non_finite =
       _mm512_cmpge_epu16_mask(largest, _mm512_set1_epi16(static_cast<short>(0xFF00))) != 0;
   vector_kernel_done<kStream>();
-  return any_non_finite ? count_nonfinite_values<HiddenDType::kBF16>(src, n) : 0;
+  return any_non_finite ? count_nonfinite_values<DType::kBF16>(src, n) : 0;
 }
 
 }  // namespace

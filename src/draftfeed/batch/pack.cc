@@ -15,8 +15,6 @@ bool supported(DType dtype) {
          dtype == DType::kBF16 || dtype == DType::kF32 || dtype == DType::kF64;
 }
 
-std::size_t element_bytes(DType dtype) { return dtype_bits(dtype) / 8; }
-
 template <typename T>
 T load_as(const std::uint8_t* p) {
   T value;
@@ -153,8 +151,8 @@ void store(std::uint8_t* p, DType dtype, const Element& e) {
 
 // `count` elements from `src` (dtype `from`) to `dst` (dtype `to`).
 void convert(const std::uint8_t* src, DType from, std::uint8_t* dst, DType to, std::int64_t count) {
-  const std::size_t in = element_bytes(from);
-  const std::size_t out = element_bytes(to);
+  const std::size_t in = dtype_size(from);
+  const std::size_t out = dtype_size(to);
   if (from == to) {
     std::memcpy(dst, src, static_cast<std::size_t>(count) * in);
     return;
@@ -269,7 +267,7 @@ PackedLayout layout_packed(const std::vector<SampleArg>& samples, std::int64_t m
     std::size_t elements = 1;
     for (const auto dim : t.shape) elements *= static_cast<std::size_t>(dim);
     t.offset = layout.total_bytes;
-    t.nbytes = elements * element_bytes(dtype);
+    t.nbytes = elements * dtype_size(dtype);
     layout.total_bytes = (t.offset + t.nbytes + 63) / 64 * 64;
     layout.tensors.push_back(std::move(t));
   };
@@ -294,7 +292,7 @@ void pack_samples(const std::vector<SampleArg>& samples, std::int64_t max_len,
   for (const PackedTensor& packed : layout.tensors) {
     if (packed.name == "document_ids") continue;
     const std::int64_t width = row_elements(packed.shape) / max_len;  // elements per row
-    const std::size_t out_row = static_cast<std::size_t>(width) * element_bytes(packed.dtype);
+    const std::size_t out_row = static_cast<std::size_t>(width) * dtype_size(packed.dtype);
     std::int64_t offset = 0;
     for (const SampleArg& sample : samples) {
       const TensorArg& t = *sample.find(packed.name);

@@ -1,48 +1,6 @@
 #include "draftfeed/common/dtype.h"
 
-#include <array>
-
 namespace draftfeed {
-
-namespace {
-
-struct DTypeInfo {
-  DType dtype;
-  std::string_view name;
-  unsigned bits;
-};
-
-// In enum order, so the table is indexed by the enum's value.
-constexpr std::array<DTypeInfo, 22> kDTypes = {{
-    {DType::kBool, "BOOL", 8},
-    {DType::kF4, "F4", 4},
-    {DType::kF6E2M3, "F6_E2M3", 6},
-    {DType::kF6E3M2, "F6_E3M2", 6},
-    {DType::kU8, "U8", 8},
-    {DType::kI8, "I8", 8},
-    {DType::kF8E5M2, "F8_E5M2", 8},
-    {DType::kF8E4M3, "F8_E4M3", 8},
-    {DType::kF8E8M0, "F8_E8M0", 8},
-    {DType::kF8E4M3Fnuz, "F8_E4M3FNUZ", 8},
-    {DType::kF8E5M2Fnuz, "F8_E5M2FNUZ", 8},
-    {DType::kI16, "I16", 16},
-    {DType::kU16, "U16", 16},
-    {DType::kF16, "F16", 16},
-    {DType::kBF16, "BF16", 16},
-    {DType::kI32, "I32", 32},
-    {DType::kU32, "U32", 32},
-    {DType::kF32, "F32", 32},
-    {DType::kC64, "C64", 64},
-    {DType::kF64, "F64", 64},
-    {DType::kI64, "I64", 64},
-    {DType::kU64, "U64", 64},
-}};
-
-const DTypeInfo& info(DType dtype) { return kDTypes[static_cast<std::size_t>(dtype)]; }
-
-}  // namespace
-
-std::string_view dtype_name(DType dtype) { return info(dtype).name; }
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const auto& entry : kDTypes) {
@@ -50,8 +8,6 @@ std::optional<DType> dtype_from_name(std::string_view name) {
   }
   return std::nullopt;
 }
-
-unsigned dtype_bits(DType dtype) { return info(dtype).bits; }
 
 bool dtype_is_integer(DType dtype) {
   switch (dtype) {

@@ -1,10 +1,15 @@
-// Element types of tensors, by their safetensors names, and the scalar conversions between the
-// floating-point types hidden states come in (bf16, f16, f32).
+// Element types, the one enum every stage uses: tensors in safetensors files (by the safetensors
+// names), hidden states in files and in batches, a batch's tensors; their names (the safetensors
+// package's and torch's) and sizes, and the scalar conversions between the floating-point types
+// hidden states come in (bf16, f16, f32). F8 E4M3 (fp8.h) is a file type only: its values come
+// with one scale per token and are dequantized into a batch's bf16 or f32.
 //
 // The enum's order is the order the safetensors package declares its dtypes in; its writer sorts
 // tensors by that order (descending), so our writer can lay files out byte for byte as it does.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -37,12 +42,57 @@ enum class DType : std::uint8_t {
   kU64,
 };
 
+struct DTypeInfo {
+  DType dtype;
+  std::string_view name;        // the safetensors name
+  std::string_view torch_name;  // torch's (`torch.<name>`); empty where torch has none
+  unsigned bits;
+};
+
+// In enum order, so the table is indexed by the enum's value.
+inline constexpr std::array<DTypeInfo, 22> kDTypes = {{
+    {DType::kBool, "BOOL", "bool", 8},
+    {DType::kF4, "F4", "", 4},
+    {DType::kF6E2M3, "F6_E2M3", "", 6},
+    {DType::kF6E3M2, "F6_E3M2", "", 6},
+    {DType::kU8, "U8", "uint8", 8},
+    {DType::kI8, "I8", "int8", 8},
+    {DType::kF8E5M2, "F8_E5M2", "float8_e5m2", 8},
+    {DType::kF8E4M3, "F8_E4M3", "float8_e4m3fn", 8},
+    {DType::kF8E8M0, "F8_E8M0", "float8_e8m0fnu", 8},
+    {DType::kF8E4M3Fnuz, "F8_E4M3FNUZ", "float8_e4m3fnuz", 8},
+    {DType::kF8E5M2Fnuz, "F8_E5M2FNUZ", "float8_e5m2fnuz", 8},
+    {DType::kI16, "I16", "int16", 16},
+    {DType::kU16, "U16", "uint16", 16},
+    {DType::kF16, "F16", "float16", 16},
+    {DType::kBF16, "BF16", "bfloat16", 16},
+    {DType::kI32, "I32", "int32", 32},
+    {DType::kU32, "U32", "uint32", 32},
+    {DType::kF32, "F32", "float32", 32},
+    {DType::kC64, "C64", "complex64", 64},
+    {DType::kF64, "F64", "float64", 64},
+    {DType::kI64, "I64", "int64", 64},
+    {DType::kU64, "U64", "uint64", 64},
+}};
+
+// A value outside the enum (a corrupt view) reads as this: no name, no size.
+inline constexpr DTypeInfo kUnknownDType = {DType::kBool, "unknown", "unknown", 0};
+constexpr const DTypeInfo& dtype_info(DType dtype) {
+  const auto index = static_cast<std::size_t>(dtype);
+  return index < kDTypes.size() ? kDTypes[index] : kUnknownDType;
+}
 // The safetensors name ("BF16", "F8_E4M3", ...).
-std::string_view dtype_name(DType dtype);
+constexpr std::string_view dtype_name(DType dtype) { return dtype_info(dtype).name; }
+// torch's name ("bfloat16", "float8_e4m3fn", ...), for messages and the Python side.
+constexpr const char* torch_dtype_name(DType dtype) { return dtype_info(dtype).torch_name.data(); }
+// Size of one element in bits (4 for F4, 6 for the F6 types, 8 * bytes otherwise; 0 outside the
+// enum).
+constexpr unsigned dtype_bits(DType dtype) { return dtype_info(dtype).bits; }
+// Size of one element in bytes (0 for the sub-byte types F4 and F6).
+constexpr std::size_t dtype_size(DType dtype) { return dtype_bits(dtype) / 8; }
+
 // The dtype with that exact (case-sensitive) safetensors name, or nothing.
 std::optional<DType> dtype_from_name(std::string_view name);
-// Size of one element in bits (4 for F4, 6 for the F6 types, 8 * bytes otherwise).
-unsigned dtype_bits(DType dtype);
 bool dtype_is_integer(DType dtype);  // BOOL is not an integer here
 bool dtype_is_signed_integer(DType dtype);
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "draftfeed/common/error.h"
-#include "draftfeed/hidden/sample.h"
+#include "draftfeed/hidden/hidden_state_sample.h"
 
 namespace draftfeed {
 
@@ -81,7 +81,7 @@ class CacheStore {
   // otherwise.
   void adopt(std::int64_t row, const std::string& source) const;
   // The same for a source anywhere, which the caller proved to be the row's sample (a generated
-  // file that passed validation, see online/generated_file.h): the confinement is the caller's.
+  // file that passed validation, see source/generated_file.h): the confinement is the caller's.
   void adopt_unconfined(std::int64_t row, const std::string& source) const;
 
   // Removes the adopt temporaries (`.hs_<row>.safetensors.adopt-<host>-<pid>-<n>` in the root)

@@ -3,19 +3,19 @@
 #include <cmath>
 #include <cstring>
 
-#include "draftfeed/batch/hidden_value.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/fp8.h"
+#include "draftfeed/common/hidden_value.h"
 
 namespace draftfeed {
 
 namespace {
 
-template <HiddenDType kSrc>
+template <DType kSrc>
 void quantize_rows(const std::uint8_t* src, std::int64_t tokens, std::int64_t per_token,
                    std::uint8_t* codes, float* scales) {
-  const std::size_t row_bytes = static_cast<std::size_t>(per_token) * hidden_dtype_size(kSrc);
+  const std::size_t row_bytes = static_cast<std::size_t>(per_token) * dtype_size(kSrc);
   for (std::int64_t t = 0; t < tokens; ++t) {
     const std::uint8_t* row = src + static_cast<std::size_t>(t) * row_bytes;
     float amax = 0.0f;
@@ -32,14 +32,14 @@ void quantize_rows(const std::uint8_t* src, std::int64_t tokens, std::int64_t pe
   }
 }
 
-HiddenDType hidden_dtype_of(DType dtype) {
+DType hidden_dtype_of(DType dtype) {
   switch (dtype) {
     case DType::kBF16:
-      return HiddenDType::kBF16;
+      return DType::kBF16;
     case DType::kF16:
-      return HiddenDType::kF16;
+      return DType::kF16;
     case DType::kF32:
-      return HiddenDType::kF32;
+      return DType::kF32;
     default:
       break;
   }
@@ -50,16 +50,16 @@ HiddenDType hidden_dtype_of(DType dtype) {
 
 }  // namespace
 
-void quantize_fp8(const std::uint8_t* src, HiddenDType src_dtype, std::int64_t tokens,
+void quantize_fp8(const std::uint8_t* src, DType src_dtype, std::int64_t tokens,
                   std::int64_t per_token, std::uint8_t* codes, float* scales) {
   switch (src_dtype) {
-    case HiddenDType::kBF16:
-      return quantize_rows<HiddenDType::kBF16>(src, tokens, per_token, codes, scales);
-    case HiddenDType::kF16:
-      return quantize_rows<HiddenDType::kF16>(src, tokens, per_token, codes, scales);
-    case HiddenDType::kF32:
-      return quantize_rows<HiddenDType::kF32>(src, tokens, per_token, codes, scales);
-    case HiddenDType::kF8E4M3:
+    case DType::kBF16:
+      return quantize_rows<DType::kBF16>(src, tokens, per_token, codes, scales);
+    case DType::kF16:
+      return quantize_rows<DType::kF16>(src, tokens, per_token, codes, scales);
+    case DType::kF32:
+      return quantize_rows<DType::kF32>(src, tokens, per_token, codes, scales);
+    default:
       break;
   }
   throw Error(ErrorKind::kInvalidArgument, "FP8 quantization reads bf16, f16 or f32 values");
@@ -71,7 +71,7 @@ Fp8FileStats write_fp8_sample(const std::string& path, const HiddenStateSample& 
   require(states.shape.size() == 3, ErrorKind::kInvalidArgument,
           sample.path() + ": hidden_states has shape " + shape_to_string(states.shape) +
               ", expected [tokens, layers, hidden]");
-  const HiddenDType src_dtype = hidden_dtype_of(states.dtype);
+  const DType src_dtype = hidden_dtype_of(states.dtype);
   const std::int64_t tokens = states.shape[0];
   const std::int64_t per_token = states.shape[1] * states.shape[2];
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(tokens * per_token));

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/dtype.h"
+#include "draftfeed/hidden/hidden_state_sample.h"
 #include "draftfeed/hidden/safetensors_writer.h"
-#include "draftfeed/hidden/sample.h"
 
 namespace draftfeed {
 
@@ -28,7 +28,7 @@ inline constexpr float kFp8MinScale = 1e-12f;
 // Quantizes `tokens` rows of `per_token` values (bf16, f16 or f32 at `src`, any alignment) into
 // `codes` (tokens x per_token bytes) and `scales` (tokens floats). Values must be finite (a NaN
 // or Inf would make its token's scale NaN or Inf): callers validate first.
-void quantize_fp8(const std::uint8_t* src, HiddenDType src_dtype, std::int64_t tokens,
+void quantize_fp8(const std::uint8_t* src, DType src_dtype, std::int64_t tokens,
                   std::int64_t per_token, std::uint8_t* codes, float* scales);
 
 struct Fp8FileStats {

@@ -90,7 +90,7 @@ std::int64_t RowIds::operator[](std::int64_t i) const {
 }
 
 std::int64_t RowIds::first_difference(const TensorView& ids) const {
-  const unsigned width = dtype_bits(ids.dtype) / 8;
+  const unsigned width = dtype_size(ids.dtype);
   const bool is_signed = dtype_is_signed_integer(ids.dtype);
   // Both sides int64: compare bytes, then find the index only if they differ.
   if (width == 8 && width_ == 8 && is_signed == signed_ &&
@@ -167,7 +167,7 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
   const bool read = guard_mapped_reads([&] {
     at = ids.first_difference(tokens);
     if (at >= 0) {
-      file_id = load_integer(tokens.data, at, dtype_bits(tokens.dtype) / 8,
+      file_id = load_integer(tokens.data, at, dtype_size(tokens.dtype),
                              dtype_is_signed_integer(tokens.dtype));
     }
   });
@@ -204,7 +204,7 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
   }
 
   if (values == ValueCheck::kSkip) return SampleCheck{};
-  const std::size_t count = states.nbytes / (dtype_bits(states.dtype) / 8);
+  const std::size_t count = states.nbytes / (dtype_size(states.dtype));
   bool finite = true;
   if (!guard_mapped_reads([&] { finite = all_finite(states.data, count, states.dtype); })) {
     return shrank(sample, row, "hidden states");

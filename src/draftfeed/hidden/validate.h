@@ -26,7 +26,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/finite.h"
 #include "draftfeed/dataset/token_dataset.h"
-#include "draftfeed/hidden/sample.h"
+#include "draftfeed/hidden/hidden_state_sample.h"
 
 namespace draftfeed {
 

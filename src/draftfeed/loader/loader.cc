@@ -4,8 +4,8 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_store.h"
-#include "draftfeed/pipeline/cache_source.h"
 #include "draftfeed/pipeline/epoch_plan.h"
+#include "draftfeed/source/cache_source.h"
 
 namespace draftfeed {
 

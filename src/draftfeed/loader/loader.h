@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/batch/sample.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/device_stage.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "draftfeed/sampler/multipack.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

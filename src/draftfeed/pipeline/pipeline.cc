@@ -22,7 +22,7 @@ std::size_t index_of(DropReason reason) { return static_cast<std::size_t>(reason
 std::int64_t hidden_row_bytes(const BatchLayout& layout) {
   std::int64_t bytes = 0;
   for (const auto& slot : layout.tensors) {
-    if (slot.dtype != TensorDType::kInt64) {
+    if (slot.dtype != DType::kI64) {
       bytes += static_cast<std::int64_t>(slot.nbytes) / layout.spec.max_len;
     }
   }
@@ -114,7 +114,8 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
     metrics_.first_batch_seconds = -1;
   }
   stopping_ = false;
-  workers_ = std::make_unique<ThreadPool>(options_.num_threads);
+  // The source's blocked fetches get threads of their own (SampleSource::blocking_fetches).
+  workers_ = std::make_unique<ThreadPool>(options_.num_threads + source_->blocking_fetches());
   scheduler_ = std::thread([this, epoch, plan = std::move(batches)]() mutable {
     run_scheduler(epoch, std::move(plan));
   });

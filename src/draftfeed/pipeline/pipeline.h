@@ -32,7 +32,6 @@
 
 #include "draftfeed/batch/assemble.h"
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/batch/sample.h"
 #include "draftfeed/common/thread_pool.h"
 #include "draftfeed/cuda/cuda_event.h"
 #include "draftfeed/cuda/cuda_runtime.h"
@@ -40,6 +39,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
@@ -51,7 +51,7 @@ struct PlannedBatch {
 };
 
 struct PipelineOptions {
-  int num_threads = 2;   // fetch + assembly threads
+  int num_threads = 2;   // fetch + assembly threads (plus the source's blocking_fetches())
   int prefetch = 4;      // batch buffers (batches in flight or waiting)
   bool in_order = true;  // deliver in plan order, or as batches become ready
   bool try_pin = true;   // page-lock buffers when a CUDA runtime is present

@@ -1,4 +1,4 @@
-#include "draftfeed/online/online_source.h"
+#include "draftfeed/source/online_source.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 
 #include "draftfeed/common/finite.h"
 #include "draftfeed/hidden/fp8_quantize.h"
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 
 namespace draftfeed {
 
@@ -56,20 +56,6 @@ const OnlineSourceOptions& checked(const OnlineSourceOptions& options) {
   return options;
 }
 
-DType finite_dtype(HiddenDType dtype) {
-  switch (dtype) {
-    case HiddenDType::kBF16:
-      return DType::kBF16;
-    case HiddenDType::kF16:
-      return DType::kF16;
-    case HiddenDType::kF8E4M3:
-      return DType::kF8E4M3;
-    case HiddenDType::kF32:
-      break;
-  }
-  return DType::kF32;
-}
-
 // How a transfer's load error is counted.
 FileProblem transfer_problem(ErrorKind kind) {
   switch (kind) {
@@ -90,7 +76,7 @@ FileProblem transfer_problem(ErrorKind kind) {
 // "NaN 2, Inf 0 in layer slot(s) 0, 3" for a sample whose values are not all finite.
 std::string nonfinite_summary(const HiddenStatesView& hidden) {
   const auto counts = count_nonfinite_per_slot(hidden.data, hidden.tokens, hidden.layers,
-                                               hidden.hidden, finite_dtype(hidden.dtype));
+                                               hidden.hidden, hidden.dtype);
   std::int64_t nan = 0;
   std::int64_t inf = 0;
   std::string slots;
@@ -453,7 +439,7 @@ std::optional<FetchedSample> OnlineSampleSource::load_through_transfer(
     } else {
       const HiddenStatesView& hidden = loaded.value().hidden;
       const auto count = static_cast<std::size_t>(hidden.tokens * hidden.layers * hidden.hidden);
-      if (all_finite(hidden.data, count, finite_dtype(hidden.dtype))) {
+      if (all_finite(hidden.data, count, hidden.dtype)) {
         sample = std::move(loaded).value();
       } else {
         problem = FileProblem::kNonFinite;

@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
-#include "draftfeed/batch/sample.h"
 #include "draftfeed/hidden/cache_readahead.h"
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
@@ -20,13 +20,13 @@ OnMissing parse_on_missing(const std::string& text);  // throws kInvalidArgument
 
 // FP8Transfer's `dequantize_dtype` by torch's name ("bfloat16", "float16", "float32", with or
 // without "torch."); throws kInvalidArgument naming the choices.
-HiddenDType parse_fp8_dequantize(const std::string& text);
+DType parse_fp8_dequantize(const std::string& text);
 
 class CacheSampleSource : public SampleSource {
  public:
   // `fp8_dequantize`: FP8Transfer's dequantize_dtype (bf16, f16 or f32; kInvalidArgument else).
   CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
-                    HiddenDType fp8_dequantize = HiddenDType::kBF16);
+                    DType fp8_dequantize = DType::kBF16);
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
   // Queues the rows' files for reading ahead (hidden/cache_readahead.h), so a cold cache is read
   // at the disk's speed, in plan order, ahead of the copy.
@@ -40,13 +40,12 @@ class CacheSampleSource : public SampleSource {
   // Checks a loaded file against the row: token ids (int64 [T], equal to the row), hidden states
   // (bf16/f16/f32 [T, L, H], or F8_E4M3 with its scales). Shared with the online source.
   static FetchOutcome check(std::int64_t global_row, const IntArrayView& input_ids,
-                            const HiddenStateSample& sample,
-                            HiddenDType fp8_dequantize = HiddenDType::kBF16);
+                            const HiddenStateSample& sample, DType fp8_dequantize = DType::kBF16);
 
  private:
   std::shared_ptr<const CacheStore> store_;
   OnMissing on_missing_;
-  HiddenDType fp8_dequantize_;
+  DType fp8_dequantize_;
   std::unique_ptr<CacheReadahead> readahead_;
 };
 

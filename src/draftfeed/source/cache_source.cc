@@ -1,4 +1,4 @@
-#include "draftfeed/pipeline/cache_source.h"
+#include "draftfeed/source/cache_source.h"
 
 #include <cstdio>
 #include <cstring>
@@ -21,11 +21,11 @@ OnMissing parse_on_missing(const std::string& text) {
               "on_missing must be one of 'generate', 'skip', 'warn', 'raise', got '" + text + "'");
 }
 
-HiddenDType parse_fp8_dequantize(const std::string& text) {
+DType parse_fp8_dequantize(const std::string& text) {
   const std::string name = text.rfind("torch.", 0) == 0 ? text.substr(6) : text;
-  if (name == "bfloat16") return HiddenDType::kBF16;
-  if (name == "float16") return HiddenDType::kF16;
-  if (name == "float32") return HiddenDType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16") return DType::kF16;
+  if (name == "float32") return DType::kF32;
   throw Error(ErrorKind::kInvalidArgument,
               "FP8 values dequantize into bfloat16, float16 or float32 (FP8Transfer's "
               "dequantize_dtype), got '" +
@@ -33,12 +33,12 @@ HiddenDType parse_fp8_dequantize(const std::string& text) {
 }
 
 CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
-                                     HiddenDType fp8_dequantize)
+                                     DType fp8_dequantize)
     : store_(std::move(store)),
       on_missing_(on_missing),
       fp8_dequantize_(fp8_dequantize),
       readahead_(std::make_unique<CacheReadahead>()) {
-  require(fp8_dequantize != HiddenDType::kF8E4M3, ErrorKind::kInvalidArgument,
+  require(fp8_dequantize != DType::kF8E4M3, ErrorKind::kInvalidArgument,
           "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
 }
 
@@ -73,7 +73,7 @@ void CacheSampleSource::interrupt() { readahead_->clear(); }
 void CacheSampleSource::resume() { readahead_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
-                                      const HiddenStateSample& sample, HiddenDType fp8_dequantize) {
+                                      const HiddenStateSample& sample, DType fp8_dequantize) {
   // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).
   const SampleCheck check = validate_sample(sample, input_ids, global_row, ValueCheck::kSkip);
   if (!check.ok()) {
@@ -81,16 +81,14 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
                                                                              : DropReason::kInvalid;
     return FetchOutcome::dropped(reason, check.message);
   }
+  // validate_sample admits bf16, f16, f32 and F8_E4M3 hidden states only.
   const TensorView& hs = sample.hidden_states;
-  const HiddenDType dtype = hs.dtype == DType::kBF16     ? HiddenDType::kBF16
-                            : hs.dtype == DType::kF16    ? HiddenDType::kF16
-                            : hs.dtype == DType::kF8E4M3 ? HiddenDType::kF8E4M3
-                                                         : HiddenDType::kF32;
+  const DType dtype = hs.dtype;
   FetchedSample fetched;
   fetched.owner = sample.file;
   fetched.file = sample.file->mapping();
   fetched.hidden = HiddenStatesView{hs.data, dtype, hs.shape[0], hs.shape[1], hs.shape[2]};
-  if (dtype == HiddenDType::kF8E4M3) {
+  if (dtype == DType::kF8E4M3) {
     // validate_sample checked the scales: F32 [T, 1, 1], finite and positive.
     fetched.hidden.scales = sample.scales->data;
     fetched.hidden.dequantize = fp8_dequantize;

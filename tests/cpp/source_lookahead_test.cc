@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "draftfeed/dataset/synthetic.h"
-#include "draftfeed/online/lookahead.h"
+#include "draftfeed/source/lookahead_source.h"
 
 namespace draftfeed {
 namespace {
@@ -51,6 +51,8 @@ class FakeSource : public SampleSource {
     release();
   }
   void resume() override { ++resumes; }
+  // The lookahead runs this many threads.
+  int blocking_fetches() const override { return threads; }
   std::vector<std::int64_t> wait_calls(std::size_t n) {
     std::unique_lock lock(mutex);
     changed.wait_for(lock, 5s, [&] { return calls.size() >= n; });
@@ -62,6 +64,7 @@ class FakeSource : public SampleSource {
   std::vector<std::int64_t> calls;
   bool held = false;
   bool released = false;
+  int threads = 1;
   std::atomic<int> interrupts{0};
   std::atomic<int> resumes{0};
 };
@@ -90,7 +93,7 @@ class OnlineLookaheadTest : public ::testing::Test {
 
 TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 1, 4);
+  LookaheadSource ahead(fake, dataset_, 4);
   ahead.prefetch({5, 2, 9, 7});
   EXPECT_EQ(fake->wait_calls(4), (std::vector<std::int64_t>{5, 2, 9, 7}))
       << "one thread takes the rows in the order given";
@@ -108,7 +111,8 @@ TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
 
 TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 3, 3);
+  fake->threads = 3;
+  LookaheadSource ahead(fake, dataset_, 3);
   ahead.prefetch({0, 1, 2, 3, 4, 5, 6, 7});
   fake->wait_calls(3);
   std::this_thread::sleep_for(100ms);
@@ -123,7 +127,7 @@ TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
 TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndStealsAQueuedOne) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
-  LookaheadSource ahead(fake, dataset_, 1, 8);
+  LookaheadSource ahead(fake, dataset_, 8);
   ahead.prefetch({10, 11, 12});
   fake->wait_calls(1);  // the only thread holds row 10; 11 and 12 are queued
   // Row 12 claimed before the lookahead gets to it: taken out of the queue, fetched inline.
@@ -148,7 +152,8 @@ TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndStealsAQueuedOne) {
 
 TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 2, 8);
+  fake->threads = 2;
+  LookaheadSource ahead(fake, dataset_, 8);
   ahead.prefetch({1, 2, 3});
   fake->wait_calls(3);
   std::this_thread::sleep_for(50ms);
@@ -164,7 +169,7 @@ TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
 
 TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 1, 2);
+  LookaheadSource ahead(fake, dataset_, 2);
   ahead.prefetch({13});
   fake->wait_calls(1);  // the lookahead thread has it (a claim now waits for its outcome)
   const FetchOutcome outcome = ahead.fetch(13, dataset_->input_ids(13));
@@ -177,7 +182,7 @@ TEST_F(OnlineLookaheadTest, DestructionInterruptsTheInnerSource) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
   {
-    LookaheadSource ahead(fake, dataset_, 1, 2);
+    LookaheadSource ahead(fake, dataset_, 2);
     ahead.prefetch({10, 1});
     fake->wait_calls(1);  // row 10 is held: only the interrupt lets the destructor join
   }
@@ -188,7 +193,7 @@ TEST_F(OnlineLookaheadTest, DestructionInterruptsTheInnerSource) {
 TEST_F(OnlineLookaheadTest, InterruptDropsTheQueueAndResumeWaitsForIdleThreads) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
-  LookaheadSource ahead(fake, dataset_, 1, 4);
+  LookaheadSource ahead(fake, dataset_, 4);
   ahead.prefetch({10, 1, 2, 3});
   EXPECT_EQ(fake->wait_calls(1), std::vector<std::int64_t>({10}));
   ahead.interrupt();  // the pipeline stops mid-epoch

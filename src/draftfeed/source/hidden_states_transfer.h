@@ -11,9 +11,9 @@
 #include <span>
 #include <string>
 
-#include "draftfeed/batch/sample.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

@@ -19,7 +19,7 @@
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/safetensors_writer.h"
-#include "draftfeed/online/generated_file.h"
+#include "draftfeed/source/generated_file.h"
 #include "sample_file.h"
 #include "temp_folder.h"
 

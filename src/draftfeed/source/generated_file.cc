@@ -1,4 +1,4 @@
-#include "draftfeed/online/generated_file.h"
+#include "draftfeed/source/generated_file.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,4 +1,4 @@
-#include "draftfeed/hidden/sample.h"
+#include "draftfeed/hidden/hidden_state_sample.h"
 
 #include <string>
 

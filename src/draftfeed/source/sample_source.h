@@ -13,7 +13,7 @@
 #include <span>
 #include <string>
 
-#include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/dtype.h"
 #include "draftfeed/common/mapped_file.h"
 #include "draftfeed/dataset/token_dataset.h"
 
@@ -33,7 +33,7 @@ const char* drop_reason_name(DropReason reason);
 // Hidden states `[tokens, layers, hidden]`, row-major and contiguous, in a file's own dtype.
 struct HiddenStatesView {
   const std::uint8_t* data = nullptr;
-  HiddenDType dtype = HiddenDType::kBF16;
+  DType dtype = DType::kBF16;
   std::int64_t tokens = 0;
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
@@ -41,7 +41,7 @@ struct HiddenStatesView {
   // little-endian, any alignment), and the dtype FP8Transfer dequantizes in (bf16, f16 or f32):
   // value = round_D(D(fp8) x D(scale)). Null for other dtypes.
   const std::uint8_t* scales = nullptr;
-  HiddenDType dequantize = HiddenDType::kBF16;
+  DType dequantize = DType::kBF16;
 };
 
 struct FetchedSample {
@@ -91,6 +91,12 @@ class SampleSource {
   // the next epoch. Fetches that end because of interrupt() are not failures of the sample.
   virtual void interrupt() {}
   virtual void resume() {}
+
+  // How many fetches this source may keep blocked at once for a long time (a request to a server
+  // holds its fetch for the whole round trip). The pipeline runs that many threads on top of its
+  // own, so blocked fetches never hold back the copies; 0 (the default) for sources whose fetches
+  // are short (a file read).
+  virtual int blocking_fetches() const { return 0; }
 };
 
 }  // namespace draftfeed

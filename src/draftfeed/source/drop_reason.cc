@@ -1,4 +1,4 @@
-#include "draftfeed/batch/sample.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 

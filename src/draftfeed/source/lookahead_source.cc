@@ -1,4 +1,4 @@
-#include "draftfeed/online/lookahead.h"
+#include "draftfeed/source/lookahead_source.h"
 
 #include <algorithm>
 #include <exception>
@@ -9,14 +9,13 @@
 namespace draftfeed {
 
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
-                                 std::shared_ptr<const TokenDataset> dataset, int threads,
-                                 int window)
+                                 std::shared_ptr<const TokenDataset> dataset, int window)
     : inner_(std::move(inner)), dataset_(std::move(dataset)), window_(window) {
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
-  require(threads >= 1 && window >= 1, ErrorKind::kInvalidArgument,
-          "the lookahead needs threads >= 1 and window >= 1 (got " + std::to_string(threads) +
-              " and " + std::to_string(window) + ")");
+  require(window >= 1, ErrorKind::kInvalidArgument,
+          "the lookahead needs window >= 1, got " + std::to_string(window));
+  const int threads = std::max(1, inner_->blocking_fetches());
   for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { run(); });
 }
 

@@ -4,7 +4,9 @@
 // Why: the pipeline takes a batch buffer before fetching a batch's samples, so with in-order
 // delivery a batch stuck on one slow request holds every buffer behind it and the requests in
 // flight dry up (head-of-line blocking). A fetched sample costs no buffer (it is a mapped file),
-// so fetching ahead of the buffers keeps `threads` requests in flight while the buffers wait.
+// so fetching ahead of the buffers keeps the inner source's requests in flight while the buffers
+// wait: the lookahead runs one thread per fetch the inner source may keep blocked
+// (SampleSource::blocking_fetches, at least one).
 //
 // `prefetch(rows)` replaces the queue (e.g. the epoch's rows in plan order). Worker threads take
 // rows from its front and call the inner source; at most `window` rows are fetched but not yet
@@ -25,8 +27,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "draftfeed/batch/sample.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
@@ -41,16 +43,18 @@ struct LookaheadStats {
 
 class LookaheadSource : public SampleSource {
  public:
-  // `threads` >= 1 lookahead threads, `window` >= 1 rows fetched ahead at most. The destructor
-  // interrupts the inner source before it joins the threads, so a slow inner fetch (a request
-  // with a long timeout) ends at once, and resumes it after.
+  // `window` >= 1 rows fetched ahead at most. The destructor interrupts the inner source before
+  // it joins the threads, so a slow inner fetch (a request with a long timeout) ends at once, and
+  // resumes it after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  int threads, int window);
+                  int window);
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;
 
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
+  // A claim waits for the inner source's fetch: as many may block as there.
+  int blocking_fetches() const override { return inner_->blocking_fetches(); }
 
   // The rows coming next, in order (global rows; out-of-range ones are refused with
   // kInvalidArgument). Replaces the previous queue and drops unclaimed results.
