@@ -1,0 +1,568 @@
+"""speculators 0.9.0's trainer across two hosts: `torchrun --nnodes 2 --nproc-per-node 2`.
+
+Two hosts on one machine (two_hosts.py): network namespaces A (10.201.0.1) and B (10.201.0.2) joined
+by a veth pair, nothing else reachable. One torchrun per host (static rendezvous on host A's address,
+gloo over the pair: GLOO_SOCKET_IFNAME=eth0), ranks 0-1 on A and 2-3 on B, each running
+speculators 0.9.0's training entry point through the single-host trainer test's harness
+(trainer_harness.py: the one import swapped for draftfeed's, CPU device patches, per-step metrics
+and the batches the draft model saw, per rank). Both hosts read one folder (the shared file system).
+
+  * offline, from one cache folder: per-step training and per-epoch validation metrics equal bit for
+    bit on every rank, and every rank's batches equal the reference's, step by step;
+  * online, through a real Mooncake Store whose master runs on host A, with the simulated vLLM server
+    on host A putting every sample with hs-connectors' connector code, and every rank (two of them on
+    host B, across the link) fetching it with hs-connectors' MooncakeTransfer as the trainer builds
+    it: the same equalities; the trainers mount no store memory of their own, so every object lives in
+    the server's segment, and the master's key count is 0 after each run (every sample deleted);
+  * a host lost mid-epoch, right after a mid-epoch checkpoint (host B's ranks wait after the next
+    step, harness --hold-after-step, so the loss comes at the same place every run):
+      - every process on host B SIGKILLed: host A's ranks end within KILL_BOUND seconds, naming the
+        peer that closed the connection;
+      - host B's link cut (down: silence, no reset): host A's ranks end when the process group's
+        timeout strikes (PG_TIMEOUT, set by the harness: speculators 0.9.0 sets none, and gloo's
+        default is 30 minutes), naming the timed-out collective;
+    after each, `draftfeed verify` finds every cache file intact and none locked (the cache carries
+    a vLLM connector's leftover lock files, which readers remove), the files are byte for byte what
+    they were, and the run, restarted on both hosts, resumes from its last checkpoint with the metrics
+    and batches of the reference's run resumed from that same checkpoint (one reference run is the
+    oracle for both: the two checkpoints are checked to be the same bytes).
+
+Runs go one at a time (timings undisturbed), except the two resumed runs from one checkpoint, which go
+together. Each test prints its figures; the summary (seconds per run, time to first batch per host,
+the first step of each epoch's wait, how long the survivors took to end) is printed at the end and
+written to $DRAFTFEED_TWO_HOST_SUMMARY when set. Where network namespaces cannot be made the module
+is skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import two_hosts
+from conftest import cli_path
+from test_speculators_trainer import (  # noqa: F401  (prepared, rows: fixtures used here)
+    EXPECTED_FUNCTION,
+    HARNESS,
+    LOADERS,
+    Rows,
+    Run,
+    _env,
+    compare,
+    metrics,
+    prepared,
+    rows,
+    trainer_flags,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+HERE = Path(__file__).resolve().parent
+SERVICES = HERE / "two_host_services.py"
+RANKS = {"A": (0, 1), "B": (2, 3)}
+WORLD = 4
+# One mid-epoch checkpoint per epoch: a step after it has none, so a host lost there leaves the last
+# checkpoint whole (speculators writes a checkpoint over the previous one, across two barriers).
+CHECKPOINT_FREQ = 0.5
+RUN_TIMEOUT = 300.0  # seconds for any one training run (a hang is a failure)
+KILL_BOUND = 60.0  # seconds from host B's death to host A's torchrun ended
+PG_TIMEOUT = 30.0  # the process group's timeout in the cut run
+CUT_BOUND = PG_TIMEOUT + 60.0
+_PORTS = itertools.count(29400)  # rendezvous ports on host A: a fresh namespace, nothing else there
+SUMMARY: dict[str, Any] = {"runs": {}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary(request, tmp_path_factory):
+    """The runs' figures, shown after the module's tests (outside pytest's capture) and written to
+    $DRAFTFEED_TWO_HOST_SUMMARY when set."""
+    yield SUMMARY
+    if not SUMMARY["runs"]:
+        return
+    text = json.dumps(SUMMARY, indent=1)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("-", "two hosts: figures")
+        reporter.write_line(text)
+    if os.environ.get("DRAFTFEED_TWO_HOST_SUMMARY"):
+        Path(os.environ["DRAFTFEED_TWO_HOST_SUMMARY"]).write_text(text)
+
+
+# ------------------------------------------------------------------------------------- the two hosts
+
+
+@pytest.fixture(scope="module")
+def pair():
+    reason = two_hosts.unavailable()
+    if reason is not None:
+        pytest.skip(f"two hosts on one machine need network namespaces: {reason}")
+    made = two_hosts.TwoHosts.create()
+    yield made
+    made.destroy()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("two_hosts")
+
+
+def host_env(host: two_hosts.Host, pair: two_hosts.TwoHosts) -> dict:
+    env = _env()
+    env.update(
+        MASTER_ADDR=pair.a.address,
+        GLOO_SOCKET_IFNAME=two_hosts.LINK,  # the interface the hosts share
+        MOONCAKE_LOCAL_HOSTNAME=host.address,  # what this host's store clients announce
+    )
+    return env
+
+
+class TwoHostRun:
+    """One training run: a torchrun on each host, each a bounded `Run` (host A's log holds ranks 0-1,
+    host B's ranks 2-3); metrics of rank r in WORKDIR/metrics-NAME.r.jsonl."""
+
+    def __init__(self, name: str, pair: two_hosts.TwoHosts, workdir: Path, loader: str, flags: list[str],
+                 *, host_b_options: tuple[str, ...] = (), pg_timeout: float | None = None):
+        self.name, self.loader, self.workdir = name, loader, workdir
+        port = next(_PORTS)
+        self.runs: dict[str, Run] = {}
+        for node_rank, host in enumerate((pair.a, pair.b)):
+            harness = [
+                str(HARNESS), "train", "--loader", loader, "--metrics", str(workdir / f"metrics-{name}"),
+                *(["--pg-timeout", str(pg_timeout)] if pg_timeout is not None else []),
+                *(host_b_options if host is pair.b else ()), "--", *flags,
+            ]
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                "--node-rank", str(node_rank), "--master-addr", pair.a.address, "--master-port", str(port),
+                *harness,
+            ]
+            self.runs[host.label] = Run(f"{name}-host{host.label}", workdir, cmd, RUN_TIMEOUT, loader,
+                                        env=host_env(host, pair), host=host)
+
+    def finish(self) -> dict:
+        """Waits for both hosts (bounded), checks they succeeded with the expected loader; returns
+        the run's metric records per rank."""
+        for label, run in self.runs.items():
+            rc = run.wait()
+            if rc != 0:
+                pytest.fail(f"{self.name}, host {label}: exit status {rc}\n{run.tail()}")
+        self.seconds = max(run.seconds for run in self.runs.values())
+        out = {rank: metrics(self.workdir, self.name, rank) for rank in range(WORLD)}
+        for rank in (0, 2):  # one rank per host says which loader its trainer called
+            meta = [r for r in out[rank] if r["kind"] == "meta"]
+            assert meta and meta[0]["create_train_val_loaders"] == EXPECTED_FUNCTION[self.loader], meta
+            assert meta[0]["speculators"] == "0.9.0", meta
+        record_run(self.name, self.seconds, out)
+        return out
+
+    def tails(self) -> str:
+        return "\n".join(f"--- host {label} ---\n{run.tail()}" for label, run in self.runs.items())
+
+
+def ranks(records: dict) -> list[list[dict]]:
+    return [records[rank] for rank in range(WORLD)]
+
+
+def first_steps(records: dict) -> dict:
+    """Per host: the trainer's own fetch_ms of the first step of each epoch (time to first batch:
+    from the start of the epoch's loop to the batch in hand; the slowest rank of the host), and the
+    median fetch_ms over the other steps (all the host's ranks)."""
+    out = {}
+    for host, host_ranks in RANKS.items():
+        per_epoch: dict[int, float] = {}
+        steady = []
+        for rank in host_ranks:
+            train = [r for r in records[rank] if r["kind"] == "train" and r.get("profile")]
+            for i, r in enumerate(train):
+                ms = r["profile"]["fetch_ms"]["f"]
+                if i == 0 or r["epoch"] != train[i - 1]["epoch"]:
+                    per_epoch[r["epoch"]] = max(per_epoch.get(r["epoch"], 0.0), ms)
+                else:
+                    steady.append(ms)
+        out[host] = {"first_batch_ms_per_epoch": {e: round(v, 1) for e, v in sorted(per_epoch.items())},
+                     "steady_fetch_ms_median": round(statistics.median(steady), 2) if steady else None}
+    return out
+
+
+def record_run(name: str, seconds: float, records: dict | None) -> None:
+    entry: dict[str, Any] = {"seconds": round(seconds, 1)}
+    if records is not None:
+        entry["per_host"] = first_steps(records)
+    SUMMARY["runs"][name] = entry
+
+
+def batch_problems(ref: dict, ours: dict, label: str) -> list[str]:
+    """Every rank's batches, step by step (training) and epoch by epoch (validation), must be the
+    reference's: the documents the draft model was called with, in order."""
+    problems = []
+    for rank in range(WORLD):
+        a = [(r["kind"], r["step"], r["batches"]) for r in ref[rank] if r["kind"] in ("train", "val")]
+        b = [(r["kind"], r["step"], r["batches"]) for r in ours[rank] if r["kind"] in ("train", "val")]
+        if len(a) != len(b):
+            problems.append(f"{label}: rank {rank}: {len(a)} metric records with the reference, {len(b)} ours")
+        for x, y in zip(a, b):
+            if x != y:
+                problems.append(f"{label}: rank {rank}: {x[0]} step {x[1]}: other batches than the reference's")
+                break
+    return problems
+
+
+def assert_same_training(ref: dict, ours: dict, rows: Rows, label: str) -> None:
+    problems = compare(ranks(ref), ranks(ours), rows, label) + batch_problems(ref, ours, label)
+    assert not problems, "\n".join(problems)
+
+
+def steps_seen(records: dict) -> int:
+    return sum(r["kind"] == "train" for r in records[0])
+
+
+# ------------------------------------------------------------------------------------------- offline
+
+
+@pytest.fixture(scope="module")
+def offline(pair, workdir, prepared) -> dict:
+    """Both loaders across the two hosts, one run after the other, from the one cache folder."""
+    out = {}
+    for loader in LOADERS:
+        flags = trainer_flags(prepared, workdir / f"ckpt-offline-{loader}", num_workers=0,
+                              checkpoint_freq=CHECKPOINT_FREQ)
+        out[loader] = TwoHostRun(f"offline-{loader}", pair, workdir, loader, flags).finish()
+    return out
+
+
+def test_offline_two_hosts_losses_and_batches_bit_for_bit(offline, rows, pair):
+    ref, ours = offline["reference"], offline["draftfeed"]
+    n_train, n_val = steps_seen(ref), sum(r["kind"] == "val" for r in ref[0])
+    assert n_train >= 6 and n_val == 2, (n_train, n_val)
+    assert_same_training(ref, ours, rows, "two hosts, offline")
+    print(f"\n{pair.describe()}\noffline: {n_train} steps, 4 ranks; per host (ms): "
+          f"reference {first_steps(ref)}, draftfeed {first_steps(ours)}")
+
+
+# -------------------------------------------------------------------------------------------- online
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise TimeoutError(f"no answer from host A's services within {timeout} s")
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"host A's services exited ({proc.poll()})")
+    return line
+
+
+class Services:
+    """two_host_services.py on host A: a Mooncake master and the simulated vLLM server."""
+
+    def __init__(self, pair: two_hosts.TwoHosts, workdir: Path, prepared: dict):
+        self.log = open(workdir / "services.log", "w")
+        self.proc = pair.a.popen(
+            [sys.executable, str(SERVICES), "--host", pair.a.address, "--server-dir", str(workdir / "server"),
+             "--model", prepared["verifier"], "--layers", "4", "--hidden", str(prepared["hidden_size"])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=host_env(pair.a, pair))
+        try:
+            self.info = json.loads(_read_line(self.proc, 180))
+        except (TimeoutError, RuntimeError) as error:
+            self.close()
+            pytest.fail(f"{error}:\n{(workdir / 'services.log').read_text()[-4000:]}")
+
+    def ask(self, command: str) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return json.loads(_read_line(self.proc, 30))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def online(pair, workdir, prepared) -> dict:
+    """Both loaders across the two hosts, every sample generated on host A and passed through the
+    Mooncake Store; the dataset without its cache."""
+    data = workdir / "online-data"
+    shutil.copytree(prepared["data"], data, ignore=shutil.ignore_patterns("hidden_states"))
+    services = Services(pair, workdir, prepared)
+    out: dict[str, Any] = {"services": services.info}
+    try:
+        for loader in LOADERS:
+            services.ask("reset")
+            flags = trainer_flags({**prepared, "data": str(data)}, workdir / f"ckpt-online-{loader}",
+                                  num_workers=0, checkpoint_freq=CHECKPOINT_FREQ) + [
+                "--on-missing", "generate", "--vllm-endpoint", services.info["vllm"],
+                "--hidden-states-backend", "mooncake", "--mooncake-master", services.info["master"],
+                # The trainers are pure consumers: every object lives in the server's segment on
+                # host A, and stays there until deleted (a trainer's own segment would leave with it).
+                "--mooncake-global-segment-gib", "0", "--mooncake-local-buffer-gib", "0.0625",
+            ]
+            out[loader] = TwoHostRun(f"online-{loader}", pair, workdir, loader, flags).finish()
+            out[f"{loader}-store"] = services.ask("stats")
+    finally:
+        services.close()
+    return out
+
+
+def test_online_two_hosts_through_mooncake_losses_and_batches_bit_for_bit(online, rows):
+    ref, ours = online["reference"], online["draftfeed"]
+    assert steps_seen(ref) >= 6
+    assert_same_training(ref, ours, rows, "two hosts, online through Mooncake")
+    for loader in LOADERS:
+        store = online[f"{loader}-store"]
+        sim = store["sim"]
+        assert store["keys"] == 0, f"{loader}: keys left in the store after the run: {store['left']}"
+        assert sim["mooncake"]["writes"] == sim["completions"] > 0, sim["mooncake"]
+        assert sim["mooncake"]["writes_failed"] == 0 and sim["mooncake"]["not_written"] == 0
+    # One request per planned row and epoch, on both sides: every row went through the store.
+    assert online["draftfeed-store"]["sim"]["completions"] == online["reference-store"]["sim"]["completions"]
+    print(f"\nonline: master {online['services']['master']}, server {online['services']['vllm']}; "
+          f"{online['reference-store']['sim']['completions']} samples put and fetched per run; per host (ms): "
+          f"reference {first_steps(ref)}, draftfeed {first_steps(ours)}")
+
+
+# ------------------------------------------------------------------------------------- a host lost
+
+
+def cache_digest(hidden: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(hidden.glob("*.safetensors"))}
+
+
+def verify_cache(data: Path) -> dict:
+    proc = subprocess.run([cli_path(), "verify", str(data), "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def hold_step(offline) -> int:
+    """The training step after the first mid-epoch checkpoint that skips at least one batch (from the
+    uninterrupted reference run): host B waits after it. No checkpoint follows that step."""
+    ckpts = [r for r in offline["reference"][0] if r["kind"] == "checkpoint"]
+    mid = [c for c in ckpts if c["epoch"] == 0 and c["local_step"] >= 2]
+    assert mid, f"no mid-epoch checkpoint in epoch 0: {ckpts}"
+    step = mid[0]["global_step"]  # the checkpoint's global_step counts the steps done: the next step's
+    assert all(c["global_step"] != step + 1 for c in ckpts), "a checkpoint right after the hold step"
+    return step
+
+
+class LostHost:
+    """A draftfeed run whose host B waits after `hold_step` (right after a mid-epoch checkpoint);
+    the caller then kills host B or cuts it off."""
+
+    def __init__(self, name: str, pair, workdir: Path, prepared: dict, data: Path, hold_step: int,
+                 pg_timeout: float | None = None):
+        self.save_path = workdir / f"ckpt-{name}"
+        self.hold_dir = workdir / f"hold-{name}"
+        self.hold_dir.mkdir()
+        (self.hold_dir / "hold").touch()
+        flags = trainer_flags({**prepared, "data": str(data)}, self.save_path, num_workers=0,
+                              checkpoint_freq=CHECKPOINT_FREQ)
+        self.run = TwoHostRun(name, pair, workdir, "draftfeed", flags, pg_timeout=pg_timeout,
+                              host_b_options=("--hold-after-step", str(hold_step), "--hold-dir", str(self.hold_dir)))
+        self.started = time.monotonic()
+        deadline = self.started + RUN_TIMEOUT
+        held = [self.hold_dir / f"held.{rank}" for rank in RANKS["B"]]
+        while not all(p.exists() for p in held):
+            if any(run.proc.poll() is not None for run in self.run.runs.values()) or time.monotonic() > deadline:
+                for run in self.run.runs.values():
+                    run._kill_group()
+                pytest.fail(f"{name}: host B never reached step {hold_step}\n{self.run.tails()}")
+            time.sleep(0.05)
+        ckpts = [r for r in metrics(workdir, name, 0) if r["kind"] == "checkpoint"]
+        assert ckpts and ckpts[-1]["global_step"] == hold_step and ckpts[-1]["local_step"] > 0, ckpts
+        self.checkpoint = ckpts[-1]
+
+    def survivors_end(self, bound: float, since: float) -> tuple[int, float, str]:
+        """Host A's torchrun: its exit status, seconds from `since` to its end, its log."""
+        run = self.run.runs["A"]
+        try:
+            rc = run.proc.wait(timeout=max(1.0, since + bound - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for each in self.run.runs.values():
+                each._kill_group()
+            pytest.fail(f"{self.run.name}: host A's ranks still running {bound:.0f} s after host B was lost "
+                        f"(a hang)\n{self.run.tails()}")
+        return rc, time.monotonic() - since, run.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        for run in self.run.runs.values():
+            run._kill_group()
+            run.log.close()
+
+
+def checkpoint_files(save_path: Path) -> dict[str, bytes]:
+    folder = save_path / "0"
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def lost_data(workdir, prepared) -> tuple[Path, dict[str, str]]:
+    """The lost-host runs' dataset and cache (a copy: their own), with a lock file beside every cache
+    file, as vLLM's connector leaves them for the reader to remove; and the files' digests."""
+    data = workdir / "lost-data"
+    shutil.copytree(prepared["data"], data)
+    hidden = data / "hidden_states"
+    for f in hidden.glob("*.safetensors"):
+        (hidden / (f.name + ".lock")).touch()
+    return data, cache_digest(hidden)
+
+
+def assert_cache_intact(data: Path, digest: dict[str, str], label: str) -> dict:
+    report = verify_cache(data)
+    assert report["ok"] == report["rows"] == len(digest), f"{label}: {report}"
+    assert report["locked"] == 0 and report["corrupt"] == 0 and report["missing"] == 0, f"{label}: {report}"
+    assert cache_digest(data / "hidden_states") == digest, f"{label}: cache files changed"
+    return report
+
+
+@pytest.fixture(scope="module")
+def host_killed(pair, workdir, prepared, lost_data, hold_step) -> dict:
+    data, digest = lost_data
+    lost = LostHost("killed", pair, workdir, prepared, data, hold_step)
+    try:
+        killed_at = time.monotonic()
+        pids = pair.b.kill_everything()
+        rc, seconds, log = lost.survivors_end(KILL_BOUND, killed_at)
+        b_rc = lost.run.runs["B"].proc.wait(timeout=30)
+    finally:
+        lost.close()
+    locks_left = len(list((data / "hidden_states").glob("*.lock")))
+    report = assert_cache_intact(data, digest, "after host B was killed")
+    # The oracle's copy of the checkpoint, before the resumed run writes over it.
+    oracle_save = workdir / "ckpt-oracle"
+    shutil.copytree(lost.save_path, oracle_save, symlinks=True)
+    SUMMARY["host_killed"] = {"survivors_end_s": round(seconds, 2), "processes_killed": len(pids),
+                              "locks_left_unheld": locks_left}
+    return dict(rc=rc, seconds=seconds, log=log, b_rc=b_rc, pids=pids, lost=lost, report=report,
+                oracle_save=oracle_save, locks_left=locks_left)
+
+
+@pytest.fixture(scope="module")
+def resumed_after_kill(pair, workdir, prepared, lost_data, host_killed) -> dict:
+    """The killed run restarted on both hosts (draftfeed), and the oracle: the reference resumed from
+    a copy of the same checkpoint. Together (two torchruns per host)."""
+    data, _ = lost_data
+    runs = {
+        "draftfeed": TwoHostRun("resumed-killed", pair, workdir, "draftfeed", trainer_flags(
+            {**prepared, "data": str(data)}, host_killed["lost"].save_path, num_workers=0,
+            checkpoint_freq=CHECKPOINT_FREQ)),
+        "reference": TwoHostRun("resumed-oracle", pair, workdir, "reference", trainer_flags(
+            {**prepared, "data": str(data)}, host_killed["oracle_save"], num_workers=0,
+            checkpoint_freq=CHECKPOINT_FREQ)),
+    }
+    out = {loader: run.finish() for loader, run in runs.items()}
+    out["logs"] = {loader: run.runs["A"].log_path.read_text(errors="replace") for loader, run in runs.items()}
+    return out
+
+
+def assert_resumed_like_oracle(resumed: dict, oracle: dict, checkpoint: dict, rows: Rows, label: str,
+                               logs: list[str]) -> None:
+    for log in logs:
+        assert f"Fast-skipping {checkpoint['local_step']} batches via sampler slice" in log, (
+            f"{label}: the restarted trainer did not resume mid-epoch from its checkpoint\n{log[-3000:]}")
+    for records in (resumed, oracle):
+        first = [r for r in records[0] if r["kind"] == "train"][0]
+        assert first["step"] == checkpoint["global_step"], (label, first["step"], checkpoint)
+    assert_same_training(oracle, resumed, rows, label)
+
+
+def test_host_killed_mid_epoch_ends_the_survivors_bounded_and_resumes(host_killed, resumed_after_kill, rows,
+                                                                      lost_data):
+    killed = host_killed
+    assert killed["pids"], "nothing ran on host B"
+    assert killed["rc"] != 0, "host A's torchrun succeeded without host B"
+    assert killed["b_rc"] == -9
+    # What happened, named: gloo's error on host A's ranks names host B's address.
+    assert f"Connection closed by peer [{two_hosts.ADDRESS_B}]" in killed["log"], killed["log"][-4000:]
+    assert "ChildFailedError" in killed["log"]
+    assert killed["seconds"] < KILL_BOUND
+    assert_resumed_like_oracle(resumed_after_kill["draftfeed"], resumed_after_kill["reference"],
+                               killed["lost"].checkpoint, rows, "resumed after host B was killed",
+                               list(resumed_after_kill["logs"].values()))
+    assert_cache_intact(lost_data[0], lost_data[1], "after the resumed runs")
+    print(f"\nhost B killed ({len(killed['pids'])} processes) after step {killed['lost'].checkpoint['global_step']}: "
+          f"host A's ranks ended in {killed['seconds']:.1f} s; cache {killed['report']['ok']} files ok, "
+          f"{killed['locks_left']} leftover lock files unheld; resumed runs "
+          f"{SUMMARY['runs']['resumed-killed']['seconds']} s (draftfeed) and "
+          f"{SUMMARY['runs']['resumed-oracle']['seconds']} s (reference, together)")
+
+
+@pytest.fixture(scope="module")
+def network_cut(pair, workdir, prepared, lost_data, hold_step, host_killed) -> dict:
+    data, digest = lost_data
+    lost = LostHost("cut", pair, workdir, prepared, data, hold_step, pg_timeout=PG_TIMEOUT)
+    try:
+        cut_at = time.monotonic()
+        pair.b.cut()
+        (lost.hold_dir / "hold").unlink()  # host B goes on, alone
+        rc, seconds, log = lost.survivors_end(CUT_BOUND, cut_at)
+        b_run = lost.run.runs["B"]
+        try:
+            b_rc: int | None = b_run.proc.wait(timeout=max(1.0, cut_at + CUT_BOUND - time.monotonic()))
+            b_seconds: float | None = time.monotonic() - cut_at
+        except subprocess.TimeoutExpired:
+            b_rc, b_seconds = None, None
+        b_log = b_run.log_path.read_text(errors="replace")
+    finally:
+        lost.close()
+        pair.b.kill_everything()
+        pair.b.restore()
+    report = assert_cache_intact(data, digest, "after host B was cut off")
+    SUMMARY["network_cut"] = {"survivors_end_s": round(seconds, 2), "host_b_end_s": b_seconds,
+                              "pg_timeout_s": PG_TIMEOUT}
+    return dict(rc=rc, seconds=seconds, log=log, b_rc=b_rc, b_seconds=b_seconds, b_log=b_log, lost=lost,
+                report=report)
+
+
+@pytest.fixture(scope="module")
+def resumed_after_cut(pair, workdir, prepared, lost_data, network_cut) -> dict:
+    data, _ = lost_data
+    run = TwoHostRun("resumed-cut", pair, workdir, "draftfeed", trainer_flags(
+        {**prepared, "data": str(data)}, network_cut["lost"].save_path, num_workers=0,
+        checkpoint_freq=CHECKPOINT_FREQ))
+    records = run.finish()
+    return {"records": records, "log": run.runs["A"].log_path.read_text(errors="replace")}
+
+
+def test_network_cut_mid_epoch_ends_the_survivors_bounded_and_resumes(network_cut, resumed_after_cut,
+                                                                      resumed_after_kill, host_killed, rows,
+                                                                      lost_data):
+    cut = network_cut
+    assert cut["rc"] != 0, "host A's torchrun succeeded without host B"
+    # What happened, named: a collective that timed out after the process group's timeout.
+    assert f"Timed out waiting {int(PG_TIMEOUT * 1000)}ms" in cut["log"], cut["log"][-4000:]
+    assert "ChildFailedError" in cut["log"]
+    assert PG_TIMEOUT <= cut["seconds"] < CUT_BOUND, cut["seconds"]
+    assert cut["b_rc"] is not None, f"host B's ranks, cut off, did not end in {CUT_BOUND:.0f} s:\n{cut['b_log'][-4000:]}"
+    # The same checkpoint as the killed run's (same step, same bytes): the same oracle.
+    assert cut["lost"].checkpoint == host_killed["lost"].checkpoint
+    assert checkpoint_files(host_killed["oracle_save"]) == checkpoint_files(cut["lost"].save_path)
+    assert_resumed_like_oracle(resumed_after_cut["records"], resumed_after_kill["reference"],
+                               cut["lost"].checkpoint, rows, "resumed after host B was cut off",
+                               [resumed_after_cut["log"]])
+    assert_cache_intact(lost_data[0], lost_data[1], "after the resumed run")
+    print(f"\nhost B cut off after step {cut['lost'].checkpoint['global_step']}: host A's ranks ended in "
+          f"{cut['seconds']:.1f} s (process group timeout {PG_TIMEOUT:.0f} s), host B's in "
+          f"{cut['b_seconds']:.1f} s; resumed run {SUMMARY['runs']['resumed-cut']['seconds']} s")
+
+
