@@ -303,16 +303,21 @@ def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("trainer")
 
 
-@pytest.fixture(scope="module")
-def prepared(workdir) -> dict:
+def prepare(folder: Path) -> dict:
+    """The harness's tiny verifier and dataset with its cache, in `folder`; returns their description."""
     proc = subprocess.run(
-        [sys.executable, str(HARNESS), "prepare", str(workdir / "fixture")],
+        [sys.executable, str(HARNESS), "prepare", str(folder)],
         env=_env(), capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["distinct_lengths"] < info["rows"] // 10, "the data must have many equal lengths"
     return info
+
+
+@pytest.fixture(scope="module")
+def prepared(workdir) -> dict:
+    return prepare(workdir / "fixture")
 
 
 @pytest.fixture(scope="module")

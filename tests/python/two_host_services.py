@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from mooncake_master_process import MooncakeMasterProcess  # noqa: E402
-from sim_vllm_process import SimServerProcess  # noqa: E402
+from mooncake_master_process import MooncakeMasterProcess
+from sim_vllm_process import SimServerProcess
 
 
 def main() -> int:

@@ -13,8 +13,8 @@ Each host is a network namespace holding its loopback (up) and one end of the ve
 IPv4 addresses and the loopback are all a host can reach. Nothing is routed to the machine's own
 network.
 
-Lifetimes: namespaces are named `draftfeed-2h-<pid>-<start time>-<a|b>` after the test session
-that made them. `destroy` runs at the end of the module (also when a test failed). A session that
+Lifetimes: namespaces are named `draftfeed-2h-<pid>-<start time>-<tag>-<a|b>` after the test
+session that made them (a session may make several pairs, told apart by their tag). `destroy` runs at the end of the module (also when a test failed). A session that
 was killed before its end leaves its namespaces behind: `remove_stale()` (called by `create`)
 kills every process still in a namespace of a session that no longer runs and deletes it, so the
 next run starts clean; namespaces of a session that still runs (another checkout's tests) are left
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 PREFIX = "draftfeed-2h"
 ADDRESS_A, ADDRESS_B, PREFIX_LEN = "10.201.0.1", "10.201.0.2", 30
 LINK = "eth0"
-_NAME = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-[ab]$")
+_NAME = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-[a-z0-9]+-[ab]$")
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
 
@@ -72,7 +72,8 @@ def unavailable() -> str | None:
         return "the `ip` program (Debian package iproute2) is not installed"
     if os.geteuid() != 0:
         return f"making network namespaces (`ip netns add`) needs root; running as uid {os.geteuid()}"
-    name = f"{PREFIX}-probe-{os.getpid()}"
+    me = os.getpid()
+    name = f"{PREFIX}-{me}-{_start_time(me)}-probe-a"  # a killed probe is stale like any other
     probe = _ip("netns", "add", name, check=False)
     if probe.returncode != 0:
         return f"`ip netns add` is not permitted here: {probe.stderr.strip()}"
@@ -160,10 +161,13 @@ class TwoHosts:
         self.a, self.b = a, b
 
     @classmethod
-    def create(cls) -> TwoHosts:
+    def create(cls, tag: str = "pair") -> TwoHosts:
+        """A new pair; `tag` (lower-case letters and digits) tells apart the pairs of one session."""
+        if not re.fullmatch(r"[a-z0-9]+", tag):
+            raise ValueError(f"tag must be lower-case letters and digits, got {tag!r}")
         remove_stale()
         me = os.getpid()
-        stem = f"{PREFIX}-{me}-{_start_time(me)}"
+        stem = f"{PREFIX}-{me}-{_start_time(me)}-{tag}"
         a = Host(f"{stem}-a", ADDRESS_A, "A")
         b = Host(f"{stem}-b", ADDRESS_B, "B")
         pair = cls(a, b)
