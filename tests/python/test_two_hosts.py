@@ -25,10 +25,13 @@ and the batches the draft model saw, per rank). Both hosts read one folder (the 
     a vLLM connector's leftover lock files, which readers remove), the files are byte for byte what
     they were, and the run, restarted on both hosts, resumes from its last checkpoint with the metrics
     and batches of the reference's run resumed from that same checkpoint (one reference run is the
-    oracle for both: the two checkpoints are checked to be the same bytes).
+    oracle for both: the two checkpoints are checked to be the same bytes). Before the loss every
+    rank trained as in the uninterrupted offline run (metrics and batches), and after the restart it
+    sees the uninterrupted run's batches (not its metrics: the trainer's checkpoints are bf16).
 
-Runs go one at a time (timings undisturbed), except the two resumed runs from one checkpoint, which go
-together. Each test prints its figures; the summary (seconds per run, time to first batch per host,
+Runs go one at a time (timings undisturbed), except the killed case's two resumed runs, which go
+together while the cut case (on a second pair of hosts) waits out its timeout. Each test prints its
+figures; the summary (seconds per run, time to first batch per host,
 the first step of each epoch's wait, how long the survivors took to end) is printed at the end and
 written to $DRAFTFEED_TWO_HOST_SUMMARY when set. Where network namespaces cannot be made the module
 is skipped, saying why.
@@ -465,7 +468,7 @@ def cut_pair():
 
 
 @pytest.fixture(scope="module")
-def lost_hosts(pair, cut_pair, workdir, prepared, hold_step) -> dict:
+def lost_hosts(pair, cut_pair, workdir, prepared, hold_step, offline) -> dict:
     """Both cases, in this order:
     1. killed: host B's every process SIGKILLed while it waits after `hold_step`; host A's ranks must
        end within KILL_BOUND; the cache is checked; the checkpoint is copied for the oracle;
@@ -473,7 +476,7 @@ def lost_hosts(pair, cut_pair, workdir, prepared, hold_step) -> dict:
        within CUT_BOUND (process group timeout PG_TIMEOUT); meanwhile, on `pair`, the killed run
        restarts (draftfeed) and the reference resumes from the copy (the oracle), together;
     3. the cut run restarts on both hosts of `cut_pair`, its link up again."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"uninterrupted": offline["reference"]}
 
     killed_data = LostData(workdir, prepared, "killed")
     killed = LostHost("killed", pair, workdir, prepared, killed_data, hold_step)
@@ -485,7 +488,8 @@ def lost_hosts(pair, cut_pair, workdir, prepared, hold_step) -> dict:
         killed.close()
     (rc, seconds), (b_rc, _) = ended["A"], ended["B"]
     out["killed"] = dict(rc=rc, seconds=seconds, log=killed.log("A"), b_rc=b_rc, pids=pids, lost=killed,
-                         report=killed_data.assert_intact("after host B was killed"))
+                         report=killed_data.assert_intact("after host B was killed"),
+                         records={rank: metrics(workdir, "killed", rank) for rank in range(WORLD)})
     oracle_save = workdir / "ckpt-oracle"
     shutil.copytree(killed.save_path, oracle_save, symlinks=True)
     out["oracle_save"] = oracle_save
@@ -512,7 +516,8 @@ def lost_hosts(pair, cut_pair, workdir, prepared, hold_step) -> dict:
         cut_pair.b.restore()
     (rc, seconds), (b_rc, b_seconds) = ended["A"], ended["B"]
     out["cut"] = dict(rc=rc, seconds=seconds, log=cut.log("A"), b_rc=b_rc, b_seconds=b_seconds, b_log=cut.log("B"),
-                      lost=cut, report=cut_data.assert_intact("after host B was cut off"))
+                      lost=cut, report=cut_data.assert_intact("after host B was cut off"),
+                      records={rank: metrics(workdir, "cut", rank) for rank in range(WORLD)})
     SUMMARY["network_cut"] = {"seconds_to_the_loss": round(cut.seconds_to_hold, 1), "pg_timeout_s": PG_TIMEOUT,
                               "survivors_end_s": round(seconds, 2), "host_b_end_s": round(b_seconds, 2)}
 
@@ -528,6 +533,28 @@ def lost_hosts(pair, cut_pair, workdir, prepared, hold_step) -> dict:
     return out
 
 
+def unlike_uninterrupted(part: dict, whole: dict, label: str, *, metrics_too: bool) -> list[str]:
+    """Every training and validation record of `part` (every rank) against the uninterrupted run's at
+    the same step: the same batches, and with `metrics_too` the same metrics bit for bit."""
+    problems = []
+    for rank in range(WORLD):
+        full = {(r["kind"], r["step"], r["epoch"]): r for r in whole[rank] if r["kind"] in ("train", "val")}
+        for record in part[rank]:
+            kind = record["kind"]
+            if kind not in ("train", "val"):
+                continue
+            other = full.get((kind, record["step"], record["epoch"]))
+            if other is None or other["batches"] != record["batches"]:
+                problems.append(f"{label}: rank {rank}, {kind} step {record['step']}: other batches than the "
+                                "uninterrupted run's")
+                break
+            if metrics_too and other[kind] != record[kind]:
+                problems.append(f"{label}: rank {rank}, {kind} step {record['step']}: other metrics than the "
+                                "uninterrupted run's")
+                break
+    return problems
+
+
 def assert_resumed_like_oracle(resumed: dict, oracle: dict, checkpoint: dict, rows: Rows, label: str,
                                logs: list[str]) -> None:
     for log in logs:
@@ -540,7 +567,7 @@ def assert_resumed_like_oracle(resumed: dict, oracle: dict, checkpoint: dict, ro
 
 
 def test_host_killed_mid_epoch_ends_the_survivors_bounded_and_resumes(lost_hosts, rows):
-    killed = lost_hosts["killed"]
+    killed, whole = lost_hosts["killed"], lost_hosts["uninterrupted"]
     assert killed["pids"], "nothing ran on host B"
     assert killed["rc"] is not None, f"host A's ranks still ran {KILL_BOUND:.0f} s after host B died (a hang)"
     assert killed["rc"] != 0, "host A's torchrun succeeded without host B"
@@ -551,6 +578,13 @@ def test_host_killed_mid_epoch_ends_the_survivors_bounded_and_resumes(lost_hosts
     assert_resumed_like_oracle(lost_hosts["resumed-killed"]["draftfeed"], lost_hosts["resumed-killed"]["reference"],
                                killed["lost"].checkpoint, rows, "resumed after host B was killed",
                                lost_hosts["resumed-killed-logs"])
+    # Before the loss the run trained as the uninterrupted one; after the restart both runs see the
+    # uninterrupted run's batches (not its metrics: speculators' checkpoints are bf16, so a resumed run
+    # goes on from rounded weights, with either loader).
+    problems = unlike_uninterrupted(killed["records"], whole, "before host B was killed", metrics_too=True)
+    for loader, records in lost_hosts["resumed-killed"].items():
+        problems += unlike_uninterrupted(records, whole, f"{loader} resumed after the kill", metrics_too=False)
+    assert not problems, "\n".join(problems)
     lost_hosts["resumed-killed-data"].assert_intact("after the resumed runs")
     print(f"\nhost B killed ({len(killed['pids'])} processes) after step {killed['lost'].checkpoint['global_step']}: "
           f"host A's ranks ended in {killed['seconds']:.1f} s; cache: {killed['report']}")
@@ -572,6 +606,10 @@ def test_network_cut_mid_epoch_ends_the_survivors_bounded_and_resumes(lost_hosts
     assert_resumed_like_oracle(lost_hosts["resumed-cut"], lost_hosts["resumed-killed"]["reference"],
                                cut["lost"].checkpoint, rows, "resumed after host B was cut off",
                                [lost_hosts["resumed-cut-log"]])
+    whole = lost_hosts["uninterrupted"]
+    problems = unlike_uninterrupted(cut["records"], whole, "before host B was cut off", metrics_too=True)
+    problems += unlike_uninterrupted(lost_hosts["resumed-cut"], whole, "resumed after the cut", metrics_too=False)
+    assert not problems, "\n".join(problems)
     lost_hosts["resumed-cut-data"].assert_intact("after the resumed run")
     print(f"\nhost B cut off after step {cut['lost'].checkpoint['global_step']}: host A's ranks ended in "
           f"{cut['seconds']:.1f} s (process group timeout {PG_TIMEOUT:.0f} s), host B's in "
