@@ -303,8 +303,14 @@ def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("trainer")
 
 
+@pytest.fixture(scope="module")
+def rows(prepared) -> Rows:
+    return Rows(prepared["data"])
+
+
 def prepare(folder: Path) -> dict:
-    """The harness's tiny verifier and dataset with its cache, in `folder`; returns their description."""
+    """The harness's tiny verifier and dataset with its cache, in `folder`; returns their description.
+    (The `prepared` fixture, made once per session, is in conftest.py.)"""
     proc = subprocess.run(
         [sys.executable, str(HARNESS), "prepare", str(folder)],
         env=_env(), capture_output=True, text=True, timeout=180,
@@ -313,16 +319,6 @@ def prepare(folder: Path) -> dict:
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["distinct_lengths"] < info["rows"] // 10, "the data must have many equal lengths"
     return info
-
-
-@pytest.fixture(scope="module")
-def prepared(workdir) -> dict:
-    return prepare(workdir / "fixture")
-
-
-@pytest.fixture(scope="module")
-def rows(prepared) -> Rows:
-    return Rows(prepared["data"])
 
 
 @pytest.fixture(scope="module")

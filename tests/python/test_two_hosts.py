@@ -64,7 +64,6 @@ from test_speculators_trainer import (
     _env,
     compare,
     metrics,
-    prepare,
     trainer_flags,
 )
 
@@ -117,11 +116,6 @@ def pair():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("two_hosts")
-
-
-@pytest.fixture(scope="module")
-def prepared(workdir) -> dict:
-    return prepare(workdir / "fixture")
 
 
 @pytest.fixture(scope="module")
