@@ -31,10 +31,10 @@ and the batches the draft model saw, per rank). Both hosts read one folder (the 
 
 Runs go one at a time (timings undisturbed), except the killed case's two resumed runs, which go
 together while the cut case (on a second pair of hosts) waits out its timeout. Each test prints its
-figures; the summary (seconds per run, time to first batch per host,
-the first step of each epoch's wait, how long the survivors took to end) is printed at the end and
-written to $DRAFTFEED_TWO_HOST_SUMMARY when set. Where network namespaces cannot be made the module
-is skipped, saying why.
+figures; the summary (seconds per run, time to first batch per host, the first step of each epoch's
+wait, how long the survivors took to end) is shown after the module and written to
+$DRAFTFEED_TWO_HOST_SUMMARY when set. Where network namespaces cannot be made the module is skipped,
+saying why.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ SUMMARY: dict[str, Any] = {"runs": {}}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def summary(request, tmp_path_factory):
+def summary(request):
     """The runs' figures, shown after the module's tests (outside pytest's capture) and written to
     $DRAFTFEED_TWO_HOST_SUMMARY when set."""
     yield SUMMARY
@@ -158,11 +158,21 @@ class TwoHostRun:
 
     def finish(self) -> dict:
         """Waits for both hosts (bounded), checks they succeeded with the expected loader; returns
-        the run's metric records per rank."""
+        the run's metric records per rank. A host that fails ends the other at once (its ranks would
+        wait for the lost ones in a collective)."""
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while any(run.proc.poll() is None for run in self.runs.values()) and time.monotonic() < deadline:
+            if any(run.proc.poll() not in (None, 0) for run in self.runs.values()):
+                break
+            time.sleep(0.1)
+        failed = [label for label, run in self.runs.items() if run.proc.poll() not in (None, 0)]
+        if failed:
+            for run in self.runs.values():
+                run._kill_group()
         for label, run in self.runs.items():
             rc = run.wait()
             if rc != 0:
-                pytest.fail(f"{self.name}, host {label}: exit status {rc}\n{run.tail()}")
+                pytest.fail(f"{self.name}: host {label} exit status {rc} (failed first: {failed})\n{self.tails()}")
         self.seconds = max(run.seconds for run in self.runs.values())
         out = {rank: metrics(self.workdir, self.name, rank) for rank in range(WORLD)}
         for rank in (0, 2):  # one rank per host says which loader its trainer called
@@ -201,11 +211,8 @@ def first_steps(records: dict) -> dict:
     return out
 
 
-def record_run(name: str, seconds: float, records: dict | None) -> None:
-    entry: dict[str, Any] = {"seconds": round(seconds, 1)}
-    if records is not None:
-        entry["per_host"] = first_steps(records)
-    SUMMARY["runs"][name] = entry
+def record_run(name: str, seconds: float, records: dict) -> None:
+    SUMMARY["runs"][name] = {"seconds": round(seconds, 1), "per_host": first_steps(records)}
 
 
 def batch_problems(ref: dict, ours: dict, label: str) -> list[str]:
@@ -329,7 +336,7 @@ def online(pair, workdir, prepared) -> dict:
     return out
 
 
-def test_online_two_hosts_through_mooncake_losses_and_batches_bit_for_bit(online, rows):
+def test_online_two_hosts_through_mooncake_losses_and_batches_bit_for_bit(online, rows, prepared):
     ref, ours = online["reference"], online["draftfeed"]
     assert steps_seen(ref) >= 6
     assert_same_training(ref, ours, rows, "two hosts, online through Mooncake")
@@ -339,8 +346,10 @@ def test_online_two_hosts_through_mooncake_losses_and_batches_bit_for_bit(online
         assert store["keys"] == 0, f"{loader}: keys left in the store after the run: {store['left']}"
         assert sim["mooncake"]["writes"] == sim["completions"] > 0, sim["mooncake"]
         assert sim["mooncake"]["writes_failed"] == 0 and sim["mooncake"]["not_written"] == 0
-    # One request per planned row and epoch, on both sides: every row went through the store.
-    assert online["draftfeed-store"]["sim"]["completions"] == online["reference-store"]["sim"]["completions"]
+    # One request per row and epoch (every rank's rows: two epochs of training and validation), on
+    # both sides: every sample went through the store, host B's ranks' share across the link.
+    assert online["draftfeed-store"]["sim"]["completions"] == online["reference-store"]["sim"]["completions"] \
+        == 2 * prepared["rows"]
     print(f"\nonline: master {online['services']['master']}, server {online['services']['vllm']}; "
           f"{online['reference-store']['sim']['completions']} samples put and fetched per run; per host (ms): "
           f"reference {first_steps(ref)}, draftfeed {first_steps(ours)}")
