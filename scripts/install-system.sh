@@ -14,6 +14,8 @@ packages=(
   libibverbs1                                # mooncake_master and the Mooncake store client
                                              # (PyPI mooncake-transfer-engine-non-cuda) link it,
                                              # even for TCP: tests/python/test_mooncake_store.py
+  iproute2 procps                            # ip netns / veth and sysctl: the two hosts of
+                                             # tests/python/test_two_hosts.py
 )
 
 missing=()
