@@ -71,8 +71,9 @@ for version in "${versions[@]}"; do
   echo "=== Python $version ($python) ==="
   raw=$work/raw-$version
   rm -rf "$raw"
-  "$python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$raw" \
-    -C cmake.define.DRAFTFEED_WHEEL=ON .
+  # (scikit-build-core's environment form of cmake.define: older pips have no -C.)
+  SKBUILD_CMAKE_DEFINE=DRAFTFEED_WHEEL=ON \
+    "$python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$raw" .
   wheel=$(ls "$raw"/draftfeed-*.whl)
   auditwheel repair -w "$out" "$wheel"
   repaired=$(ls -t "$out"/draftfeed-*-cp"${version/./}"-cp"${version/./}"*-manylinux*.whl | head -n 1)
