@@ -40,7 +40,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 tools=$root/build/wheel/tools  # auditwheel, from scripts/build_wheel.sh
 here=$root/tests/wheel
 
-step() { echo "--- $* ($SECONDS s)"; }
+# Seconds since the test began, the namespace's re-run included.
+export WHEEL_TEST_START=${WHEEL_TEST_START:-$(date +%s)}
+step() { echo "--- $* ($(( $(date +%s) - WHEEL_TEST_START )) s)"; }
 
 # Step 4, run inside the namespace (or not): $work holds the environment and copies of what it needs.
 runs() {
