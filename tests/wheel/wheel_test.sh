@@ -50,7 +50,7 @@ runs() {
   local -a clean=(env -i HOME="$work/home" TMPDIR="$work" LANG=C.UTF-8 PATH="$venv/bin")
   cd "$work"
   if [ "$isolated" -eq 1 ]; then
-    local library hidden=()
+    local library folder hidden=()
     # Every copy of libcurl the dynamic loader could find, by its cache and the usual folders.
     while read -r library; do
       [ -f "$library" ] || continue
@@ -59,9 +59,13 @@ runs() {
     done < <({ ldconfig -p | awk '/libcurl/ {print $NF}'
                ls /lib*/libcurl* /usr/lib*/libcurl* /usr/lib*/*/libcurl* /usr/local/lib*/libcurl* 2>/dev/null
              } | xargs -r realpath | sort -u)
-    mount -t tmpfs -o ro tmpfs /usr/include
-    mount -t tmpfs -o ro tmpfs "$root"
-    echo "hidden: ${hidden[*]:-no libcurl on this machine}; /usr/include and $root are empty"
+    local emptied=(/usr/include)
+    case $work/ in
+      "$root"/*) echo "NOTE: $work lies in the source tree, which stays visible" ;;
+      *) emptied+=("$root") ;;
+    esac
+    for folder in "${emptied[@]}"; do mount -t tmpfs -o ro tmpfs "$folder"; done
+    echo "hidden: ${hidden[*]:-no libcurl on this machine}; empty: ${emptied[*]}"
   fi
 
   step "a compiler on the clean PATH?"
