@@ -44,6 +44,9 @@ if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; th
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
   export CCACHE_DIR=${CCACHE_DIR:-$root/build/ccache}
 fi
+# One compiler name for every version (ccache keys on it): unset, scikit-build-core takes each
+# interpreter's own (sysconfig's CXX: g++, x86_64-linux-gnu-g++, ...), the same compiler by other names.
+export CC=${CC:-cc} CXX=${CXX:-c++}
 
 find_python() {  # find_python VERSION: prints the interpreter's path, or nothing
   local version=$1 candidate

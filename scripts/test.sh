@@ -41,6 +41,9 @@ with_ccache() {  # with_ccache COMMAND...
     if command -v ccache >/dev/null; then
       export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
       export CCACHE_DIR=$PWD/build/ccache
+      # ccache keys on the compiler's name: scikit-build-core would otherwise name Python's own
+      # (sysconfig's CXX, e.g. g++) and CMake c++, one compiler.
+      export CC=${CC:-cc} CXX=${CXX:-c++}
     fi
     "$@"
   )
