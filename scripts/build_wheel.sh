@@ -12,7 +12,8 @@
 # copies the needed libraries into draftfeed.libs/ and retags it for the oldest manylinux policy its
 # symbols allow. The repaired wheels go to DIR (default dist/); a summary says which interpreters were
 # built and which were not found. Building needs what `pip install .` needs (scripts/install-system.sh);
-# installing the wheel needs only pip.
+# installing the wheel needs only pip. With ccache on PATH the core library and the program compile
+# once for every version (cache in build/ccache unless CCACHE_DIR says otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --python) versions+=("$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build_wheel.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
