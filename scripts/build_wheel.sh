@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --python) versions+=("$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build_wheel.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
