@@ -33,7 +33,7 @@ if [ "${1:-}" = "--isolated" ]; then
 else
   isolated=0
 fi
-[ $# -eq 2 ] || { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 wheel=$(realpath "$1")
 raw=$(realpath "$2")
 root=$(cd "$(dirname "$0")/../.." && pwd)
