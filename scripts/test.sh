@@ -121,7 +121,6 @@ stage "style: clang-format" format_check
 stage "static: clang-tidy" tidy_check
 stage "build: C++ tests (Release)" with_ccache configure_and_build build/tests -DCMAKE_BUILD_TYPE=Release
 stage "ctest: C++ tests" cpp_tests build/tests
-stage "wheel: build, install without a toolchain, run" with_ccache wheel_test
 stage "build: C++ tests (ASan+UBSan)" configure_and_build build/asan -DCMAKE_BUILD_TYPE=Debug \
   -DDRAFTFEED_SANITIZE=address,undefined
 stage "ctest: C++ tests under ASan+UBSan" cpp_tests build/asan
@@ -129,6 +128,7 @@ stage "build: C++ tests (TSan)" configure_and_build build/tsan -DCMAKE_BUILD_TYP
   -DDRAFTFEED_SANITIZE=thread
 stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent|Lookahead" --no-tests=ignore
 stage "fuzz: every parser for ${fuzz_seconds}s" run_fuzzers
+stage "wheel: build, install without a toolchain, run" with_ccache wheel_test
 stage "static: stubs, mypy, ruff" types_check
 stage "pytest: Python suite" python_tests
 
