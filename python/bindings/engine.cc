@@ -493,6 +493,10 @@ void init_engine(nb::module_& m) {
       .def("metrics", &PyLoader::metrics)
       .def_prop_ro("options", [](const PyLoader& l) { return l.loader->options(); })
       .def_prop_ro(
+          "pinning", [](const PyLoader& l) { return l.loader->pinning_detail(); },
+          "where batch buffers are: page-locked for which device through which CUDA runtime, or "
+          "why they are pageable")
+      .def_prop_ro(
           "cuda_device", [](const PyLoader& l) { return l.loader->cuda_device(); },
           "the CUDA device the buffers are pinned on or copied to; -1: none")
       .def_prop_ro("split_begin", [](const PyLoader& l) { return l.loader->split().begin; })

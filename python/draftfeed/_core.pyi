@@ -503,6 +503,12 @@ class Loader:
     def options(self) -> LoaderOptions: ...
 
     @property
+    def pinning(self) -> str:
+        """
+        where batch buffers are: page-locked for which device through which CUDA runtime, or why they are pageable
+        """
+
+    @property
     def cuda_device(self) -> int:
         """the CUDA device the buffers are pinned on or copied to; -1: none"""
 

@@ -103,7 +103,7 @@ int run_loader(const LoaderRunConfig& config) {
                 human_bytes(static_cast<double>(train_loader.pool_bytes())).c_str(),
                 config.in_order ? "in order" : "as ready",
                 train_loader.metrics().pinned ? "pinned memory" : "pageable memory",
-                pinning_support().detail.c_str());
+                train_loader.pinning_detail().c_str());
     std::fflush(stdout);
   }
 

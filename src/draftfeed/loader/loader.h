@@ -75,6 +75,8 @@ class Loader {
   void stop();
 
   PipelineMetrics metrics() const;
+  // Where batch buffers are: page-locked for which device through which runtime, or why not.
+  const std::string& pinning_detail() const { return pipeline_->pinning_detail(); }
   // The CUDA device every CUDA call is made on (pinned buffers, the device stage); -1: none.
   int cuda_device() const {
     return pipeline_->cuda_worker() ? pipeline_->cuda_worker()->device() : -1;

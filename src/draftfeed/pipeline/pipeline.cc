@@ -29,12 +29,17 @@ std::int64_t hidden_row_bytes(const BatchLayout& layout) {
   return bytes;
 }
 
-std::shared_ptr<DeviceWorker> pinning_worker(const PipelineOptions& options, std::string* why) {
+std::shared_ptr<DeviceWorker> pinning_worker(const PipelineOptions& options, std::string* detail) {
   if (!options.try_pin) {
-    *why = "pin_memory is off";
+    *detail = "pin_memory is off";
     return nullptr;
   }
-  return DeviceWorker::for_device(resolve_cuda_device(options.cuda_device), why);
+  const int device = resolve_cuda_device(options.cuda_device);
+  auto worker = DeviceWorker::for_device(device, detail);
+  if (worker) {
+    *detail = "page-locked for cuda:" + std::to_string(device) + ", " + cuda_runtime().detail;
+  }
+  return worker;
 }
 
 }  // namespace

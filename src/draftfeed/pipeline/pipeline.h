@@ -169,8 +169,8 @@ class Pipeline {
   const BatchLayout& layout() const { return *layout_; }
   // Bytes the pool holds: prefetch x batch size (plus any extra buffers a kept batch forced).
   std::size_t pool_bytes() const;
-  // The device worker when buffers may be page-locked (try_pin and a CUDA device), else null,
-  // with the reason in pinning_detail().
+  // The device worker when buffers may be page-locked (try_pin and a CUDA device), else null.
+  // pinning_detail(): the device and the runtime, or why buffers are pageable.
   const std::shared_ptr<DeviceWorker>& cuda_worker() const { return cuda_; }
   const std::string& pinning_detail() const { return pinning_detail_; }
 
