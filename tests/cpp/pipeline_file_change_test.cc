@@ -102,11 +102,12 @@ class PipelineFileChangeTest : public TempFolderTest {
     }
     writer.finish();
     dataset_ = TokenDataset::open((dir_ / "data").string());
-    CacheStoreOptions options;
-    options.root = (dir_ / "cache").string();
-    store_ = std::make_shared<const CacheStore>(options);
-    source_ = std::make_shared<ChangingSource>(
-        std::make_shared<CacheSampleSource>(store_, OnMissing::kWarn), store_);
+    CacheSourceOptions options;
+    options.hidden_states_path = (dir_ / "cache").string();
+    options.on_missing = OnMissing::kWarn;
+    store_ = std::make_shared<const CacheStore>(options.store());
+    source_ = std::make_shared<ChangingSource>(std::make_shared<CacheSampleSource>(store_, options),
+                                               store_);
   }
 
   // Batches of 3 rows in row order, with room for all three.

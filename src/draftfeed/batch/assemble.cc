@@ -110,7 +110,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   job.width = (hs.layers - 1) * hs.hidden;
   job.dst_row_stride = job.width;
   job.dst = target + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
-  if (noise.enabled && spec.noise.kind != NoiseKind::kNone && spec.noise.std > 0.0) {
+  if (noise.enabled && spec.noise.enabled()) {
     job.noise = spec.noise.kind;
     job.noise_std = static_cast<float>(spec.noise.std);
     job.noise_sample_key =

@@ -49,7 +49,7 @@ BatchPlacement place_unpacked(const std::vector<std::int64_t>& rows,
                               const std::vector<std::uint8_t>& usable);
 
 struct NoiseContext {
-  bool enabled = false;  // training split with noise on
+  bool enabled = false;  // the pipeline applies the spec's noise (PipelineOptions::noise)
   std::uint64_t epoch = 0;
 };
 

@@ -181,14 +181,17 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
   return std::nullopt;
 }
 
+void CacheStoreOptions::validate() const {
+  require(!root.empty(), ErrorKind::kInvalidArgument,
+          "the cache store needs a root folder (hidden_states_path)");
+  require(lock_timeout.count() >= 0 && lock_poll.count() > 0, ErrorKind::kInvalidArgument,
+          "lock_timeout must be >= 0 and lock_poll > 0 (got " +
+              std::to_string(lock_timeout.count()) + " and " + std::to_string(lock_poll.count()) +
+              ")");
+}
+
 CacheStore::CacheStore(CacheStoreOptions options) : options_(std::move(options)) {
-  require(!options_.root.empty(), ErrorKind::kInvalidArgument,
-          "the cache store needs a root folder");
-  require(options_.lock_timeout.count() >= 0 && options_.lock_poll.count() > 0,
-          ErrorKind::kInvalidArgument,
-          "lock timeout must be >= 0 and poll interval > 0 (got " +
-              std::to_string(options_.lock_timeout.count()) + " and " +
-              std::to_string(options_.lock_poll.count()) + ")");
+  options_.validate();
 }
 
 std::string CacheStore::path_for(std::int64_t row) const {

@@ -43,6 +43,10 @@ struct CacheStoreOptions {
   // Test hook: make adopt() take its cross-file-system path (copy, fsync, rename) even when a
   // rename would work.
   bool force_copy_on_adopt = false;
+
+  // The only check of these fields (Error kInvalidArgument naming the field): a root, a lock
+  // timeout >= 0, a poll interval > 0.
+  void validate() const;
 };
 
 // Applies the lock protocol to `lock_path` (see above). Returns nothing when the data file may be

@@ -18,9 +18,6 @@
 
 namespace draftfeed {
 
-// Bodies longer than this are refused by the transport (a hidden-state response is a few hundred
-// bytes plus the echoed prompt ids: 1 MiB holds about 100k ids).
-inline constexpr std::size_t kDefaultMaxResponseBytes = std::size_t{1} << 20;
 // Deepest array/object nesting accepted in a response (vLLM's responses nest 4 levels).
 inline constexpr int kMaxResponseDepth = 64;
 

@@ -78,6 +78,17 @@ struct Pipeline::Job {
   std::atomic<std::int64_t> pending{0};
 };
 
+void PipelineOptions::validate() const {
+  require(num_threads > 0, ErrorKind::kInvalidArgument,
+          "the pipeline needs at least one thread, got " + std::to_string(num_threads));
+  require(chunk_bytes > 0, ErrorKind::kInvalidArgument,
+          "chunk_bytes must be positive, got " + std::to_string(chunk_bytes));
+  require(max_drop_examples >= 0, ErrorKind::kInvalidArgument,
+          "max_drop_examples must be >= 0, got " + std::to_string(max_drop_examples));
+  require(!device_stage || device_buffers >= 1, ErrorKind::kInvalidArgument,
+          "device_buffers must be at least 1, got " + std::to_string(device_buffers));
+}
+
 Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> dataset,
                    std::shared_ptr<SampleSource> source, PipelineOptions options)
     : layout_(std::make_shared<const BatchLayout>(std::move(layout))),
@@ -93,8 +104,7 @@ Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> datas
           "pipeline needs a dataset and a sample source");
   require(dataset_->has_loss_mask(), ErrorKind::kInvalidArgument,
           dataset_->folder() + ": the dataset has no loss_mask column");
-  require(options_.num_threads > 0, ErrorKind::kInvalidArgument,
-          "the pipeline needs at least one thread, got " + std::to_string(options_.num_threads));
+  options_.validate();
 }
 
 Pipeline::~Pipeline() { stop(); }

@@ -70,6 +70,9 @@ struct PipelineOptions {
   // metadata does: the trainer then stops every rank together at its next synchronisation. Other
   // fatal outcomes (on_missing=raise, a source that throws) still end the epoch.
   bool fatal_failures_in_batch = false;
+
+  // The only check of these fields (Error kInvalidArgument naming the field).
+  void validate() const;
 };
 
 using DropCounts = std::array<std::int64_t, static_cast<std::size_t>(DropReason::kCount)>;

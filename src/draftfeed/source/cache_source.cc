@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "draftfeed/common/fp8.h"
 #include "draftfeed/hidden/validate.h"
 
 namespace draftfeed {
@@ -13,34 +14,66 @@ std::string row_text(std::int64_t row) { return "row " + std::to_string(row); }
 
 }  // namespace
 
-OnMissing parse_on_missing(const std::string& text) {
+OnMissing parse_on_missing(std::string_view text) {
+  if (text == "generate") return OnMissing::kGenerate;
   if (text == "skip") return OnMissing::kSkip;
   if (text == "warn") return OnMissing::kWarn;
   if (text == "raise") return OnMissing::kRaise;
   throw Error(ErrorKind::kInvalidArgument,
-              "on_missing must be one of 'generate', 'skip', 'warn', 'raise', got '" + text + "'");
+              "on_missing must be one of 'generate', 'skip', 'warn', 'raise', got '" +
+                  std::string(text) + "'");
 }
 
-DType parse_fp8_dequantize(const std::string& text) {
-  const std::string name = text.rfind("torch.", 0) == 0 ? text.substr(6) : text;
-  if (name == "bfloat16") return DType::kBF16;
-  if (name == "float16") return DType::kF16;
-  if (name == "float32") return DType::kF32;
-  throw Error(ErrorKind::kInvalidArgument,
-              "FP8 values dequantize into bfloat16, float16 or float32 (FP8Transfer's "
-              "dequantize_dtype), got '" +
-                  text + "'");
+const char* on_missing_name(OnMissing on_missing) {
+  switch (on_missing) {
+    case OnMissing::kGenerate:
+      return "generate";
+    case OnMissing::kSkip:
+      return "skip";
+    case OnMissing::kWarn:
+      return "warn";
+    case OnMissing::kRaise:
+      return "raise";
+  }
+  return "skip";
 }
 
-CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
-                                     DType fp8_dequantize)
+void CacheSourceOptions::validate() const {
+  store().validate();
+  require(is_fp8_dequantize_dtype(fp8_dequantize_dtype), ErrorKind::kInvalidArgument,
+          std::string("fp8_dequantize_dtype: FP8 values dequantize into bfloat16, float16 or "
+                      "float32 (FP8Transfer's dequantize_dtype), got ") +
+              torch_dtype_name(fp8_dequantize_dtype));
+}
+
+CacheStoreOptions CacheSourceOptions::store() const {
+  CacheStoreOptions store;
+  store.root = hidden_states_path;
+  store.lock_timeout = lock_timeout;
+  store.lock_poll = lock_poll;
+  return store;
+}
+
+namespace {
+
+const CacheSourceOptions& checked(const CacheSourceOptions& options) {
+  options.validate();
+  require(options.on_missing != OnMissing::kGenerate, ErrorKind::kInvalidArgument,
+          "on_missing='generate' needs the online source (draftfeed.online.OnlineSource, or "
+          "--endpoint on the command line)");
+  return options;
+}
+
+}  // namespace
+
+CacheSampleSource::CacheSampleSource(const CacheSourceOptions& options)
+    : CacheSampleSource(std::make_shared<const CacheStore>(checked(options).store()), options) {}
+
+CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
+                                     const CacheSourceOptions& options)
     : store_(std::move(store)),
-      on_missing_(on_missing),
-      fp8_dequantize_(fp8_dequantize),
-      readahead_(std::make_unique<CacheReadahead>()) {
-  require(fp8_dequantize != DType::kF8E4M3, ErrorKind::kInvalidArgument,
-          "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
-}
+      options_(checked(options)),
+      readahead_(std::make_unique<CacheReadahead>()) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   readahead_->reached(global_row);
@@ -52,13 +85,13 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
   if (!found.value()) {
     const std::string message =
         row_text(global_row) + ": no cached hidden states at " + store_->path_for(global_row);
-    if (on_missing_ == OnMissing::kRaise)
+    if (options_.on_missing == OnMissing::kRaise)
       return FetchOutcome::dropped(DropReason::kMissing, message, true);
-    if (on_missing_ == OnMissing::kWarn)
+    if (options_.on_missing == OnMissing::kWarn)
       std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
     return FetchOutcome::dropped(DropReason::kMissing, message);
   }
-  return check(global_row, input_ids, *found.value(), fp8_dequantize_);
+  return check(global_row, input_ids, *found.value(), options_.fp8_dequantize_dtype);
 }
 
 void CacheSampleSource::will_need(std::span<const std::int64_t> rows) {
@@ -73,7 +106,7 @@ void CacheSampleSource::interrupt() { readahead_->clear(); }
 void CacheSampleSource::resume() { readahead_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
-                                      const HiddenStateSample& sample, DType fp8_dequantize) {
+                                      const HiddenStateSample& sample, DType fp8_dequantize_dtype) {
   // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).
   const SampleCheck check = validate_sample(sample, input_ids, global_row, ValueCheck::kSkip);
   if (!check.ok()) {
@@ -91,7 +124,7 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
   if (dtype == DType::kF8E4M3) {
     // validate_sample checked the scales: F32 [T, 1, 1], finite and positive.
     fetched.hidden.scales = sample.scales->data;
-    fetched.hidden.dequantize = fp8_dequantize;
+    fetched.hidden.dequantize = fp8_dequantize_dtype;
   }
   return FetchOutcome::ok(std::move(fetched));
 }

@@ -22,11 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
-  CacheStoreOptions store;
-  store.root = options.hidden_states_path;
+  CacheStoreOptions store = options.cache.store();
   if (!options.server_dir.empty()) store.allowed_folders.push_back(options.server_dir);
-  store.lock_timeout = options.lock_timeout;
-  store.lock_poll = options.lock_poll;
   return std::make_shared<const CacheStore>(store);
 }
 
@@ -34,25 +31,13 @@ GeneratedFileOptions reader_options(const OnlineSourceOptions& options) {
   GeneratedFileOptions out;
   out.server_dir = options.server_dir;
   out.max_file_bytes = options.max_file_bytes;
-  out.lock_timeout = options.lock_timeout;
-  out.lock_poll = options.lock_poll;
+  out.lock_timeout = options.cache.lock_timeout;
+  out.lock_poll = options.cache.lock_poll;
   return out;
 }
 
 const OnlineSourceOptions& checked(const OnlineSourceOptions& options) {
-  require(!options.hidden_states_path.empty(), ErrorKind::kInvalidArgument,
-          "the online source needs hidden_states_path (the cache folder)");
-  require(options.generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
-          "generation_validation_retries must be >= 0, got " +
-              std::to_string(options.generation_validation_retries));
-  require(options.max_consecutive_generation_failures >= 1, ErrorKind::kInvalidArgument,
-          "max_consecutive_generation_failures must be >= 1, got " +
-              std::to_string(options.max_consecutive_generation_failures));
-  if (options.on_missing != "generate") parse_on_missing(options.on_missing);  // throws if bad
-  require(options.transfer == nullptr || options.on_missing == "generate",
-          ErrorKind::kInvalidArgument,
-          "a transfer object is used by the online source only with on_missing='generate' (got '" +
-              options.on_missing + "')");
+  options.validate();
   return options;
 }
 
@@ -91,11 +76,33 @@ std::string nonfinite_summary(const HiddenStatesView& hidden) {
 
 }  // namespace
 
+void OnlineSourceOptions::validate() const {
+  require(!cache.hidden_states_path.empty(), ErrorKind::kInvalidArgument,
+          "the online source needs hidden_states_path (the cache folder)");
+  cache.validate();
+  client.validate();
+  require(generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
+          "generation_validation_retries must be >= 0, got " +
+              std::to_string(generation_validation_retries));
+  require(max_consecutive_generation_failures >= 1, ErrorKind::kInvalidArgument,
+          "max_consecutive_generation_failures must be >= 1, got " +
+              std::to_string(max_consecutive_generation_failures));
+  require(transfer == nullptr || cache.on_missing == OnMissing::kGenerate,
+          ErrorKind::kInvalidArgument,
+          std::string("a transfer object is used by the online source only with "
+                      "on_missing='generate' (got '") +
+              on_missing_name(cache.on_missing) + "')");
+}
+
 OnGenerate parse_on_generate(const std::string& text) {
   if (text == "cache") return OnGenerate::kCache;
   if (text == "delete") return OnGenerate::kDelete;
   throw Error(ErrorKind::kInvalidArgument,
               "on_generate must be 'cache' or 'delete', got '" + text + "'");
+}
+
+const char* on_generate_name(OnGenerate on_generate) {
+  return on_generate == OnGenerate::kCache ? "cache" : "delete";
 }
 
 OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
@@ -104,9 +111,8 @@ OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
       reader_(store_, reader_options(options_)),
       client_(options_.client),
       log_(options_.log_failures) {
-  if (options_.on_missing != "generate" && options_.transfer == nullptr) {
-    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing),
-                                                   options_.fp8_dequantize);
+  if (options_.cache.on_missing != OnMissing::kGenerate && options_.transfer == nullptr) {
+    offline_ = std::make_shared<CacheSampleSource>(store_, options_.cache);
   }
 }
 
@@ -132,7 +138,7 @@ void OnlineSampleSource::sweep_abandoned() {
   for (const std::string& path : paths) {
     // One try, no wait: a free lock is removed as the protocol says, then the data file.
     const auto lock_error =
-        wait_for_lock(path + ".lock", std::chrono::duration<double>(0), options_.lock_poll);
+        wait_for_lock(path + ".lock", std::chrono::duration<double>(0), options_.cache.lock_poll);
     if (lock_error) {
       still_locked.push_back(path);
       continue;
@@ -187,8 +193,8 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (found.value()) {
-    FetchOutcome outcome =
-        CacheSampleSource::check(row, input_ids, *found.value(), options_.fp8_dequantize);
+    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
+                                                    options_.cache.fp8_dequantize_dtype);
     std::lock_guard lock(mutex_);
     ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
     return outcome;
@@ -293,7 +299,8 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     }
     finish_generated(row, file);
     record_success();
-    return CacheSampleSource::check(row, input_ids, *file.sample, options_.fp8_dequantize);
+    return CacheSampleSource::check(row, input_ids, *file.sample,
+                                    options_.cache.fp8_dequantize_dtype);
   }
 
   std::lock_guard lock(mutex_);
