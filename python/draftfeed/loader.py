@@ -173,11 +173,9 @@ class Loader:
         device: Any = None,
         **options: Any,
     ) -> None:
-        """`options` are `_core.LoaderOptions`' fields by name (see its properties for each one's
-        meaning and C++ default): total_seq_len, split, train_ratio, hidden_states_path,
-        hidden_states_dtype (a string or a torch dtype), noise_std, seed, num_threads, prefetch,
-        fp8_dequantize_dtype, device_buffers, ... An unknown name is a TypeError. `rank` and
-        `world_size` are global (default: the torchrun environment); the loader plans by
+        """`options` are `_core.LoaderOptions`' fields by name: its properties say each one's
+        meaning, and its C++ defaults apply to the others. An unknown name is a TypeError. `rank`
+        and `world_size` are global (default: the torchrun environment); the loader plans by
         data-parallel rank.
 
         `device` ("cuda:N", "cuda" for the rank's LOCAL_RANK device, an int or a torch.device):

@@ -52,12 +52,9 @@ def OnlineSource(
         `cache(handle, idx)` (used by on_generate="cache"; without it a generated sample is
         deleted). Called back from C++ with the GIL held per call: slower than the native store.
         Needs on_missing="generate".
-    options: `_core.OnlineSourceOptions`' fields by name, the reference trainer's names where it
-        has one (hidden_states_path, on_missing, on_generate, verifier_name_or_path,
-        request_timeout, max_retries, generation_validation_retries,
-        max_consecutive_generation_failures, fail_on_hidden_state_error, fetch_threads,
-        vllm_http_keepalive, server_dir, fp8_dequantize_dtype, ...); see its properties for each
-        one's meaning and C++ default. An unknown name is a TypeError.
+    options: `_core.OnlineSourceOptions`' fields by name (the reference trainer's names where it
+        has one): its properties say each one's meaning, and its C++ defaults apply to the others.
+        An unknown name is a TypeError.
     """
     if vllm_endpoint is not None:
         options["vllm_endpoint"] = vllm_endpoint
