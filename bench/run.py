@@ -24,7 +24,7 @@ processes or engine threads, same noise, same call), and each bound is named for
   kernels  `draftfeed kernels --threads N`: the batch copy's kernels (every source dtype, batch dtype and
            noise the engine copies) against memcpy of the same rows, interleaved repeat by repeat in one
            process, at each N of --workers; memcpy copies the rows in the wider of the two dtypes, so it
-           bounds both what a kernel writes and what it reads. The goals are issue 14's.
+           bounds both what a kernel writes and what it reads. Each kernel's goal is in its row.
   store    the cache scan at equal parallelism (bench_store.py): the reference's FileTransfer +
            check_hidden_states over N processes against `draftfeed verify` with N threads, and the
            read-only bound (`verify --baseline read`: every byte read once, no copy) at N threads.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A simulated vLLM server for hidden-state generation (tests, demos, benchmarks).
 
-It speaks the part of vLLM's OpenAI API that speculators' online training uses (SPEC §2):
+It speaks the part of vLLM's OpenAI API that speculators' online training uses (docs/protocol.md):
 
   GET  /v1/models             {"object": "list", "data": [{"id": MODEL, ...}]}
   POST /v1/completions        {"model", "prompt": [ids], "max_tokens": 1, "return_token_ids": true}

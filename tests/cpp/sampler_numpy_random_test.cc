@@ -1,5 +1,6 @@
-// numpy's permutation: the SPEC's published vectors, plus properties that hold for any seed. The
-// thorough bit-for-bit comparison with numpy itself is tests/python/test_sampler_permutation.py.
+// numpy's permutation: numpy's own outputs for small seeds (docs/sampler.md), plus properties that
+// hold for any seed. The thorough bit-for-bit comparison with numpy itself is
+// tests/python/test_sampler_permutation.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +14,7 @@ namespace draftfeed {
 namespace {
 
 TEST(SamplerNumpyRandom, SpecVectors) {
-  // SPEC §4: default_rng(seed).permutation(10) for seeds 0, 1, 42.
+  // numpy's default_rng(seed).permutation(10) for seeds 0, 1, 42.
   EXPECT_EQ(numpy_permutation(0, 10), (std::vector<std::int64_t>{4, 6, 2, 7, 3, 5, 9, 0, 8, 1}));
   EXPECT_EQ(numpy_permutation(1, 10), (std::vector<std::int64_t>{8, 4, 7, 0, 1, 2, 5, 9, 6, 3}));
   EXPECT_EQ(numpy_permutation(42, 10), (std::vector<std::int64_t>{5, 6, 0, 7, 3, 2, 4, 9, 1, 8}));

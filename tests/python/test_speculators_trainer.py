@@ -1,4 +1,4 @@
-"""speculators 0.9.0's own trainer as the oracle for the drop-in (issue 12, item 2).
+"""speculators 0.9.0's own trainer as the oracle for the drop-in.
 
 The code behind `speculators train` (`speculators.train.cli.main` with a `TrainConfig` resolved from
 command-line flags) trains a tiny EAGLE-3 draft on CPU, once with its own loaders and once with the one

@@ -58,7 +58,7 @@ from pathlib import Path
 VOCAB = 512
 HIDDEN = 64
 VERIFIER_LAYERS = 2
-CAPTURED_LAYERS = 4  # three target layers, then the last layer (SPEC 1.2)
+CAPTURED_LAYERS = 4  # three target layers, then the last layer (docs/formats.md)
 ROWS = 160
 # Few distinct lengths: many ties, as real tokenized data has. The reference orders ties with numpy's
 # unstable argsort, so which rank gets which row depends on it.

@@ -1,4 +1,5 @@
-// Assembly of one batch (SPEC §5) into its preallocated buffer, in three steps the pipeline runs:
+// Assembly of one batch (docs/formats.md, "One batch") into its preallocated buffer, in three steps
+// the pipeline runs:
 //   1. `place_samples` (serial, cheap): after fetching, decide where each usable sample's rows go,
 //      exactly as the reference collate packs them (dropped samples leave no gap; the sample
 //      crossing `max_len` is truncated; later ones are left out);

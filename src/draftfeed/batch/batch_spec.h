@@ -1,6 +1,6 @@
-// What one batch looks like (SPEC §5): its tensors, their order, dtypes and shapes, and where each
-// lives inside the batch's single buffer. Setup-time only: sizes are known before any sample is
-// read, so the buffer pool can allocate every batch ahead.
+// What one batch looks like (docs/formats.md, "One batch"): its tensors, their order, dtypes and
+// shapes, and where each lives inside the batch's single buffer. Setup-time only: sizes are known
+// before any sample is read, so the buffer pool can allocate every batch ahead.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,5 @@
-// The hidden-state cache: `<root>/hs_<i>.safetensors`, keyed by the global row index (SPEC §1.2).
+// The hidden-state cache: `<root>/hs_<i>.safetensors`, keyed by the global row index
+// (docs/formats.md).
 //
 // Reading follows the producer's lock protocol, byte-compatible with hs_connectors.FileTransfer:
 // when `<file>.lock` exists, open it read-write, try a non-blocking flock(LOCK_EX) every

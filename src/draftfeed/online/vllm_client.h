@@ -1,4 +1,4 @@
-// A vLLM client for hidden-state generation (SPEC §2 steps 1-4): the `/models` check, the
+// A vLLM client for hidden-state generation (docs/protocol.md, steps 1-5): the `/models` check, the
 // completions (or chat) request, response checks, per-attempt timeouts, retries with exponential
 // backoff, several endpoints (endpoints.h) and a bound on requests in flight.
 //

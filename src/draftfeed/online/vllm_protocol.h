@@ -1,5 +1,5 @@
-// The vLLM hidden-state protocol as bytes (SPEC §2 steps 1-3): request bodies to send and checks of
-// the response bodies a server returns. Pure functions, no I/O: the fuzz target
+// The vLLM hidden-state protocol as bytes (docs/protocol.md, steps 1-3): request bodies to send and
+// checks of the response bodies a server returns. Pure functions, no I/O: the fuzz target
 // (tests/fuzz/vllm_response_fuzz.cc) and the gtests call them directly.
 //
 // Responses are untrusted: a body is parsed only after a cheap scan bounds its nesting depth (so a

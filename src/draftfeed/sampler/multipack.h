@@ -1,5 +1,5 @@
-// The multipack batch planner (SPEC §4): which samples each data-parallel rank trains on in each
-// batch of an epoch, identical to speculators' MultipackDistributedBatchSamplerV2.
+// The multipack batch planner (docs/sampler.md): which samples each data-parallel rank trains on in
+// each batch of an epoch, identical to speculators' MultipackDistributedBatchSamplerV2.
 //
 // Per epoch the valid samples are shuffled with numpy's permutation (seed + epoch), then cut into
 // consecutive windows. For each window a binary search finds the longest prefix of the remaining
