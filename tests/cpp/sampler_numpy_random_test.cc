@@ -60,12 +60,36 @@ TEST(SamplerNumpyRandom, Next32UsesBothHalvesOfOneNext64) {
   EXPECT_EQ(narrow.next64(), wide.next64());
 }
 
-TEST(SamplerNumpyRandom, IntervalStaysInRange) {
+// interval(max) against its definition, drawn from a twin generator: the first raw draw (a 32-bit
+// half while max fits in 32 bits, a whole 64-bit output beyond) masked to the smallest all-ones
+// value >= max that is <= max. So max = 0 draws nothing, and max = 2^64 - 1 takes one 64-bit
+// output as it is; a wrong mask, width or rejection shows as a different value or a twin out of
+// step.
+TEST(SamplerNumpyRandom, IntervalIsTheFirstMaskedDrawInRange) {
   Pcg64 rng(seed_sequence_state(seed_words(11)));
-  for (const std::uint64_t max :
-       {0ULL, 1ULL, 2ULL, 5ULL, 0xFFFFFFFFULL, 0x100000000ULL, 0xFFFFFFFFFFFFFFFFULL}) {
-    for (int i = 0; i < 200; ++i) EXPECT_LE(rng.interval(max), max);
+  Pcg64 twin(seed_sequence_state(seed_words(11)));
+  for (const std::uint64_t max : {0ULL, 1ULL, 2ULL, 5ULL, 0xFFFFFFFFULL, 0x100000000ULL,
+                                  0x8000000000000001ULL, 0xFFFFFFFFFFFFFFFFULL}) {
+    std::uint64_t mask = 0;
+    while (mask < max) mask = (mask << 1) | 1;
+    for (int i = 0; i < 200; ++i) {
+      std::uint64_t expected = 0;
+      if (max != 0) {
+        do {
+          expected = (max <= 0xFFFFFFFFULL ? twin.next32() : twin.next64()) & mask;
+        } while (expected > max);
+      }
+      ASSERT_EQ(rng.interval(max), expected) << "max " << max << ", draw " << i;
+    }
   }
+  EXPECT_EQ(rng.next64(), twin.next64()) << "the same number of raw draws";
+}
+
+TEST(SamplerNumpyRandom, IntervalReachesEveryValueOfASmallRange) {
+  Pcg64 rng(seed_sequence_state(seed_words(3)));
+  std::vector<int> seen(6, 0);
+  for (int i = 0; i < 600; ++i) ++seen.at(static_cast<std::size_t>(rng.interval(5)));
+  for (std::size_t v = 0; v < seen.size(); ++v) EXPECT_GT(seen[v], 50) << "value " << v;
 }
 
 TEST(SamplerNumpyRandom, NegativeSizeIsRefused) {
