@@ -14,42 +14,19 @@
 #include <vector>
 
 #include "draftfeed/common/thread_pool.h"
+#include "test_gate.h"
 
 namespace draftfeed {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A task that holds its worker until opened, saying when it started.
-struct Latch {
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool started = false;
-  bool open = false;
-
-  void block() {
-    std::unique_lock lock(mutex);
-    started = true;
-    changed.notify_all();
-    changed.wait_for(lock, 30s, [this] { return open; });
-  }
-  bool wait_started() {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, 10s, [this] { return started; });
-  }
-  void release() {
-    std::lock_guard lock(mutex);
-    open = true;
-    changed.notify_all();
-  }
-};
-
 TEST(ConcurrentThreadPool, RunsLowerPriorityFirstThenInSubmissionOrder) {
   ThreadPool pool(1);
   EXPECT_EQ(pool.size(), 1);
-  Latch latch;
-  pool.submit(0, [&latch] { latch.block(); });
-  ASSERT_TRUE(latch.wait_started());  // the one worker is busy: everything below queues
+  TestGate latch;
+  pool.submit(0, [&latch] { latch.pass(); });
+  ASSERT_TRUE(latch.wait_arrived(1));  // the one worker is busy: everything below queues
   std::mutex mutex;
   std::vector<std::string> order;
   auto record = [&](std::string name) {
@@ -90,23 +67,23 @@ TEST(ConcurrentThreadPool, ATaskMaySubmitMore) {
 
 // Opens the latch when the last task holding it is destroyed: when shutdown drops the queue.
 struct OpensOnDrop {
-  explicit OpensOnDrop(Latch& latch) : latch(latch) {}
+  explicit OpensOnDrop(TestGate& latch) : latch(latch) {}
   ~OpensOnDrop() { latch.release(); }
   OpensOnDrop(const OpensOnDrop&) = delete;
   OpensOnDrop& operator=(const OpensOnDrop&) = delete;
-  Latch& latch;
+  TestGate& latch;
 };
 
 TEST(ConcurrentThreadPool, ShutdownDiscardingDropsQueuedTasksButFinishesRunningOnes) {
   ThreadPool pool(1);
-  Latch latch;
+  TestGate latch;
   std::atomic<bool> running_finished{false};
   std::atomic<int> queued_ran{0};
   pool.submit(0, [&] {
-    latch.block();  // until the queued tasks are dropped (or the latch's bound, on a bug)
+    latch.pass();  // until the queued tasks are dropped (or the latch's bound, on a bug)
     running_finished = true;
   });
-  ASSERT_TRUE(latch.wait_started());
+  ASSERT_TRUE(latch.wait_arrived(1));
   {
     auto opener = std::make_shared<OpensOnDrop>(latch);
     for (int i = 0; i < 5; ++i) pool.submit(1, [&queued_ran, opener] { ++queued_ran; });

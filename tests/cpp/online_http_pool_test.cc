@@ -11,35 +11,12 @@
 
 #include "draftfeed/online/http_pool.h"
 #include "local_http_server.h"
+#include "test_gate.h"
 
 namespace draftfeed {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A request the handler holds until release(), so a test can act while it is in flight.
-struct Gate {
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool arrived = false;
-  bool released = false;
-
-  void hold() {
-    std::unique_lock lock(mutex);
-    arrived = true;
-    changed.notify_all();
-    changed.wait_for(lock, 30s, [this] { return released; });
-  }
-  bool wait_arrived() {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, 10s, [this] { return arrived; });
-  }
-  void release() {
-    std::lock_guard lock(mutex);
-    released = true;
-    changed.notify_all();
-  }
-};
 
 TEST(OnlineHttpPool, SendsTheRequestAndReturnsTheReply) {
   HttpRequestSeen seen;
@@ -93,9 +70,9 @@ TEST(OnlineHttpPool, RefusesABodyPastTheBound) {
 }
 
 TEST(OnlineHttpPool, GivesUpAfterTheTimeout) {
-  Gate gate;
+  TestGate gate;
   LocalHttpServer server([&gate](const HttpRequestSeen&) {
-    gate.hold();
+    gate.pass();
     return HttpReply{200, "{}"};
   });
   HttpPool pool(server.url(), {});
@@ -109,15 +86,15 @@ TEST(OnlineHttpPool, GivesUpAfterTheTimeout) {
 }
 
 TEST(OnlineHttpPool, CancelEndsATransferInFlightUntilResume) {
-  Gate gate;
+  TestGate gate;
   LocalHttpServer server([&gate](const HttpRequestSeen& request) {
-    if (request.path == "/v1/slow") gate.hold();
+    if (request.path == "/v1/slow") gate.pass();
     return HttpReply{200, "{}"};
   });
   HttpPool pool(server.url(), {});
   HttpResult result;
   std::thread request([&] { result = pool.get("/slow", 30s); });
-  ASSERT_TRUE(gate.wait_arrived());
+  ASSERT_TRUE(gate.wait_arrived(1));
   pool.cancel();
   request.join();  // ends without the server answering: the gate is still closed
   gate.release();

@@ -12,6 +12,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/online/vllm_client.h"
 #include "fake_vllm.h"
+#include "test_gate.h"
 
 namespace draftfeed {
 namespace {
@@ -97,33 +98,9 @@ TEST(OnlineVllmClient, AnInvalidResponseIsNotRetried) {
   EXPECT_EQ(vllm.completions.load(), 1);
 }
 
-// A gate every completion waits at, counting who arrived.
-struct Gate {
-  std::mutex mutex;
-  std::condition_variable changed;
-  int arrived = 0;
-  bool open = false;
-
-  void pass() {
-    std::unique_lock lock(mutex);
-    ++arrived;
-    changed.notify_all();
-    changed.wait_for(lock, 30s, [this] { return open; });
-  }
-  bool wait_arrived(int n) {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, 10s, [&] { return arrived >= n; });
-  }
-  void release() {
-    std::lock_guard lock(mutex);
-    open = true;
-    changed.notify_all();
-  }
-};
-
 TEST(OnlineVllmClient, KeepsAtMostFetchThreadsRequestsInFlight) {
   FakeVllm vllm;
-  Gate gate;
+  TestGate gate;
   vllm.hold = [&gate] { gate.pass(); };
   LocalHttpServer server(vllm.handler());
   VllmClientOptions options = client_options(server);
@@ -145,7 +122,7 @@ TEST(OnlineVllmClient, KeepsAtMostFetchThreadsRequestsInFlight) {
 
 TEST(OnlineVllmClient, CancelEndsARequestInFlightAndLaterOnesUntilResume) {
   FakeVllm vllm;
-  Gate gate;
+  TestGate gate;
   vllm.hold = [&gate] { gate.pass(); };
   LocalHttpServer server(vllm.handler());
   VllmClient client(client_options(server));

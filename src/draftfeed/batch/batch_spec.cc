@@ -1,55 +1,47 @@
 #include "draftfeed/batch/batch_spec.h"
 
+#include <array>
 #include <cmath>
 #include <string>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
 
+namespace {
+
+constexpr std::array<EnumName<Preprocess>, 7> kPreprocessNames = {{
+    {Preprocess::kNone, "none"},
+    {Preprocess::kNone, ""},
+    {Preprocess::kEagle3Shift, "eagle3"},
+    {Preprocess::kEagle3Shift, "peagle"},
+    {Preprocess::kEagle3Shift, "shift"},
+    {Preprocess::kMtp, "mtp"},
+    {Preprocess::kCustom, "custom"},
+}};
+constexpr std::array<EnumName<NoiseKind>, 4> kNoiseKindNames = {{
+    {NoiseKind::kUniform, "uniform"},
+    {NoiseKind::kGaussian, "gaussian"},
+    {NoiseKind::kGaussian, "normal"},
+    {NoiseKind::kNone, "none"},
+}};
+
+}  // namespace
+
 Preprocess parse_preprocess(std::string_view text) {
-  if (text == "none" || text.empty()) return Preprocess::kNone;
-  if (text == "eagle3" || text == "peagle" || text == "shift") return Preprocess::kEagle3Shift;
-  if (text == "mtp") return Preprocess::kMtp;
-  if (text == "custom") return Preprocess::kCustom;
-  throw Error(ErrorKind::kInvalidArgument,
-              "preprocess must be 'none', 'eagle3', 'peagle', 'mtp' or 'custom', got '" +
-                  std::string(text) + "'");
+  return parse_enum(text, kPreprocessNames, "preprocess");
 }
 
 const char* preprocess_name(Preprocess preprocess) {
-  switch (preprocess) {
-    case Preprocess::kNone:
-      return "none";
-    case Preprocess::kEagle3Shift:
-      return "eagle3";
-    case Preprocess::kMtp:
-      return "mtp";
-    case Preprocess::kCustom:
-      return "custom";
-  }
-  return "none";
+  return enum_name(preprocess, kPreprocessNames);
 }
 
 NoiseKind parse_noise_kind(std::string_view text) {
-  if (text == "uniform") return NoiseKind::kUniform;
-  if (text == "gaussian" || text == "normal") return NoiseKind::kGaussian;
-  if (text == "none") return NoiseKind::kNone;
-  throw Error(ErrorKind::kInvalidArgument,
-              "noise must be 'uniform', 'gaussian' or 'none', got '" + std::string(text) + "'");
+  return parse_enum(text, kNoiseKindNames, "noise");
 }
 
-const char* noise_kind_name(NoiseKind kind) {
-  switch (kind) {
-    case NoiseKind::kUniform:
-      return "uniform";
-    case NoiseKind::kGaussian:
-      return "gaussian";
-    case NoiseKind::kNone:
-      break;
-  }
-  return "none";
-}
+const char* noise_kind_name(NoiseKind kind) { return enum_name(kind, kNoiseKindNames); }
 
 void BatchSpec::validate() const {
   require(max_len > 0, ErrorKind::kInvalidArgument,

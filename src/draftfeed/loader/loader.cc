@@ -1,7 +1,9 @@
 #include "draftfeed/loader/loader.h"
 
+#include <array>
 #include <utility>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/pipeline/epoch_plan.h"
 #include "draftfeed/source/cache_source.h"
@@ -9,6 +11,12 @@
 namespace draftfeed {
 
 namespace {
+
+constexpr std::array<EnumName<Split>, 3> kSplitNames = {{
+    {Split::kTrain, "train"},
+    {Split::kVal, "val"},
+    {Split::kAll, "all"},
+}};
 
 DatasetSplit select_split(const std::shared_ptr<const TokenDataset>& dataset,
                           const LoaderOptions& options) {
@@ -39,25 +47,9 @@ LoaderOptions completed(LoaderOptions options) {
 
 }  // namespace
 
-Split parse_split(std::string_view text) {
-  if (text == "train") return Split::kTrain;
-  if (text == "val") return Split::kVal;
-  if (text == "all") return Split::kAll;
-  throw Error(ErrorKind::kInvalidArgument,
-              "split must be 'train', 'val' or 'all', got '" + std::string(text) + "'");
-}
+Split parse_split(std::string_view text) { return parse_enum(text, kSplitNames, "split"); }
 
-const char* split_name(Split split) {
-  switch (split) {
-    case Split::kTrain:
-      return "train";
-    case Split::kVal:
-      return "val";
-    case Split::kAll:
-      return "all";
-  }
-  return "train";
-}
+const char* split_name(Split split) { return enum_name(split, kSplitNames); }
 
 void LoaderOptions::validate() const {
   require(

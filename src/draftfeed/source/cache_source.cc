@@ -1,8 +1,10 @@
 #include "draftfeed/source/cache_source.h"
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/fp8.h"
 #include "draftfeed/hidden/validate.h"
 
@@ -14,29 +16,22 @@ std::string row_text(std::int64_t row) { return "row " + std::to_string(row); }
 
 }  // namespace
 
+namespace {
+
+constexpr std::array<EnumName<OnMissing>, 4> kOnMissingNames = {{
+    {OnMissing::kGenerate, "generate"},
+    {OnMissing::kSkip, "skip"},
+    {OnMissing::kWarn, "warn"},
+    {OnMissing::kRaise, "raise"},
+}};
+
+}  // namespace
+
 OnMissing parse_on_missing(std::string_view text) {
-  if (text == "generate") return OnMissing::kGenerate;
-  if (text == "skip") return OnMissing::kSkip;
-  if (text == "warn") return OnMissing::kWarn;
-  if (text == "raise") return OnMissing::kRaise;
-  throw Error(ErrorKind::kInvalidArgument,
-              "on_missing must be one of 'generate', 'skip', 'warn', 'raise', got '" +
-                  std::string(text) + "'");
+  return parse_enum(text, kOnMissingNames, "on_missing");
 }
 
-const char* on_missing_name(OnMissing on_missing) {
-  switch (on_missing) {
-    case OnMissing::kGenerate:
-      return "generate";
-    case OnMissing::kSkip:
-      return "skip";
-    case OnMissing::kWarn:
-      return "warn";
-    case OnMissing::kRaise:
-      return "raise";
-  }
-  return "skip";
-}
+const char* on_missing_name(OnMissing on_missing) { return enum_name(on_missing, kOnMissingNames); }
 
 void CacheSourceOptions::validate() const {
   store().validate();

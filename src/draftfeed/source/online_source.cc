@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/finite.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/source/cache_source.h"
@@ -20,6 +22,11 @@ namespace draftfeed {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr std::array<EnumName<OnGenerate>, 2> kOnGenerateNames = {{
+    {OnGenerate::kCache, "cache"},
+    {OnGenerate::kDelete, "delete"},
+}};
 
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
   CacheStoreOptions store = options.cache.store();
@@ -94,15 +101,12 @@ void OnlineSourceOptions::validate() const {
               on_missing_name(cache.on_missing) + "')");
 }
 
-OnGenerate parse_on_generate(const std::string& text) {
-  if (text == "cache") return OnGenerate::kCache;
-  if (text == "delete") return OnGenerate::kDelete;
-  throw Error(ErrorKind::kInvalidArgument,
-              "on_generate must be 'cache' or 'delete', got '" + text + "'");
+OnGenerate parse_on_generate(std::string_view text) {
+  return parse_enum(text, kOnGenerateNames, "on_generate");
 }
 
 const char* on_generate_name(OnGenerate on_generate) {
-  return on_generate == OnGenerate::kCache ? "cache" : "delete";
+  return enum_name(on_generate, kOnGenerateNames);
 }
 
 OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)

@@ -43,6 +43,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "draftfeed/common/message_log.h"
@@ -59,7 +60,7 @@ enum class OnGenerate : std::uint8_t {
   kCache,   // keep the generated file as the row's cache file
   kDelete,  // remove it once loaded (the reference's behaviour)
 };
-OnGenerate parse_on_generate(const std::string& text);  // "cache" | "delete"
+OnGenerate parse_on_generate(std::string_view text);  // "cache" | "delete"
 const char* on_generate_name(OnGenerate on_generate);
 
 struct OnlineSourceOptions {
