@@ -61,7 +61,7 @@ const VllmClientOptions& checked(const VllmClientOptions& options) {
 
 }  // namespace
 
-VllmClient::VllmClient(VllmClientOptions options)
+VllmClient::VllmClient(const VllmClientOptions& options)
     : options_(checked(options)), endpoints_(options_.endpoints, options_.endpoint) {
   model_ = options_.model;
 }

@@ -98,7 +98,7 @@ struct VllmClientStats {
 class VllmClient {
  public:
   // Throws kInvalidArgument for bad options (VllmClientOptions::validate).
-  explicit VllmClient(VllmClientOptions options);
+  explicit VllmClient(const VllmClientOptions& options);
 
   // One generation request for `ids`: completions with the ids as the prompt.
   GenerationResult generate(std::span<const std::int64_t> ids);
