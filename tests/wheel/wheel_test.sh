@@ -97,7 +97,7 @@ runs() {
   step "draftfeed demo (online epoch through the wheel's simulated server)"
   local demo
   demo=$(timeout 300 "${clean[@]}" "$venv/bin/draftfeed" demo --out "$work/demo" --rows 32 \
-         --hidden-size 64 --total-seq-len 1024 --epochs 1 --concurrency 4 2>&1) ||
+         --hidden-size 64 --total-seq-len 1024 --epochs 1 --fetch-threads 4 2>&1) ||
     { echo "$demo"; echo "draftfeed demo failed"; return 1; }
   echo "$demo"
   local generated cached
