@@ -71,6 +71,21 @@ void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
   ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
 }
 
+void MappedFile::release(std::size_t offset, std::size_t length) const {
+  if (data_ == nullptr || offset >= size_) return;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only: a page the range shares with its neighbours may still be read for them.
+  const std::size_t start = (offset + page - 1) / page * page;
+  const std::size_t end = std::min(size_, offset + length) / page * page;
+  if (end <= start) return;
+  ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_DONTNEED);
+}
+
+void MappedFile::release(const std::uint8_t* begin, const std::uint8_t* end) const {
+  if (data_ == nullptr || begin < data_ || end > data_ + size_ || end <= begin) return;
+  release(static_cast<std::size_t>(begin - data_), static_cast<std::size_t>(end - begin));
+}
+
 std::optional<std::string> MappedFile::change_since_mapped() const {
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) return std::nullopt;  // deleted: the mapped file lives on

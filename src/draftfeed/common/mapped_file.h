@@ -42,6 +42,15 @@ class MappedFile {
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
   void prefetch(std::size_t offset, std::size_t length) const;
 
+  // Drops this process's page-table entries for the whole pages inside [offset, offset + length)
+  // (MADV_DONTNEED on a shared read-only mapping): the pages stay in the page cache, and a later
+  // read of them faults them in again. Why: a page of the cache mapped by this process counts in
+  // its memory (RSS, PSS) until unmapped, so a loader that keeps a batch's files mapped while it
+  // assembles the batch holds that batch's bytes twice. Never an error.
+  void release(std::size_t offset, std::size_t length) const;
+  // The same for the bytes [begin, end) if they lie inside this mapping.
+  void release(const std::uint8_t* begin, const std::uint8_t* end) const;
+
   // Why the mapped file no longer holds the bytes it held when mapped ("changed size from A to B
   // bytes", "was modified"), or nothing. Looks at the file now at path() (one stat): when that is
   // another file (the path was replaced by a rename) or none (deleted), the mapped file lives on

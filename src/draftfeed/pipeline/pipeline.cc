@@ -355,6 +355,15 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   });
   if (!read) job->shrank[i].store(true, std::memory_order_relaxed);
   if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
+  // The rows are in the batch now: their file pages leave this process's memory (they stay in
+  // the page cache; a repack after a drop reads them again).
+  if (sample.file) {
+    const HiddenStatesView& hs = sample.hidden;
+    const std::size_t row_bytes =
+        static_cast<std::size_t>(hs.layers * hs.hidden) * dtype_size(hs.dtype);
+    sample.file->release(hs.data + static_cast<std::size_t>(first) * row_bytes,
+                         hs.data + static_cast<std::size_t>(last) * row_bytes);
+  }
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
