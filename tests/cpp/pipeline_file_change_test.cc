@@ -177,7 +177,10 @@ TEST_F(PipelineFileChangeTest, TruncatedRewrittenAndDeletedFilesNeverCrashTheEpo
   ASSERT_EQ(drops.size(), 3u) << ::testing::PrintToString(drops);
   EXPECT_TRUE(any_contains(drops, "hs_1.safetensors", "shrank while being copied"))
       << ::testing::PrintToString(drops);
-  EXPECT_TRUE(any_contains(drops, "hs_4.safetensors", "changed size from"))
+  // A tail cut off: the read of the rows comes up short, or (rows before the cut) the check
+  // after the copy sees the new size.
+  EXPECT_TRUE(any_contains(drops, "hs_4.safetensors", "shrank while being copied") ||
+              any_contains(drops, "hs_4.safetensors", "changed size from"))
       << ::testing::PrintToString(drops);
   EXPECT_TRUE(any_contains(drops, "hs_7.safetensors", "was modified while being read"))
       << ::testing::PrintToString(drops);

@@ -1,11 +1,13 @@
-"""What a loader holds in memory beyond its batch buffers: the cache files' pages it maps to copy them.
+"""What a loader holds in memory beyond its batch buffers: pages of the cache files it maps.
 
 A page of the page cache mapped by this process counts in its memory (RSS, PSS) until unmapped. The
-engine maps each sample's file and copies its rows into the batch; it lets go of the rows' pages as
-soon as they are copied (MADV_DONTNEED on the mapping: they stay in the page cache), so at any time it
-holds about one copy chunk of file pages per engine thread, not the batches in assembly. Measured in a
+engine maps each sample's file only to check its header, token ids and scales, and lets go of those
+pages at once (MADV_DONTNEED: they stay in the page cache); it reads the rows themselves through the
+file's descriptor (pipeline/file_rows_copy.h), so no hidden-state page is ever mapped. Measured in a
 child process from /proc/self/smaps (the PSS of every mapping of a cache file) at each batch, while
-the consumer drains two epochs as fast as it can.
+the consumer drains two epochs as fast as it can. History: mapping the files for the copy held
+15.9 MiB at peak; releasing rows after each copy chunk, 2.0-4.0 MiB at peak and about a chunk per
+thread on average.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ def cache_pss():
 
 loader = draftfeed.Loader(data, hidden_size=512, total_seq_len=4096, split="all", num_target_layers=3,
                           num_threads=2, prefetch=4, chunk_bytes=chunk, pin_memory=False)
-peak, batches = 0, 0
+peak, total, batches = 0, 0, 0
 for epoch in range(2):
     loader.set_epoch(epoch)
     for batch in loader:
         batches += 1
-        peak = max(peak, cache_pss())
-print(json.dumps({"peak_file_bytes": peak, "batches": batches}))
+        now = cache_pss()
+        peak, total = max(peak, now), total + now
+print(json.dumps({"peak_file_bytes": peak, "mean_file_bytes": total / batches, "batches": batches}))
 """
 
 
@@ -68,16 +71,16 @@ def data(tmp_path_factory):
     return path
 
 
-def test_copied_rows_leave_the_loaders_memory(data):
+def test_no_hidden_state_page_stays_mapped(data):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, data, str(CHUNK)], capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["batches"] > 20
     # Each batch reads about 16 MiB of files (4096 tokens x 4 KiB), and up to 4 batches are in
-    # assembly; the engine's 2 threads hold about a chunk each, plus, per sample in assembly (a dozen
-    # at most), its header page and the pages the kernel maps around a fault (fault-around: 64 KiB)
-    # at chunk edges. Without the release this was 15.9 MiB.
-    bound = 2 * CHUNK + 16 * (128 << 10) + (1 << 20)
-    assert out["peak_file_bytes"] <= bound, (
-        f"{out['peak_file_bytes'] / 2**20:.1f} MiB of cache files mapped at once, bound {bound / 2**20:.1f} MiB")
+    # assembly. A sample's pages are mapped only between its checks and their release, on a fetch
+    # thread (2 of them): on a file system with large folios a fault there maps a whole 2 MiB folio,
+    # so a snapshot may catch up to one per thread; on average, almost nothing is mapped.
+    mean, peak = out["mean_file_bytes"], out["peak_file_bytes"]
+    assert mean <= 256 << 10, f"{mean / 2**20:.2f} MiB of cache files mapped on average"
+    assert peak <= 2 * (2 << 20) + (256 << 10), f"{peak / 2**20:.1f} MiB of cache files mapped at once"

@@ -221,7 +221,9 @@ Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::s
                                  options_.lock_mode)) {
     return *error;
   }
-  auto file = SafetensorsFile::open(path);
+  // The descriptor is kept: the batch copy reads the rows through it (MappedFile::read_at), so
+  // only the header is read through the mapping, without the kernel's read-around.
+  auto file = SafetensorsFile::open(path, MapOptions{.keep_descriptor = true, .header_only = true});
   if (!file.ok()) {
     if (file.error().kind() == ErrorKind::kNotFound) return std::optional<HiddenStateSample>();
     return file.error();

@@ -7,6 +7,7 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/fault_guard.h"
+#include "draftfeed/pipeline/file_rows_copy.h"
 
 namespace draftfeed {
 
@@ -347,23 +348,32 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   const NoiseContext noise{options_.noise, job->epoch};
   const FetchedSample& sample = *job->outcomes[i].sample;
   std::int64_t bad = 0;
-  // The source is a mapped file another process may truncate meanwhile: a SIGBUS in the copy
-  // drops this sample (finish_step) instead of killing the trainer.
-  const bool read = guard_mapped_reads([&] {
-    bad = copy_sample_rows(*job->layout, job->memory, placement, sample, job->plan.rows[i], noise,
-                           first, last);
-  });
+  bool read = true;
+  if (can_read_file_rows(sample)) {
+    // A cache file: its rows are read, not mapped (file_rows_copy.h).
+    const FileRowsCopy copied = copy_file_rows(*job->layout, job->memory, placement, sample,
+                                               job->plan.rows[i], noise, first, last);
+    bad = copied.nonfinite;
+    read = !copied.unreadable;
+  } else {
+    // Memory a transfer gave, or a mapped file another process may truncate meanwhile: a SIGBUS
+    // in the copy drops this sample (finish_step) instead of killing the trainer.
+    read = guard_mapped_reads([&] {
+      bad = copy_sample_rows(*job->layout, job->memory, placement, sample.hidden, job->plan.rows[i],
+                             noise, first, last);
+    });
+    // The rows are in the batch now: their file pages leave this process's memory (they stay in
+    // the page cache; a repack after a drop reads them again).
+    if (sample.file) {
+      const HiddenStatesView& hs = sample.hidden;
+      const std::size_t row_bytes =
+          static_cast<std::size_t>(hs.layers * hs.hidden) * dtype_size(hs.dtype);
+      sample.file->release(hs.data + static_cast<std::size_t>(first) * row_bytes,
+                           hs.data + static_cast<std::size_t>(last) * row_bytes);
+    }
+  }
   if (!read) job->shrank[i].store(true, std::memory_order_relaxed);
   if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
-  // The rows are in the batch now: their file pages leave this process's memory (they stay in
-  // the page cache; a repack after a drop reads them again).
-  if (sample.file) {
-    const HiddenStatesView& hs = sample.hidden;
-    const std::size_t row_bytes =
-        static_cast<std::size_t>(hs.layers * hs.hidden) * dtype_size(hs.dtype);
-    sample.file->release(hs.data + static_cast<std::size_t>(first) * row_bytes,
-                         hs.data + static_cast<std::size_t>(last) * row_bytes);
-  }
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
@@ -383,8 +393,8 @@ void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
       drop = FetchOutcome::dropped(
           DropReason::kInvalid,
           row + (sample.file ? sample.file->path() : std::string("the hidden states")) +
-              ": the file shrank while being copied (truncated by another process: SIGBUS on "
-              "the mapping)");
+              ": the file shrank while being copied (truncated by another process: a short "
+              "read, or SIGBUS on the mapping)");
     } else if (auto change = sample.file ? sample.file->change_since_mapped() : std::nullopt) {
       drop = FetchOutcome::dropped(DropReason::kInvalid,
                                    row + sample.file->path() + ": the file " + *change);
