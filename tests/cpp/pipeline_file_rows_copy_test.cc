@@ -1,8 +1,8 @@
 // The batch copy that reads a cache file's rows through its descriptor (file_rows_copy.h) gives
 // exactly what the copy from the file's mapping gives (copy_sample_rows), bit for bit, with the
-// same non-finite count: straight into the batch (bf16 file, bf16 batch: the vectored read and the
-// in-place noise) and through the staging buffer (an f32 batch: the cast; MTP), for every noise
-// kind, chunk edges that cut slices, and the EAGLE-3 shift at the sample's end.
+// same non-finite count: straight into the batch (bf16 file, bf16 batch, no noise: the vectored
+// read) and through the staging buffer (noise of every kind, an f32 batch's cast, MTP), for chunk
+// edges that cut slices and the EAGLE-3 shift at the sample's end.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -115,6 +115,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Preprocess::kEagle3Shift, DType::kBF16, NoiseKind::kUniform},
                       Case{Preprocess::kEagle3Shift, DType::kBF16, NoiseKind::kGaussian},
                       Case{Preprocess::kNone, DType::kBF16, NoiseKind::kUniform},
+                      Case{Preprocess::kNone, DType::kBF16, NoiseKind::kNone},
                       Case{Preprocess::kEagle3Shift, DType::kF32, NoiseKind::kUniform},
                       Case{Preprocess::kNone, DType::kF32, NoiseKind::kNone},
                       Case{Preprocess::kMtp, DType::kBF16, NoiseKind::kNone}));

@@ -138,8 +138,12 @@ def test_memcpy_baseline_and_bad_arguments(tmp_path, rows, run_cli, run_cli_json
         report = run_cli_json("verify", tmp_path / "data", "--baseline", "read", "--threads", threads)
         assert report["mode"] == "read" and report["ok"] == 12 and report["bytes"] == total
         assert report["read_checksum"] == expected
+    # The file-read baseline: every file read whole through its descriptor, as the loader reads them.
+    for threads in ("1", "3"):
+        report = run_cli_json("verify", tmp_path / "data", "--baseline", "pread", "--threads", threads)
+        assert report["mode"] == "pread" and report["ok"] == 12 and report["bytes"] == total
     proc = run_cli("verify", tmp_path / "data", "--baseline", "copy", check=False)
-    assert proc.returncode == 2 and "--baseline must be 'memcpy' or 'read', got 'copy'" in proc.stderr
+    assert proc.returncode == 2 and "--baseline must be 'memcpy', 'read' or 'pread', got 'copy'" in proc.stderr
     proc = run_cli("verify", tmp_path / "data", "--threads", "-1", check=False)
     assert proc.returncode == 2 and "--threads must be between 0 and 4096, got -1" in proc.stderr
     proc = run_cli("verify", tmp_path / "nope", check=False)

@@ -216,14 +216,13 @@ Result<std::string> CacheStore::confine(const std::string& path) const {
                                                 folders + ")");
 }
 
-Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::string& path) const {
+Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::string& path,
+                                                                    MapOptions map) const {
   if (auto error = wait_for_lock(path + ".lock", options_.lock_timeout, options_.lock_poll,
                                  options_.lock_mode)) {
     return *error;
   }
-  // The descriptor is kept: the batch copy reads the rows through it (MappedFile::read_at), so
-  // only the header is read through the mapping, without the kernel's read-around.
-  auto file = SafetensorsFile::open(path, MapOptions{.keep_descriptor = true, .header_only = true});
+  auto file = SafetensorsFile::open(path, map);
   if (!file.ok()) {
     if (file.error().kind() == ErrorKind::kNotFound) return std::optional<HiddenStateSample>();
     return file.error();
@@ -233,14 +232,16 @@ Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::s
   return std::optional<HiddenStateSample>(std::move(sample).value());
 }
 
-Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row) const {
-  return read_with_lock(path_for(row));
+Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row,
+                                                            MapOptions map) const {
+  return read_with_lock(path_for(row), map);
 }
 
-Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& path) const {
+Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& path,
+                                                          MapOptions map) const {
   auto confined = confine(path);
   if (!confined.ok()) return confined.error();
-  return read_with_lock(confined.value());
+  return read_with_lock(confined.value(), map);
 }
 
 void CacheStore::adopt(std::int64_t row, const std::string& source) const {

@@ -71,12 +71,14 @@ class CacheStore {
   // The cached sample of `row`: nothing when there is no file (after the lock protocol), an error
   // when the lock timed out (kTimeout), the file is corrupt or lacks a key (kFormat), or the OS
   // refused (kIo). Token ids, shapes and values are not checked here (see validate.h).
-  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row) const;
+  // `map`: how the file is mapped (MappedFile::open; the loader's sources read rows through the
+  // descriptor: kMapForRowReads).
+  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row, MapOptions map = {}) const;
 
   // Same for a file a server wrote (a generation handle): the lock protocol, then the file.
   // The path must lie inside the allowed folders (kInvalidArgument otherwise), since the lock
   // protocol deletes the lock file beside it.
-  Result<std::optional<HiddenStateSample>> load(const std::string& path) const;
+  Result<std::optional<HiddenStateSample>> load(const std::string& path, MapOptions map = {}) const;
 
   // Moves `source` (inside the allowed folders) to `path_for(row)` atomically, creating the root:
   // a rename, or across file systems a copy to a temporary file in the root, fsync, rename, and
@@ -105,7 +107,8 @@ class CacheStore {
   Result<std::string> confine(const std::string& path) const;
 
  private:
-  Result<std::optional<HiddenStateSample>> read_with_lock(const std::string& path) const;
+  Result<std::optional<HiddenStateSample>> read_with_lock(const std::string& path,
+                                                          MapOptions map) const;
 
   CacheStoreOptions options_;
 };

@@ -1,14 +1,14 @@
 // The batch copy of a sample whose hidden states lie in a cache file opened with its descriptor
 // kept: the rows are read from the file (MappedFile::read_at), a slice of about kSliceBytes at a
 // time, never through the file's mapping. Two ways:
-//   - straight into the batch, when the batch holds the file's dtype (bf16 into bf16, f32 into
-//     f32) and the layers are the usual ones (not MTP): one vectored read scatters each token's
-//     target layers and last layer to their batch rows (the EAGLE-3 shift included); then, while
-//     the slice is still in the core's cache, the finiteness check, and the training noise added
-//     in place;
-//   - through a staging buffer of the copying thread (any cast, FP8 with its scales, MTP): the
-//     slice is read into it and copied from there (copy_sample_rows: cast, noise and finiteness
-//     check fused); the buffer stays in the core's L2, so that copy reads cache, not memory.
+//   - straight into the batch, when the bytes go there unchanged (the batch holds the file's dtype,
+//     no noise, not MTP): one vectored read scatters each token's target layers and last layer to
+//     their batch rows (the EAGLE-3 shift included); then, while the slice is still in the core's
+//     cache, the finiteness check;
+//   - through a staging buffer of the copying thread (noise, any cast, FP8 with its scales, MTP):
+//     the slice is read into it and copied from there (copy_sample_rows: cast, noise and
+//     finiteness check fused, streaming stores into the batch); the buffer stays in the core's
+//     L2, so that copy reads cache, not memory.
 //
 // Why not from the mapping: the page cache mapped into this process costs a page fault per few
 // pages to map it and a TLB shootdown to unmap it (MADV_DONTNEED or munmap), every epoch; at

@@ -72,7 +72,7 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   readahead_->reached(global_row);
-  auto found = store_->lookup(global_row);
+  auto found = store_->lookup(global_row, kMapForRowReads);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  row_text(global_row) + ": " + found.error().what());

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "draftfeed/source/sample_source.h"
+
 namespace draftfeed {
 
 namespace fs = std::filesystem;
@@ -190,9 +192,7 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
                        " bytes, more than the limit of " + std::to_string(options_.max_file_bytes),
                    path, owned);
   }
-  // The descriptor is kept: the batch copy reads the rows through it (MappedFile::read_at), so
-  // only the header is read through the mapping, without the kernel's read-around.
-  auto file = SafetensorsFile::open(path, MapOptions{.keep_descriptor = true, .header_only = true});
+  auto file = SafetensorsFile::open(path, kMapForRowReads);
   if (!file.ok()) {
     const ErrorKind kind = file.error().kind();
     const FileProblem p = kind == ErrorKind::kNotFound ? FileProblem::kMissing

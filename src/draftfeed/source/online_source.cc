@@ -189,7 +189,7 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
     }
     return generate_row(row, input_ids);
   }
-  auto found = store_->lookup(row);
+  auto found = store_->lookup(row, kMapForRowReads);
   if (!found.ok()) {
     std::lock_guard lock(mutex_);
     ++stats_.cache_rejected;
