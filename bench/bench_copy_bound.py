@@ -29,7 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_common import make_cached_dataset, time_epoch, warm_page_cache  # noqa: E402
+from bench_common import make_cached_dataset, time_epoch, warm_page_cache
 
 NOISE_STD = 0.05
 
