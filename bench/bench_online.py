@@ -117,7 +117,7 @@ def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_o
     source = draftfeed.online.OnlineSource(
         url, hidden_states_path=cache, server_dir=server_dir, on_generate="delete",
         fetch_threads=args.concurrency, data_path=data,
-        lookahead_bytes=None if lookahead else 0)
+        lookahead=args.lookahead if lookahead else 0)
     loader = draftfeed.Loader(
         data, hidden_size=args.hidden_size, total_seq_len=args.max_len, split="train",
         train_ratio=0.9, num_target_layers=3, noise_std=0.0, in_order=in_order,

@@ -79,7 +79,7 @@ The service time, slept before each generation answer, follows one of two models
 (TCP connections accepted), huge_bytes (bytes of `huge` bodies sent), in_flight, max_in_flight (generation requests being served at once),
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
 slept in total), max_service_seconds (the longest one), timeline (the first 100000 generation
-requests: tokens, occurrence (earlier requests for the same prompt since the reset), start
+requests: prompt (crc32 of the int64 ids, seeded), tokens, occurrence (earlier requests for the same prompt since the reset), start
 (time.monotonic(), the machine's CLOCK_MONOTONIC) and service seconds), handles (every handle answered, in order),
 chat_requests (the first 1000 chat requests: messages, add_generation_prompt, continue_final_message), pending_writes (files still to be
 written after their answer). `POST /admin/reset` zeroes them.
@@ -232,9 +232,12 @@ class ServiceModel:
         sigma = math.log(p99 / median) / 2.3263478740408408
         return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 
+    def prompt_key(self, ids: list[int]) -> int:
+        return zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes(), self.seed)
+
     def draw(self, ids: list[int], rng: random.Random) -> tuple[float, int]:
         """(seconds, how many earlier requests had this prompt)."""
-        key = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes(), self.seed)
+        key = self.prompt_key(ids)
         occurrence = self.seen.get(key, 0)
         self.seen[key] = occurrence + 1
         if self.kind == "latency" and self.median > 0:
@@ -501,7 +504,8 @@ class SimServer:
         fault = self.pick_fault(ids)
         latency, occurrence = self.service.draw(ids, self.rng)
         if len(self.stats["timeline"]) < 100_000:
-            self.stats["timeline"].append({"tokens": len(ids), "occurrence": occurrence,
+            self.stats["timeline"].append({"prompt": self.service.prompt_key(ids),
+                                           "tokens": len(ids), "occurrence": occurrence,
                                            "start": time.monotonic(), "service": latency})
         self.stats["service_seconds"] += latency
         self.stats["max_service_seconds"] = max(self.stats["max_service_seconds"], latency)

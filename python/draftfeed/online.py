@@ -12,8 +12,8 @@ threads to its assembly threads for an online source. With in-order delivery a s
 its batch's buffer and every buffer behind it, so each epoch the Loader hands a source with a
 lookahead (`data_path=` given) its plan: the epoch's batches and, for training, the next epoch's.
 The lookahead fetches them ahead of the buffers, long requests first where they are due (the
-prompt's length and the service times it observed predict which), and holds at most
-`lookahead_bytes` of fetched samples.
+prompt's length and the service times it observed predict which), holding at most `lookahead`
+rows and `lookahead_bytes` of fetched samples.
 
 `sync_failure(flag)` agrees on a failure across data-parallel ranks: call it on **every rank at
 every step** (with False when nothing failed); it returns True on all ranks when any rank failed.
@@ -35,6 +35,7 @@ def OnlineSource(
     vllm_endpoint: str | Sequence[str] | None = None,
     *,
     data_path: str | os.PathLike | None = None,
+    lookahead: int | None = None,
     lookahead_bytes: int | None = None,
     transfer: Any = None,
     **options: Any,
@@ -46,11 +47,13 @@ def OnlineSource(
     data_path: the dataset: multimodal rows (a `messages` column) go as chat requests with their
         messages, the lookahead reads the rows' token ids, and the cache folder defaults to
         `<data_path>/hidden_states`.
-    lookahead_bytes: the hidden-state bytes of samples fetched ahead of the loader and not yet
-        taken (with those under way) at most. The source's own threads (one per request in flight)
-        fetch the rows the Loader says are coming (`source.plan(...)`, each epoch) in the order
-        they are due, a long request early. None (the default): as many bytes as the loader's batch
-        buffers (prefetch x batch bytes), with `data_path`; 0: no lookahead. Needs `data_path`.
+    lookahead: rows fetched ahead of the loader and not yet taken (with those under way) at most.
+        The source's own threads (one per request in flight) fetch the rows the Loader says are
+        coming (`source.plan(...)`, each epoch: this epoch's batches and the next epoch's) in the
+        order they are due, a long request early. Default 4 * fetch_threads with data_path, else
+        off (0). Needs `data_path`.
+    lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): as many
+        bytes as the loader's batch buffers (prefetch x batch bytes).
     transfer: None (the native file store) or an object with the hs-connectors interface (a
         Mooncake transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`,
         `delete(handle)`, optional `setup()` (called once before the first load) and
@@ -64,7 +67,8 @@ def OnlineSource(
     if vllm_endpoint is not None:
         options["vllm_endpoint"] = vllm_endpoint
     return _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
-                              lookahead_bytes=lookahead_bytes, transfer=transfer)
+                              lookahead=lookahead, lookahead_bytes=lookahead_bytes,
+                              transfer=transfer)
 
 
 def sync_failure(flag: bool, group: Any = None, timeout: float | None = None) -> bool:

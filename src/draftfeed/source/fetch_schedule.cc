@@ -16,13 +16,13 @@ FetchSchedule::FetchSchedule(int slots, double slack) : slots_(slots), slack_(sl
 
 void FetchSchedule::enqueue(Item& item) {
   const Order order = order_of(item);
-  (item.claimed ? claimed_ : queue_).insert(order);
+  queue_.insert(order);
   by_row_[item.row].insert(order);
 }
 
 void FetchSchedule::dequeue(const Item& item) {
   const Order order = order_of(item);
-  (item.claimed ? claimed_ : queue_).erase(order);
+  queue_.erase(order);
   const auto row = by_row_.find(item.row);
   if (row != by_row_.end()) {
     row->second.erase(order);
@@ -101,7 +101,6 @@ void FetchSchedule::compute_keys(int stream, const ServiceTimeModel& model) {
 
 void FetchSchedule::rekey(const ServiceTimeModel& model) {
   queue_.clear();
-  claimed_.clear();
   by_row_.clear();
   for (const int stream : stream_order_) {
     compute_keys(stream, model);
@@ -121,42 +120,14 @@ bool FetchSchedule::mark_started(std::int64_t row) {
   return true;
 }
 
-bool FetchSchedule::claim(std::int64_t row) {
-  const auto found = by_row_.find(row);
-  if (found == by_row_.end()) return false;
-  for (const Order& order : found->second) {
-    Item& item = items_.at(std::get<2>(order));
-    if (item.claimed) continue;
-    queue_.erase(order);
-    item.claimed = true;
-    claimed_.insert(order);
-    return true;
-  }
-  return true;  // every queued occurrence is claimed already: it comes
-}
-
 std::optional<FetchSchedule::Item> FetchSchedule::pick(
     const std::function<bool(std::int64_t tokens)>& fits) {
-  const Item* head = queue_.empty() ? nullptr : &items_.at(std::get<2>(*queue_.begin()));
-  const Item* claimed = claimed_.empty() ? nullptr : &items_.at(std::get<2>(*claimed_.begin()));
-  if (head != nullptr && !fits(head->tokens)) head = nullptr;
-  const Item* chosen = head;
-  if (claimed != nullptr && (chosen == nullptr || order_of(*claimed) < order_of(*chosen))) {
-    chosen = claimed;
-  }
-  if (chosen == nullptr) return std::nullopt;
-  Item& item = items_.at(chosen->seq);
+  if (queue_.empty()) return std::nullopt;
+  Item& item = items_.at(std::get<2>(*queue_.begin()));
+  if (!fits(item.tokens)) return std::nullopt;
   dequeue(item);
   item.started = true;
   return item;
-}
-
-void FetchSchedule::requeue(const Item& item) {
-  const auto found = items_.find(item.seq);
-  if (found == items_.end() || !found->second.started) return;  // its plan was replaced
-  found->second.started = false;
-  found->second.claimed = false;
-  enqueue(found->second);
 }
 
 std::int64_t FetchSchedule::occurrences(std::int64_t row) const {

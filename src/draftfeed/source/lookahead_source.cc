@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <limits>
 #include <string>
 
 #include "draftfeed/common/dtype.h"
@@ -28,16 +29,19 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
-                                 std::shared_ptr<const TokenDataset> dataset,
+                                 std::shared_ptr<const TokenDataset> dataset, int window,
                                  std::uint64_t budget_bytes)
     : inner_(std::move(inner)),
       dataset_(std::move(dataset)),
-      slots_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)),
+      window_(window),
       budget_bytes_(budget_bytes),
-      schedule_(slots_) {
+      schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
-  for (int t = 0; t < slots_; ++t) threads_.emplace_back([this] { run(); });
+  require(window >= 1, ErrorKind::kInvalidArgument,
+          "the lookahead needs window >= 1, got " + std::to_string(window));
+  const int threads = std::max(1, inner_->blocking_fetches());
+  for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { run(); });
 }
 
 LookaheadSource::~LookaheadSource() {
@@ -58,12 +62,31 @@ std::uint64_t LookaheadSource::budget() const {
 }
 
 bool LookaheadSource::fits(std::int64_t tokens) const {
-  return held_bytes_ + static_cast<std::uint64_t>(tokens) * bytes_per_token_ <= budget();
+  return held_rows_ < window_ &&
+         held_bytes_ + static_cast<std::uint64_t>(tokens) * bytes_per_token_ <= budget();
 }
 
 void LookaheadSource::hold(std::uint64_t bytes) {
   held_bytes_ += bytes;
   stats_.peak_held_bytes = std::max(stats_.peak_held_bytes, held_bytes_);
+}
+
+void LookaheadSource::release(const std::shared_ptr<Entry>& entry) {
+  held_bytes_ -= entry->bytes;
+  entry->bytes = 0;
+  --held_rows_;
+}
+
+void LookaheadSource::observe(const FetchSchedule::Item& item, double seconds) {
+  model_.observe(item.row, item.tokens, seconds);
+  // New observations move predictions: the keys follow, in batches (a re-key sorts the whole
+  // queue).
+  const std::int64_t every =
+      std::max<std::int64_t>(inner_->blocking_fetches(), schedule_.queued() / 8);
+  if (++completions_since_rekey_ >= every) {
+    schedule_.rekey(model_);
+    completions_since_rekey_ = 0;
+  }
 }
 
 void LookaheadSource::run() {
@@ -72,7 +95,6 @@ void LookaheadSource::run() {
     std::optional<FetchSchedule::Item> item;
     work_.wait(lock, [&] {
       if (stopping_) return true;
-      if (fatal_ || inner_interrupted_) return false;
       item = schedule_.pick([this](std::int64_t tokens) { return fits(tokens); });
       return item.has_value();
     });
@@ -80,13 +102,12 @@ void LookaheadSource::run() {
     auto entry = std::make_shared<Entry>();
     entry->item = *item;
     entry->bytes = static_cast<std::uint64_t>(item->tokens) * bytes_per_token_;
-    entry->inner_interrupts = inner_interrupts_;
     entries_[item->row].push_back(entry);
+    ++held_rows_;
     hold(entry->bytes);
     ++stats_.running;
     if (item->next) ++stats_.next_plan_started;
     lock.unlock();
-    results_.notify_all();  // a claim waiting for this row to start
 
     FetchOutcome outcome;
     const auto start = std::chrono::steady_clock::now();
@@ -100,43 +121,21 @@ void LookaheadSource::run() {
 
     lock.lock();
     --stats_.running;
-    const bool cut_short = !outcome.sample && entry->inner_interrupts != inner_interrupts_;
-    if (cut_short || entry->orphan) {
-      // Ended by an interrupt of the inner source (not the row's failure: fetched again), or
-      // wanted by no plan any more.
-      held_bytes_ -= entry->bytes;
-      auto& list = entries_[item->row];
-      list.erase(std::remove(list.begin(), list.end(), entry), list.end());
-      if (list.empty()) entries_.erase(item->row);
-      if (cut_short && !entry->orphan) {
-        schedule_.requeue(entry->item);
-        ++stats_.requeued;
-      } else {
-        ++stats_.discarded;
+    if (outcome.sample) {
+      observe(*item, seconds);
+      if (item->tokens > 0) {
+        bytes_per_token_ = std::max(bytes_per_token_, sample_bytes(*outcome.sample) /
+                                                          static_cast<std::uint64_t>(item->tokens));
       }
+    }
+    if (entry->orphan) {
+      // Wanted by no plan any more (replaced, cleared or interrupted meanwhile): its bytes and row
+      // were released when it was orphaned.
+      if (outcome.sample) ++stats_.discarded;
     } else {
-      if (outcome.sample) {
-        model_.observe(item->row, item->tokens, seconds);
-        const std::uint64_t bytes = sample_bytes(*outcome.sample);
-        if (item->tokens > 0) {
-          bytes_per_token_ =
-              std::max(bytes_per_token_, bytes / static_cast<std::uint64_t>(item->tokens));
-        }
-        held_bytes_ -= entry->bytes;
-        entry->bytes = bytes;
-        hold(bytes);
-        // New observations move predictions: the keys follow, in batches (a re-key sorts the
-        // whole queue).
-        const std::int64_t every = std::max<std::int64_t>(slots_, schedule_.queued() / 8);
-        if (++completions_since_rekey_ >= every) {
-          schedule_.rekey(model_);
-          completions_since_rekey_ = 0;
-        }
-      } else {
-        held_bytes_ -= entry->bytes;  // a failure holds nothing
-        entry->bytes = 0;
-      }
-      if (outcome.fatal) fatal_ = true;
+      held_bytes_ -= entry->bytes;
+      entry->bytes = outcome.sample ? sample_bytes(*outcome.sample) : 0;  // a failure holds none
+      hold(entry->bytes);
       entry->outcome = std::move(outcome);
       entry->done = true;
     }
@@ -146,78 +145,48 @@ void LookaheadSource::run() {
   }
 }
 
-FetchOutcome LookaheadSource::take(std::deque<std::shared_ptr<Entry>>& list,
-                                   std::unique_lock<std::mutex>& lock, std::int64_t row) {
-  const std::shared_ptr<Entry> entry = list.front();
-  results_.wait(lock, [&] { return entry->done || interrupted_ || stopping_; });
-  if (!entry->done) {
-    return FetchOutcome::dropped(DropReason::kGenerationFailed,
-                                 "row " + std::to_string(row) + ": the loader stopped");
-  }
-  // The entry may have moved in its row's list meanwhile (entries before it were dropped).
-  auto found = entries_.find(row);
-  if (found != entries_.end()) {
-    auto& current = found->second;
-    current.erase(std::remove(current.begin(), current.end(), entry), current.end());
-    if (current.empty()) entries_.erase(found);
-  }
-  held_bytes_ -= entry->bytes;
-  ++stats_.hits;
-  FetchOutcome outcome = std::move(entry->outcome);
-  lock.unlock();
-  work_.notify_all();  // room in the budget
-  return outcome;
-}
-
 FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
   std::unique_lock lock(mutex_);
-  bool waited = false;
-  while (true) {
-    if (interrupted_ || stopping_) {
+  const auto found = entries_.find(row);
+  if (found != entries_.end() && !found->second.empty()) {
+    const std::shared_ptr<Entry> entry = found->second.front();
+    found->second.pop_front();
+    if (found->second.empty()) entries_.erase(found);
+    ++stats_.hits;
+    // Claimed: no plan may drop it now; its bytes and row leave the lookahead's count.
+    release(entry);
+    results_.wait(lock, [&] { return entry->done || stopping_; });
+    if (!entry->done) {
       return FetchOutcome::dropped(DropReason::kGenerationFailed,
-                                   "row " + std::to_string(row) + ": the loader stopped");
+                                   "row " + std::to_string(row) + ": the lookahead stopped");
     }
-    const auto found = entries_.find(row);
-    if (found != entries_.end() && !found->second.empty()) {
-      if (waited) ++stats_.claims_waited;
-      return take(found->second, lock, row);
-    }
-    if (fatal_ || !schedule_.claim(row)) break;
-    // Queued: claimed, so the next free thread starts it whatever the budget.
-    waited = true;
-    work_.notify_one();
-    results_.wait(lock, [&] {
-      const auto again = entries_.find(row);
-      return interrupted_ || stopping_ || fatal_ ||
-             (again != entries_.end() && !again->second.empty());
-    });
-  }
-  ++stats_.inline_fetches;
-  ++inline_running_;
-  lock.unlock();
-  FetchOutcome outcome;
-  try {
-    outcome = inner_->fetch(row, input_ids);
-  } catch (...) {
-    lock.lock();
-    --inline_running_;
+    held_bytes_ -= entry->bytes;  // the sample's own bytes, counted when it ended
+    FetchOutcome outcome = std::move(entry->outcome);
     lock.unlock();
-    results_.notify_all();
-    throw;
+    work_.notify_all();  // room in the window
+    return outcome;
   }
-  lock.lock();
-  --inline_running_;
+  // Not started: taken off the queue (if it is there) and fetched here.
+  schedule_.mark_started(row);
+  ++stats_.inline_fetches;
   lock.unlock();
-  results_.notify_all();
+  const auto start = std::chrono::steady_clock::now();
+  FetchOutcome outcome = inner_->fetch(row, input_ids);
+  if (outcome.sample) {
+    const double seconds = seconds_since(start);
+    lock.lock();
+    observe({row, static_cast<std::int64_t>(input_ids.size())}, seconds);
+    lock.unlock();
+  }
   return outcome;
 }
 
 void LookaheadSource::drop(const std::shared_ptr<Entry>& entry) {
+  release(entry);
   if (entry->done) {
-    held_bytes_ -= entry->bytes;
     if (entry->outcome.sample) ++stats_.discarded;
   } else {
-    entry->orphan = true;  // its thread drops it (and its bytes) when it ends
+    entry->orphan = true;  // its thread drops it when it ends
   }
 }
 
@@ -251,24 +220,26 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
                            const std::vector<std::vector<std::int64_t>>& next,
                            std::uint64_t budget_bytes) {
   const std::int64_t n_rows = dataset_->num_rows();
-  auto with_tokens = [&](const std::vector<std::vector<std::int64_t>>& plan) {
-    FetchSchedule::Batches out(plan.size());
-    for (std::size_t b = 0; b < plan.size(); ++b) {
+  auto with_tokens = [&](const std::vector<std::vector<std::int64_t>>& plan, std::size_t limit) {
+    FetchSchedule::Batches out;
+    std::size_t rows = 0;
+    for (std::size_t b = 0; b < plan.size() && rows < limit; ++b) {
+      out.emplace_back();
       for (const std::int64_t row : plan[b]) {
         require(row >= 0 && row < n_rows, ErrorKind::kInvalidArgument,
                 "lookahead plan: row " + std::to_string(row) + " is outside the dataset's " +
                     std::to_string(n_rows) + " rows");
-        out[b].push_back({row, dataset_->input_ids(row).size()});
+        out.back().push_back({row, static_cast<std::int64_t>(dataset_->input_ids(row).size())});
       }
+      rows += plan[b].size();
     }
     return out;
   };
-  const FetchSchedule::Batches current = with_tokens(batches);
-  const FetchSchedule::Batches after = with_tokens(next);
+  const FetchSchedule::Batches current = with_tokens(batches, std::numeric_limits<std::size_t>::max());
+  const FetchSchedule::Batches after = with_tokens(next, 2 * static_cast<std::size_t>(window_));
   {
     std::lock_guard lock(mutex_);
     if (budget_bytes > 0) plan_budget_ = budget_bytes;
-    stats_.budget_bytes = budget();
     schedule_.set_plan(stream, current, after, model_);
     reconcile(stream);
   }
@@ -302,40 +273,18 @@ void LookaheadSource::clear() {
 }
 
 void LookaheadSource::interrupt() {
-  bool cancel = false;
-  {
-    std::lock_guard lock(mutex_);
-    interrupted_ = true;
-    if (inline_running_ > 0) {
-      // An inline fetch may block for long (a request with a long timeout): only the inner
-      // source can end it, and that ends the lookahead's own fetches too (put back, see run()).
-      cancel = true;
-      inner_interrupted_ = true;
-      ++inner_interrupts_;
-    }
-  }
-  results_.notify_all();
-  if (cancel) inner_->interrupt();
+  clear();
+  inner_->interrupt();
 }
 
 void LookaheadSource::resume() {
-  bool resume_inner = false;
   {
-    // Fetches under way end promptly once the inner source is interrupted; resuming it before
-    // they do would let them run to completion for nothing.
+    // Rows under way end promptly once the inner source is interrupted; resuming it before they
+    // do would let them run to completion for nothing.
     std::unique_lock lock(mutex_);
-    if (inner_interrupted_) {
-      results_.wait(lock, [this] { return stats_.running == 0 && inline_running_ == 0; });
-      resume_inner = true;
-    }
+    results_.wait(lock, [this] { return stats_.running == 0; });
   }
-  if (resume_inner) inner_->resume();
-  {
-    std::lock_guard lock(mutex_);
-    interrupted_ = false;
-    inner_interrupted_ = false;
-  }
-  work_.notify_all();
+  inner_->resume();
 }
 
 LookaheadStats LookaheadSource::stats() const {

@@ -1,6 +1,6 @@
 // A fetch lookahead: a SampleSource that fetches the rows it was told are coming, ahead of the
 // pipeline's requests, with its own threads, in the order of a fetch schedule (fetch_schedule.h),
-// holding at most a byte budget of fetched samples.
+// holding at most a window of rows and a byte budget of fetched samples.
 //
 // Why: the pipeline takes a batch buffer before fetching a batch's samples, so with in-order
 // delivery a batch stuck on one slow request holds every buffer behind it and the requests in
@@ -12,25 +12,24 @@
 //
 // `plan(stream, batches, next)` replaces a stream's plan (a loader's: this epoch's remaining
 // batches and, optionally, the next epoch's); the threads start its rows in schedule order while
-// the samples fetched and not yet claimed, with those under way, fit the budget:
+// the rows fetched and not yet claimed, with those under way, stay within the window (`window`
+// rows) and the byte budget:
 //   held bytes = sum over samples fetched, unclaimed (their hidden states' bytes)
 //              + sum over rows under way (tokens x the largest bytes per token seen so far)
-// so a budget of B bytes holds at most B bytes of samples at any time, plus one row when a row
-// the pipeline waits for does not fit (claimed rows start whatever the budget: the batch being
-// assembled must never wait on memory held for later ones).
+// Of the next plan only the first rows are kept (as many as the window holds, twice over): no more
+// of it can start before its epoch does, as nothing of it is claimed before.
 //
-// `fetch(row)` (a claim) takes the row's fetched sample, waiting if it is under way or still
-// queued (it is then claimed: the next thread starts it), or fetches it inline when no plan holds
-// it. Samples of rows that a new plan keeps are kept (a next epoch's rows fetched during this
-// epoch's last requests serve the next epoch); the others are dropped (their outcomes only hold
-// mappings: the inner source already cached or deleted their files), failed outcomes too (they
-// are fetched again).
+// `fetch(row)` (a claim) takes the row's fetched sample, waiting if it is under way, or fetches it
+// inline when it was not started (a queued row is taken out of the queue first, so a full window
+// never blocks the batch being assembled). Samples of rows that a new plan keeps are kept (a next
+// epoch's rows fetched during this epoch's last requests serve the next epoch); the others are
+// dropped (their outcomes only hold mappings: the inner source already cached or deleted their
+// files), failed outcomes too (they are fetched again).
 //
-// The pipeline's stop (interrupt) ends the claims waiting here at once but not the lookahead's own
-// fetches: what it fetches ahead is still wanted by the plan (the next epoch, or the same epoch
-// resumed). Only an inline fetch under way makes it interrupt the inner source; fetches of its
-// own that fail across that interrupt are put back in the queue, not kept as failures.
-// clear() and the destructor end everything.
+// The pipeline's stop mid-epoch (interrupt) forgets every plan and interrupts the inner source
+// (rows under way end at once and are dropped); resume() waits for the lookahead threads to be
+// idle, then resumes the inner source. At an epoch's normal end the pipeline does not interrupt,
+// so what was fetched for the next epoch stays.
 //
 // Thread safety: every method may be called from any number of threads.
 #pragma once
@@ -52,14 +51,12 @@
 namespace draftfeed {
 
 struct LookaheadStats {
-  std::int64_t queued = 0;          // rows of the plans not started yet
-  std::int64_t running = 0;         // rows being fetched by the lookahead threads
-  std::int64_t ready = 0;           // rows fetched, not yet claimed
-  std::int64_t hits = 0;            // fetch() calls served by the lookahead
-  std::int64_t claims_waited = 0;   // of them, rows still queued when claimed
-  std::int64_t inline_fetches = 0;  // fetch() calls for rows no plan holds
-  std::int64_t discarded = 0;       // fetched rows never claimed (no plan wanted them any more)
-  std::int64_t requeued = 0;        // fetches put back after an interrupt of the inner source
+  std::int64_t queued = 0;             // rows of the plans not started yet
+  std::int64_t running = 0;            // rows being fetched by the lookahead threads
+  std::int64_t ready = 0;              // rows fetched, not yet claimed
+  std::int64_t hits = 0;               // fetch() calls served by the lookahead
+  std::int64_t inline_fetches = 0;     // fetch() calls the lookahead had not started
+  std::int64_t discarded = 0;          // fetched rows never claimed (no plan wanted them any more)
   std::int64_t next_plan_started = 0;  // rows of a next plan (the next epoch's) started
   std::uint64_t held_bytes = 0;        // see the header's formula
   std::uint64_t peak_held_bytes = 0;
@@ -69,21 +66,22 @@ struct LookaheadStats {
 
 class LookaheadSource : public SampleSource {
  public:
-  // The budget when neither the constructor nor a plan gives one.
+  // The byte budget when neither the constructor nor a plan gives one.
   static constexpr std::uint64_t kDefaultBudgetBytes = std::uint64_t{1} << 30;
 
-  // `budget_bytes`: samples held at most (0: each plan's caller says, see plan()). The destructor
-  // interrupts the inner source before it joins the threads, so a slow inner fetch (a request
-  // with a long timeout) ends at once, and resumes it after.
+  // `window` >= 1 rows fetched ahead at most; `budget_bytes`: their bytes at most (0: each plan's
+  // caller says, see plan()). The destructor interrupts the inner source before it joins the
+  // threads, so a slow inner fetch (a request with a long timeout) ends at once, and resumes it
+  // after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  std::uint64_t budget_bytes = 0);
+                  int window, std::uint64_t budget_bytes = 0);
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;
 
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
   // A claim waits for the inner source's fetch: as many may block as there.
-  int blocking_fetches() const override { return slots_; }
+  int blocking_fetches() const override { return inner_->blocking_fetches(); }
 
   // Replaces `stream`'s plan: `batches` (global rows, in delivery order) and `next`, the plan that
   // follows (started once no row of the active plan waits). `budget_bytes` > 0 sets the budget
@@ -96,12 +94,11 @@ class LookaheadSource : public SampleSource {
   void prefetch(const std::vector<std::int64_t>& rows);
   // Forgets `stream`'s plan (its unclaimed samples are dropped unless another plan holds them).
   void clear(int stream);
-  // Forgets every plan and drops every unclaimed sample.
+  // Forgets every plan and drops every unclaimed sample; rows under way finish and are dropped.
   void clear();
 
-  // The pipeline's stop: the claims waiting here return now (a drop that is not a failure); the
-  // inner source is interrupted only if an inline fetch is under way. resume() waits for the
-  // fetches that interrupt ended, then resumes the inner source and the claims.
+  // The pipeline's stop mid-epoch: clear() and interrupt the inner source (rows under way end at
+  // once); resume() waits for the lookahead threads to be idle, then resumes the inner source.
   void interrupt() override;
   void resume() override;
 
@@ -113,8 +110,7 @@ class LookaheadSource : public SampleSource {
     bool done = false;
     FetchOutcome outcome;
     std::uint64_t bytes = 0;  // counted in held_bytes_: the estimate, then the sample's own
-    std::uint64_t inner_interrupts = 0;  // inner_interrupts_ when it started
-    bool orphan = false;  // under way, wanted by no plan any more: dropped when it ends
+    bool orphan = false;      // under way, wanted by no plan any more: dropped when it ends
   };
   void run();
   bool fits(std::int64_t tokens) const;
@@ -123,31 +119,27 @@ class LookaheadSource : public SampleSource {
   void reconcile(int stream);
   void drop(const std::shared_ptr<Entry>& entry);
   void hold(std::uint64_t bytes);
-  FetchOutcome take(std::deque<std::shared_ptr<Entry>>& list,
-                    std::unique_lock<std::mutex>& lock, std::int64_t row);
+  void release(const std::shared_ptr<Entry>& entry);
+  void observe(const FetchSchedule::Item& item, double seconds);
 
   const std::shared_ptr<SampleSource> inner_;
   const std::shared_ptr<const TokenDataset> dataset_;
-  const int slots_;
+  const int window_;
   const std::uint64_t budget_bytes_;
 
   mutable std::mutex mutex_;
-  std::condition_variable work_;     // a row may start (plan, claim, room in the budget), or stop
-  std::condition_variable results_;  // an entry started or finished, or an interrupt
+  std::condition_variable work_;     // a row may start (plan, room in the window), or stop
+  std::condition_variable results_;  // an entry finished (or a thread went idle)
   ServiceTimeModel model_;
   FetchSchedule schedule_;
   std::int64_t completions_since_rekey_ = 0;
   // Entries started for each row, in start order; a claim takes the first.
   std::unordered_map<std::int64_t, std::deque<std::shared_ptr<Entry>>> entries_;
+  std::int64_t held_rows_ = 0;  // entries not claimed and not orphaned
   std::uint64_t plan_budget_ = 0;
   std::uint64_t held_bytes_ = 0;
   std::uint64_t bytes_per_token_ = 0;  // the largest seen
   bool stopping_ = false;
-  bool fatal_ = false;              // a fatal outcome: start nothing more (claims fetch inline)
-  bool interrupted_ = false;        // claims return at once until resume()
-  bool inner_interrupted_ = false;  // start nothing until resume()
-  std::uint64_t inner_interrupts_ = 0;
-  int inline_running_ = 0;
   LookaheadStats stats_;
   std::vector<std::thread> threads_;
 };
