@@ -394,6 +394,7 @@ void init_online(nb::module_& m) {
                d["peak_held_bytes"] = l.peak_held_bytes;
                d["budget_bytes"] = l.budget_bytes;
                d["trusts_history"] = l.trusts_history;
+               d["tail_factor"] = l.tail_factor;
                out["lookahead"] = d;
              }
              return out;

@@ -16,13 +16,13 @@ FetchSchedule::FetchSchedule(int slots, double slack) : slots_(slots), slack_(sl
 
 void FetchSchedule::enqueue(Item& item) {
   const Order order = order_of(item);
-  queue_.insert(order);
+  (item.claimed ? claimed_ : queue_).insert(order);
   by_row_[item.row].insert(order);
 }
 
 void FetchSchedule::dequeue(const Item& item) {
   const Order order = order_of(item);
-  queue_.erase(order);
+  (item.claimed ? claimed_ : queue_).erase(order);
   const auto row = by_row_.find(item.row);
   if (row != by_row_.end()) {
     row->second.erase(order);
@@ -76,6 +76,7 @@ void FetchSchedule::compute_keys(int stream, const ServiceTimeModel& model) {
   // the next plan's continue after the current one's.
   const bool active = !stream_order_.empty() && stream_order_.back() == stream;
   const std::vector<std::uint64_t>& seqs = plans_.at(stream);
+  const double slack = std::max(slack_, model.tail_factor());
   double work = 0;
   std::size_t i = 0;
   while (i < seqs.size()) {
@@ -92,7 +93,7 @@ void FetchSchedule::compute_keys(int stream, const ServiceTimeModel& model) {
     const double deadline = work / slots_;
     for (std::size_t k = i; k < end; ++k) {
       Item& item = items_.at(seqs[k]);
-      item.key = deadline - slack_ * model.predict(item.row, item.tokens);
+      item.key = deadline - slack * model.predict(item.row, item.tokens);
       item.tier = active && !item.next ? 0 : 1;
     }
     i = end;
@@ -101,6 +102,7 @@ void FetchSchedule::compute_keys(int stream, const ServiceTimeModel& model) {
 
 void FetchSchedule::rekey(const ServiceTimeModel& model) {
   queue_.clear();
+  claimed_.clear();
   by_row_.clear();
   for (const int stream : stream_order_) {
     compute_keys(stream, model);
@@ -120,14 +122,42 @@ bool FetchSchedule::mark_started(std::int64_t row) {
   return true;
 }
 
+bool FetchSchedule::claim(std::int64_t row) {
+  const auto found = by_row_.find(row);
+  if (found == by_row_.end()) return false;
+  for (const Order& order : found->second) {
+    Item& item = items_.at(std::get<2>(order));
+    if (item.claimed) continue;
+    queue_.erase(order);
+    item.claimed = true;
+    claimed_.insert(order);
+    return true;
+  }
+  return true;  // every queued occurrence is claimed already: it comes
+}
+
 std::optional<FetchSchedule::Item> FetchSchedule::pick(
     const std::function<bool(std::int64_t tokens)>& fits) {
-  if (queue_.empty()) return std::nullopt;
-  Item& item = items_.at(std::get<2>(*queue_.begin()));
-  if (!fits(item.tokens)) return std::nullopt;
+  const Item* head = queue_.empty() ? nullptr : &items_.at(std::get<2>(*queue_.begin()));
+  const Item* claimed = claimed_.empty() ? nullptr : &items_.at(std::get<2>(*claimed_.begin()));
+  if (head != nullptr && !fits(head->tokens)) head = nullptr;
+  const Item* chosen = head;
+  if (claimed != nullptr && (chosen == nullptr || order_of(*claimed) < order_of(*chosen))) {
+    chosen = claimed;
+  }
+  if (chosen == nullptr) return std::nullopt;
+  Item& item = items_.at(chosen->seq);
   dequeue(item);
   item.started = true;
   return item;
+}
+
+void FetchSchedule::requeue(const Item& item) {
+  const auto found = items_.find(item.seq);
+  if (found == items_.end() || !found->second.started) return;  // its plan was replaced
+  found->second.started = false;
+  found->second.claimed = false;
+  enqueue(found->second);
 }
 
 std::int64_t FetchSchedule::occurrences(std::int64_t row) const {

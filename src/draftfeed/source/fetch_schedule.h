@@ -10,19 +10,21 @@
 // (service_time_model.h). From them each row gets a deadline, the ideal time its batch is due
 // (the predicted work of the plan up to and including its batch, over the slots), and a key:
 //
-//   key = deadline - kSlack x predicted time
+//   key = deadline - slack x predicted time,   slack = max(kSlack, the model's tail_factor())
 //
-// Rows start in key order (least slack first). With kSlack = 1 the key is the latest start that
+// Rows start in key order (least slack first). With a slack of 1 the key is the latest start that
 // meets the deadline; a larger slack starts long rows earlier still, which keeps the last rows of
 // an epoch short (a request's unpredictable part then costs little at the end) at the price of
-// holding long rows' samples a little longer (bounded by the lookahead's byte budget).
+// holding long rows' samples longer (bounded by the lookahead's window and byte budget). The
+// poorer the predictions (a heavy tail no prompt announces), the larger the slack.
 //
 // Plans belong to streams (one per loader sharing the source: training and validation), each
 // with the batches due now and optionally the plan after (the next epoch's). Tiers order them:
 // the stream planned last has its current plan in tier 0; everything else (its next plan, other
-// streams' plans) is in tier 1, started only when no tier-0 row waits. A row the consumer needs
-// before the lookahead started it is taken off the queue (mark_started) and fetched by the
-// consumer itself, so a full budget never blocks the batch being assembled.
+// streams' plans) is in tier 1, started only when no tier-0 row waits. A row a consumer already
+// waits for (claimed) may start ahead of the budget (the caller's `fits`), in key order among the
+// claimed ones, so a full budget never blocks the batch being assembled; and it is started by the
+// lookahead, not by the consumer, so that the consumer's plan order does not take the slots.
 //
 // Not thread-safe: the lookahead calls it under its lock.
 #pragma once
@@ -58,6 +60,7 @@ class FetchSchedule {
     std::int64_t batch = 0;  // index in its plan
     double key = 0;
     int tier = 1;
+    bool claimed = false;
     bool started = false;
     std::uint64_t seq = 0;  // unique, in plan order
   };
@@ -75,10 +78,20 @@ class FetchSchedule {
   // An occurrence of `row` is served by a sample already there (or under way): its first queued
   // occurrence is taken off the queue. False when none is queued.
   bool mark_started(std::int64_t row);
-  // The queue's head, taken off the queue, when `fits(its tokens)`; else nullopt.
+  // A consumer waits for `row`: its first unclaimed queued occurrence may start ahead of the
+  // budget. False when no occurrence is queued.
+  bool claim(std::int64_t row);
+  // The next row to start, taken off the queue: the earliest of the first claimed row and the
+  // queue's head, the head only when `fits(its tokens)`. Nullopt when none may start.
   std::optional<Item> pick(const std::function<bool(std::int64_t tokens)>& fits);
+  // An item whose fetch was interrupted goes back to the queue (unclaimed) if its plan is still
+  // there.
+  void requeue(const Item& item);
 
-  std::int64_t queued() const { return static_cast<std::int64_t>(queue_.size()); }
+  // Whether an occurrence of `row` is queued.
+  bool queued(std::int64_t row) const { return by_row_.count(row) != 0; }
+  // Rows queued (claimed ones included).
+  std::int64_t queued() const { return static_cast<std::int64_t>(queue_.size() + claimed_.size()); }
   // Occurrences of `row` in every stream's plans, started or not.
   std::int64_t occurrences(std::int64_t row) const;
   // Occurrences of `row` in `stream`'s plans.
@@ -98,7 +111,8 @@ class FetchSchedule {
   std::vector<int> stream_order_;  // least recently planned first; the last is active
   std::unordered_map<int, std::vector<std::uint64_t>> plans_;  // stream -> seqs in plan order
   std::unordered_map<std::uint64_t, Item> items_;
-  std::set<Order> queue_;
+  std::set<Order> queue_;    // queued, not claimed
+  std::set<Order> claimed_;  // queued and claimed
   std::unordered_map<std::int64_t, std::set<Order>> by_row_;  // not started, per row
   std::unordered_map<std::int64_t, std::int64_t> occurrences_;  // every plan, per row
   std::unordered_map<int, std::unordered_map<std::int64_t, std::int64_t>> stream_rows_;

@@ -108,6 +108,7 @@ void LookaheadSource::run() {
     ++stats_.running;
     if (item->next) ++stats_.next_plan_started;
     lock.unlock();
+    results_.notify_all();  // a claim waiting for this row to start
 
     FetchOutcome outcome;
     const auto start = std::chrono::steady_clock::now();
@@ -147,38 +148,48 @@ void LookaheadSource::run() {
 
 FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
   std::unique_lock lock(mutex_);
-  const auto found = entries_.find(row);
-  if (found != entries_.end() && !found->second.empty()) {
-    const std::shared_ptr<Entry> entry = found->second.front();
-    found->second.pop_front();
-    if (found->second.empty()) entries_.erase(found);
-    ++stats_.hits;
-    // Claimed: no plan may drop it now; its bytes and row leave the lookahead's count.
-    release(entry);
-    results_.wait(lock, [&] { return entry->done || stopping_; });
-    if (!entry->done) {
-      return FetchOutcome::dropped(DropReason::kGenerationFailed,
-                                   "row " + std::to_string(row) + ": the lookahead stopped");
+  while (!stopping_) {
+    const auto found = entries_.find(row);
+    if (found != entries_.end() && !found->second.empty()) {
+      const std::shared_ptr<Entry> entry = found->second.front();
+      found->second.pop_front();
+      if (found->second.empty()) entries_.erase(found);
+      ++stats_.hits;
+      // Claimed: no plan may drop it now; its bytes and row leave the lookahead's count.
+      release(entry);
+      results_.wait(lock, [&] { return entry->done || stopping_; });
+      if (!entry->done) break;
+      held_bytes_ -= entry->bytes;  // the sample's own bytes, counted when it ended
+      FetchOutcome outcome = std::move(entry->outcome);
+      lock.unlock();
+      work_.notify_all();  // room in the window
+      return outcome;
     }
-    held_bytes_ -= entry->bytes;  // the sample's own bytes, counted when it ended
-    FetchOutcome outcome = std::move(entry->outcome);
-    lock.unlock();
-    work_.notify_all();  // room in the window
-    return outcome;
+    if (!schedule_.claim(row)) {
+      // No plan holds it (or no more): fetched here.
+      ++stats_.inline_fetches;
+      lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
+      FetchOutcome outcome = inner_->fetch(row, input_ids);
+      if (outcome.sample) {
+        const double seconds = seconds_since(start);
+        lock.lock();
+        observe({row, static_cast<std::int64_t>(input_ids.size())}, seconds);
+      }
+      return outcome;
+    }
+    // Queued: claimed, so the next free lookahead thread starts it, ahead of the window and of the
+    // rows not waited for (the consumer's plan order must not take the slots). A plan change or a
+    // stop may take it off the queue instead: then it is fetched here.
+    work_.notify_all();
+    results_.wait(lock, [&] {
+      const auto again = entries_.find(row);
+      return stopping_ || (again != entries_.end() && !again->second.empty()) ||
+             !schedule_.queued(row);
+    });
   }
-  // Not started: taken off the queue (if it is there) and fetched here.
-  schedule_.mark_started(row);
-  ++stats_.inline_fetches;
-  lock.unlock();
-  const auto start = std::chrono::steady_clock::now();
-  FetchOutcome outcome = inner_->fetch(row, input_ids);
-  if (outcome.sample) {
-    const double seconds = seconds_since(start);
-    lock.lock();
-    observe({row, static_cast<std::int64_t>(input_ids.size())}, seconds);
-    lock.unlock();
-  }
-  return outcome;
+  return FetchOutcome::dropped(DropReason::kGenerationFailed,
+                               "row " + std::to_string(row) + ": the lookahead stopped");
 }
 
 void LookaheadSource::drop(const std::shared_ptr<Entry>& entry) {
@@ -244,6 +255,7 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
     reconcile(stream);
   }
   work_.notify_all();
+  results_.notify_all();  // claims of rows no plan holds any more
 }
 
 void LookaheadSource::prefetch(const std::vector<std::int64_t>& rows) {
@@ -260,6 +272,7 @@ void LookaheadSource::clear(int stream) {
     reconcile(stream);
   }
   work_.notify_all();
+  results_.notify_all();  // claims of rows no plan holds any more
 }
 
 void LookaheadSource::clear() {
@@ -270,6 +283,7 @@ void LookaheadSource::clear() {
     reconcile(-1);
   }
   work_.notify_all();
+  results_.notify_all();  // claims of rows no plan holds any more
 }
 
 void LookaheadSource::interrupt() {
@@ -298,6 +312,7 @@ LookaheadStats LookaheadSource::stats() const {
   out.held_bytes = held_bytes_;
   out.budget_bytes = budget();
   out.trusts_history = model_.trusts_history();
+  out.tail_factor = model_.tail_factor();
   return out;
 }
 

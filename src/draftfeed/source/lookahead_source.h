@@ -62,6 +62,7 @@ struct LookaheadStats {
   std::uint64_t peak_held_bytes = 0;
   std::uint64_t budget_bytes = 0;
   bool trusts_history = true;  // the service-time model's choice (service_time_model.h)
+  double tail_factor = 1;      // and how far off it is
 };
 
 class LookaheadSource : public SampleSource {

@@ -24,6 +24,10 @@ void ServiceTimeModel::observe(std::int64_t row, std::int64_t tokens, double sec
     history_error_ += log_error(seconds, seen->second);
     length_error_ += log_error(seconds, predict_from_length(tokens));
   }
+  if (n_ >= 2) {
+    ++length_checks_;
+    length_check_error_ += log_error(seconds, predict_from_length(tokens));
+  }
   history_[row] = seconds;
   const auto t = static_cast<double>(tokens);
   ++n_;
@@ -39,7 +43,9 @@ double ServiceTimeModel::predict_from_length(std::int64_t tokens) const {
   const auto n = static_cast<double>(n_);
   const double mean = sum_s_ / n;
   const double spread = n * sum_tt_ - sum_t_ * sum_t_;
-  if (n_ < 2 || spread <= 0) return sum_t_ > 0 ? t * sum_s_ / sum_t_ : mean;
+  // Until enough observations pin a line down (a heavy tail tilts a line through a few points
+  // any way), the time is taken as proportional to the tokens.
+  if (n_ < kMinLineFit || spread <= 0) return sum_t_ > 0 ? t * sum_s_ / sum_t_ : mean;
   const double slope = (n * sum_ts_ - sum_t_ * sum_s_) / spread;
   if (slope <= 0) return mean;  // no sign that longer prompts take longer
   const double intercept = (sum_s_ - slope * sum_t_) / n;
@@ -49,6 +55,19 @@ double ServiceTimeModel::predict_from_length(std::int64_t tokens) const {
 
 bool ServiceTimeModel::trusts_history() const {
   return repeats_ < kMinRepeats || history_error_ <= length_error_;
+}
+
+double ServiceTimeModel::tail_factor() const {
+  // The factor of a lognormal error's 95th percentile over its median is exp(1.645 sigma), and
+  // its mean |log error| is 0.8 sigma: about exp(2 x the mean).
+  constexpr double kPercentileOverMean = 2.0;
+  double mean = 0;
+  if (trusts_history() && repeats_ > 0) {
+    mean = history_error_ / static_cast<double>(repeats_);
+  } else if (length_checks_ > 0) {
+    mean = length_check_error_ / static_cast<double>(length_checks_);
+  }
+  return std::exp(kPercentileOverMean * mean);
 }
 
 double ServiceTimeModel::predict(std::int64_t row, std::int64_t tokens) const {
