@@ -56,7 +56,7 @@ class FetchSchedule {
     std::int64_t row = 0;
     std::int64_t tokens = 0;
     int stream = 0;
-    bool next = false;     // of the stream's next plan
+    bool next = false;       // of the stream's next plan
     std::int64_t batch = 0;  // index in its plan
     double key = 0;
     int tier = 1;
@@ -111,9 +111,9 @@ class FetchSchedule {
   std::vector<int> stream_order_;  // least recently planned first; the last is active
   std::unordered_map<int, std::vector<std::uint64_t>> plans_;  // stream -> seqs in plan order
   std::unordered_map<std::uint64_t, Item> items_;
-  std::set<Order> queue_;    // queued, not claimed
-  std::set<Order> claimed_;  // queued and claimed
-  std::unordered_map<std::int64_t, std::set<Order>> by_row_;  // not started, per row
+  std::set<Order> queue_;                                       // queued, not claimed
+  std::set<Order> claimed_;                                     // queued and claimed
+  std::unordered_map<std::int64_t, std::set<Order>> by_row_;    // not started, per row
   std::unordered_map<std::int64_t, std::int64_t> occurrences_;  // every plan, per row
   std::unordered_map<int, std::unordered_map<std::int64_t, std::int64_t>> stream_rows_;
 };

@@ -16,8 +16,7 @@ namespace {
 // What a sample holds: its hidden states (and an FP8 file's scales).
 std::uint64_t sample_bytes(const FetchedSample& sample) {
   const HiddenStatesView& hs = sample.hidden;
-  auto bytes = static_cast<std::uint64_t>(hs.tokens * hs.layers * hs.hidden) *
-               dtype_size(hs.dtype);
+  auto bytes = static_cast<std::uint64_t>(hs.tokens * hs.layers * hs.hidden) * dtype_size(hs.dtype);
   if (hs.scales != nullptr) bytes += static_cast<std::uint64_t>(hs.tokens) * 4;
   return bytes;
 }
@@ -246,7 +245,8 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
     }
     return out;
   };
-  const FetchSchedule::Batches current = with_tokens(batches, std::numeric_limits<std::size_t>::max());
+  const FetchSchedule::Batches current =
+      with_tokens(batches, std::numeric_limits<std::size_t>::max());
   const FetchSchedule::Batches after = with_tokens(next, 2 * static_cast<std::size_t>(window_));
   {
     std::lock_guard lock(mutex_);
