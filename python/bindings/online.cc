@@ -43,6 +43,7 @@ struct PyOnlineSource : PySampleSource {
   std::shared_ptr<OnlineSampleSource> online;
   std::shared_ptr<LookaheadSource> lookahead;  // null when off; else `source` is this
   bool log_failures = true;                    // the loader logs take_messages() through Python
+  bool next_epoch = false;  // the loader plans the next epoch too (lookahead_next_epoch)
 };
 
 nb::dict client_stats(const VllmClientStats& c) {
@@ -443,6 +444,10 @@ void init_online(nb::module_& m) {
           "round trips, exhausted rows, recoveries, files left in place")
       .def_ro("log_failures", &PyOnlineSource::log_failures)
       .def_prop_ro("lookahead", [](const PyOnlineSource& s) { return s.lookahead != nullptr; })
+      .def_rw("lookahead_next_epoch", &PyOnlineSource::next_epoch,
+              "the Loader hands the lookahead the next epoch's batches too (training only), so "
+              "its first requests run while this epoch's last ones are slow; they are requests "
+              "beyond the epoch (wasted after the last one)")
       .def_prop_ro(
           "reads_messages",
           [](const PyOnlineSource& s) { return s.online->options().dataset != nullptr; },

@@ -299,11 +299,12 @@ class Loader:
 
     def _plan_lookahead(self, epoch: int, rows: list[np.ndarray]) -> None:
         """Tells the source's lookahead what this loader needs: the batches of this epoch still to
-        deliver and, for training, the next epoch's (deterministic from the seed), so that its
-        first requests run while this epoch's last ones are slow. Validation plans no next epoch:
-        training comes between, and what it fetched would be held all that time."""
+        deliver and, for training with a source's `lookahead_next_epoch`, the next epoch's
+        (deterministic from the seed), so that its first requests run while this epoch's last ones
+        are slow. Validation plans no next epoch: training comes between, and what it fetched would
+        be held all that time."""
         following: list[np.ndarray] = []
-        if self.options.split != "val":
+        if self.options.split != "val" and getattr(self._source, "lookahead_next_epoch", False):
             following = [np.ascontiguousarray(b, dtype=np.int64) + self.split_begin
                          for b in self._core.plan(epoch + 1)]
         self._source.plan(self._lookahead_stream, rows, following, self._core.pool_bytes)

@@ -10,7 +10,8 @@ names; pass it to the loader::
 Every fetch blocks one engine thread for its whole round trip: the engine adds `fetch_threads`
 threads to its assembly threads for an online source. With in-order delivery a slow request holds
 its batch's buffer and every buffer behind it, so each epoch the Loader hands a source with a
-lookahead (`data_path=` given) its plan: the epoch's batches and, for training, the next epoch's.
+lookahead (`data_path=` given) its plan: the epoch's batches (and, with `lookahead_next_epoch`, for
+training, the next epoch's).
 The lookahead fetches them ahead of the buffers, long requests first where they are due (the
 prompt's length and the service times it observed predict which), holding at most `lookahead`
 rows and `lookahead_bytes` of fetched samples.
@@ -37,6 +38,7 @@ def OnlineSource(
     data_path: str | os.PathLike | None = None,
     lookahead: int | None = None,
     lookahead_bytes: int | None = None,
+    lookahead_next_epoch: bool = False,
     transfer: Any = None,
     **options: Any,
 ) -> _core.OnlineSource:
@@ -54,6 +56,11 @@ def OnlineSource(
         off (0). Needs `data_path`.
     lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): as many
         bytes as the loader's batch buffers (prefetch x batch bytes).
+    lookahead_next_epoch: the Loader also hands the lookahead the next epoch's batches, started
+        once every row of this epoch has started, so the next epoch's first requests run while this
+        epoch's last ones are slow. Off by default: those are requests beyond the epoch (after the
+        last epoch, up to `lookahead` rows fetched for nothing; a loader dropped without close()
+        keeps them going until it is collected), which a drop-in of the reference must not make.
     transfer: None (the native file store) or an object with the hs-connectors interface (a
         Mooncake transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`,
         `delete(handle)`, optional `setup()` (called once before the first load) and
@@ -66,9 +73,11 @@ def OnlineSource(
     """
     if vllm_endpoint is not None:
         options["vllm_endpoint"] = vllm_endpoint
-    return _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
-                              lookahead=lookahead, lookahead_bytes=lookahead_bytes,
-                              transfer=transfer)
+    source = _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
+                                lookahead=lookahead, lookahead_bytes=lookahead_bytes,
+                                transfer=transfer)
+    source.lookahead_next_epoch = lookahead_next_epoch
+    return source
 
 
 def sync_failure(flag: bool, group: Any = None, timeout: float | None = None) -> bool:
