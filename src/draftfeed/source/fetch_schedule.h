@@ -44,7 +44,7 @@ namespace draftfeed {
 
 class FetchSchedule {
  public:
-  static constexpr double kSlack = 2.0;
+  static constexpr double kSlack = 8.0;
 
   struct Row {
     std::int64_t row = 0;
