@@ -339,24 +339,16 @@ def trainer_section(args, results: dict) -> None:
               f"({100 * s['data_wait_share']:.1f}% of steady steps)", flush=True)
 
 
-def online_section(args, results: dict) -> None:
-    results["online"] = script_section(
-        "online", "bench_online.py",
-        ["--rows", str(args.online_rows), "--concurrency", str(args.online_concurrency), "--prefetch",
-         str(args.online_prefetch), "--median", str(args.online_median), "--p99", str(args.online_p99),
-         "--epochs", "2"], "online.json", args.timeout, "bench/bench_online.py is not there")
-    print_online(results["online"])
-
-
-def online_prefill_section(args, results: dict) -> None:
-    """The online section with a vLLM-prefill-like server: time grows with the prompt's tokens."""
-    results["online_prefill"] = script_section(
-        "online_prefill", "bench_online.py",
-        ["--service", "prefill", "--rows", str(args.online_rows), "--concurrency",
+def online_section(args, results: dict, key: str = "online", service: str = "latency") -> None:
+    """bench_online.py at run.py's online sizes; `service`: the server's model (latency: lognormal
+    keyed by the prompt; prefill: grows with the prompt's tokens, heavy tail drawn anew)."""
+    results[key] = script_section(
+        key, "bench_online.py",
+        ["--service", service, "--rows", str(args.online_rows), "--concurrency",
          str(args.online_concurrency), "--prefetch", str(args.online_prefetch), "--median",
          str(args.online_median), "--p99", str(args.online_p99), "--epochs", "2"], "online.json",
         args.timeout, "bench/bench_online.py is not there")
-    print_online(results["online_prefill"])
+    print_online(results[key])
 
 
 def online_defaults_section(args, results: dict) -> None:
@@ -573,7 +565,7 @@ def main() -> int:
              ("planner", lambda: planner_section(args, results)),
              ("trainer", lambda: trainer_section(args, results)),
              ("online", lambda: online_section(args, results)),
-             ("online_prefill", lambda: online_prefill_section(args, results)),
+             ("online_prefill", lambda: online_section(args, results, "online_prefill", "prefill")),
              ("online_defaults", lambda: online_defaults_section(args, results)),
              ("mooncake", lambda: mooncake_section(args, results)),
              ("cold", lambda: cold_section(args, results))]
