@@ -177,6 +177,25 @@ TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
   EXPECT_THROW(ahead.prefetch({40}), Error) << "row 40 is outside the 40-row dataset";
 }
 
+TEST_F(OnlineLookaheadTest, TheNextPlanStartsAfterTheCurrentOneAndServesTheNextEpoch) {
+  auto fake = std::make_shared<FakeSource>();
+  LookaheadSource ahead(fake, dataset_, 8);
+  ahead.plan(0, {{1}, {2}}, /*next=*/{{3}, {1}});
+  EXPECT_EQ(fake->wait_calls(4).size(), 4u);
+  std::vector<std::int64_t> first_two(fake->calls.begin(), fake->calls.begin() + 2);
+  std::sort(first_two.begin(), first_two.end());
+  EXPECT_EQ(first_two, (std::vector<std::int64_t>{1, 2})) << "this epoch's rows first";
+  for (const std::int64_t row : {1, 2})
+    EXPECT_TRUE(ahead.fetch(row, dataset_->input_ids(row)).sample);
+  EXPECT_EQ(ahead.stats().next_plan_started, 2);
+  // The next epoch: its rows fetched ahead are kept and claimed without a new request.
+  ahead.plan(0, {{3}, {1}, {4}});
+  for (const std::int64_t row : {3, 1, 4})
+    EXPECT_TRUE(ahead.fetch(row, dataset_->input_ids(row)).sample);
+  EXPECT_EQ(fake->calls.size(), 5u) << "only row 4 was fetched for the second epoch";
+  EXPECT_EQ(ahead.stats().discarded, 0);
+}
+
 TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {
   auto fake = std::make_shared<FakeSource>();
   LookaheadSource ahead(fake, dataset_, 2);
