@@ -100,7 +100,8 @@ wheel_test() {
 }
 
 python_tests() {
-  python3 -m pytest -q -p no:cacheprovider "$@"
+  # -rs: every skip with its reason; --durations: the slowest tests, for the suite's time budget.
+  python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "$@"
 }
 
 types_check() {
