@@ -310,13 +310,20 @@ def online_tables(results: dict) -> list[dict]:
     return out
 
 
+def unfinished(title: str, section: dict) -> list[dict] | None:
+    """A section that did not run to the end (pending, skipped, failed): one row saying why."""
+    if section.get("status") == "done":
+        return None
+    return [table(title, ("status", "reason"), [(section.get("status"), section.get("reason", ""))])]
+
+
 def copy_bound_table(results: dict) -> list[dict]:
     c = results.get("copy_bound")
     if not c:
         return []
     title = "End to end against the machine's copy bounds (warm epochs, page-cache resident)"
-    if c.get("status") != "done":
-        return [table(title, ("status", "reason"), [(c.get("status"), c.get("reason", ""))])]
+    if (why := unfinished(title, c)) is not None:
+        return why
     rows = []
     for r in c["results"]:
         g = r["gb_per_s"]
@@ -367,8 +374,8 @@ def mooncake_table(results: dict) -> list[dict]:
     if not m:
         return []
     title = "Mooncake Store (online epochs through a real Mooncake Store)"
-    if m.get("status") != "done":
-        return [table(title, ("status", "reason"), [(m.get("status"), m.get("reason", ""))])]
+    if (why := unfinished(title, m)) is not None:
+        return why
     a, runs = m["args"], m["runs"]
     rows = []
     for epoch, (r, d) in enumerate(zip(runs["reference"], runs["draftfeed"])):
@@ -394,8 +401,8 @@ def cold_table(results: dict) -> list[dict]:
     if not cold:
         return []
     title = "FP8 and evicted (cold) cache reads"
-    if cold.get("status") != "done":
-        return [table(title, ("status", "reason"), [(cold.get("status"), cold.get("reason", ""))])]
+    if (why := unfinished(title, cold)) is not None:
+        return why
     try:
         rows = bench_cold.summarize(cold)
         targets = bench_cold.criteria(cold)
