@@ -80,8 +80,7 @@ void LookaheadSource::observe(const FetchSchedule::Item& item, double seconds) {
   model_.observe(item.row, item.tokens, seconds);
   // New observations move predictions: the keys follow, in batches (a re-key sorts the whole
   // queue).
-  const std::int64_t every =
-      std::max<std::int64_t>(1, schedule_.queued() / 64);
+  const std::int64_t every = std::max<std::int64_t>(1, schedule_.queued() / 64);
   if (++completions_since_rekey_ >= every) {
     schedule_.rekey(model_);
     completions_since_rekey_ = 0;
