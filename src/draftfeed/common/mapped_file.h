@@ -38,6 +38,11 @@ struct MapOptions {
   bool header_only = false;
 };
 
+// How the loader's sources (and verify's read baseline) map cache files: the descriptor kept, for
+// the batch copy reads the rows through it (pipeline/file_rows_copy.h); through the mapping only
+// the header, token ids and scales are read, without the kernel's read-around.
+inline constexpr MapOptions kMapForRowReads{.keep_descriptor = true, .header_only = true};
+
 class MappedFile {
  public:
   // Maps `path` read-only. A missing file is ErrorKind::kNotFound; a folder or a file the OS will
