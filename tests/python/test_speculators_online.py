@@ -249,26 +249,33 @@ def test_on_generate_cache_uses_the_transfers_cache_method(fixture, sim, topolog
 
 
 class BrokenTransfer(RecordingTransfer):
-    """get_generated raises for the first `failures` calls, then works."""
+    """get_generated raises for the first `failures` calls for one row (the first row loaded), then
+    works. Keyed by row, not by call: with several requests in flight the first failing calls can
+    belong to different rows, and a retry would then succeed."""
 
     def __init__(self, root, failures):
         super().__init__(root)
         self.failures = failures
+        self.victim = None
 
     def get_generated(self, params):
+        loaded = super().get_generated(params)
+        row = tuple(int(t) for t in loaded["token_ids"])
         with self.lock:
-            self.failures -= 1
-            broken = self.failures >= 0
+            if self.victim is None:
+                self.victim = row
+            broken = row == self.victim and self.failures > 0
+            if broken:
+                self.failures -= 1
         if broken:
-            self._count("get_generated")
             raise ConnectionError("the store is unreachable")
-        return super().get_generated(params)
+        return loaded
 
 
 def test_a_failing_transfer_is_retried_then_dropped_and_counted(fixture, sim, topology):
     topology(0, 1, via_env=False)
     root = os.path.join(fixture.path, "hidden_states")
-    # One retry per row: the first row to be generated fails twice (dropped), the others succeed.
+    # One retry per row: the first row loaded fails on both attempts (dropped), the others succeed.
     transfer = BrokenTransfer(root, failures=2)
     ours, _ = our_loaders(online_args(fixture, sim, transfer=transfer, num_workers=0,
                                       generation_validation_retries=1))

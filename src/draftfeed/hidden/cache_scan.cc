@@ -98,9 +98,7 @@ void record(ThreadTally& tally, ScanStatus status, std::int64_t row, const std::
 void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
               const CacheScanOptions& options, ThreadTally& tally) {
   // The read baseline opens files as the loader does (descriptor kept, header-only mapping).
-  auto found = store.lookup(row, options.mode == ScanMode::kPread
-                                     ? MapOptions{.keep_descriptor = true, .header_only = true}
-                                     : MapOptions{});
+  auto found = store.lookup(row, options.mode == ScanMode::kPread ? kMapForRowReads : MapOptions{});
   if (!found.ok()) {
     const Error& error = found.error();
     record(tally, error.kind() == ErrorKind::kTimeout ? ScanStatus::kLocked : ScanStatus::kCorrupt,

@@ -7,11 +7,11 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <span>
 #include <vector>
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/finite.h"
-#include "draftfeed/common/hidden_value.h"
 #include "draftfeed/common/mapped_file.h"
 
 namespace draftfeed {
@@ -50,24 +50,12 @@ bool read_whole(const MappedFile& file, std::size_t offset, std::size_t length, 
   return got.ok() && got.value() == length;
 }
 
-// NaN/Inf among `count` elements at `data` (a fast scan first: they are rare).
+// NaN/Inf among `count` elements at `data` (the fast scan first: they are rare).
 std::int64_t count_nonfinite(const std::uint8_t* data, std::int64_t count, DType dtype) {
   if (all_finite(data, static_cast<std::size_t>(count), dtype)) return 0;
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    switch (dtype) {
-      case DType::kBF16:
-        bad += hidden_value_nonfinite<DType::kBF16>(data, i);
-        break;
-      case DType::kF16:
-        bad += hidden_value_nonfinite<DType::kF16>(data, i);
-        break;
-      default:
-        bad += hidden_value_nonfinite<DType::kF32>(data, i);
-        break;
-    }
-  }
-  return bad;
+  NonFiniteCounts counts;
+  count_nonfinite_per_slot(data, 1, 1, count, dtype, std::span<NonFiniteCounts>(&counts, 1));
+  return counts.total();
 }
 
 // Where the rows of one sample go and come from.
