@@ -389,6 +389,7 @@ void init_online(nb::module_& m) {
                d["ready"] = l.ready;
                d["hits"] = l.hits;
                d["inline_fetches"] = l.inline_fetches;
+               d["stored_reads"] = l.stored_reads;
                d["discarded"] = l.discarded;
                d["next_plan_started"] = l.next_plan_started;
                d["held_bytes"] = l.held_bytes;

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <future>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -40,6 +42,13 @@ class FakeSource : public SampleSource {
     sample.hidden.tokens = ids.size();
     return FetchOutcome::ok(sample);
   }
+  // Rows in `stored` are served by fetch_stored (a cache file), without a call.
+  std::optional<FetchOutcome> fetch_stored(std::int64_t row, const IntArrayView& ids) override {
+    if (!stored.contains(row)) return std::nullopt;
+    FetchedSample sample;
+    sample.hidden.tokens = ids.size();
+    return FetchOutcome::ok(sample);
+  }
   void release() {
     std::lock_guard lock(mutex);
     released = true;
@@ -64,6 +73,7 @@ class FakeSource : public SampleSource {
   std::vector<std::int64_t> calls;
   bool held = false;
   bool released = false;
+  std::set<std::int64_t> stored;
   int threads = 1;
   std::atomic<int> interrupts{0};
   std::atomic<int> resumes{0};
@@ -161,6 +171,32 @@ TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndForAQueuedOneToStart) {
   const LookaheadStats stats = ahead.stats();
   EXPECT_EQ(stats.hits, 3);
   EXPECT_EQ(stats.inline_fetches, 0);
+}
+
+TEST_F(OnlineLookaheadTest, AClaimOfAStoredRowIsNotQueuedBehindAHeldThread) {
+  auto fake = std::make_shared<FakeSource>();
+  fake->held = true;
+  fake->stored = {11};
+  LookaheadSource ahead(fake, dataset_, 8);
+  ahead.prefetch({10, 11, 12});
+  fake->wait_calls(1);  // the only thread holds row 10 (a stalled request); 11 and 12 are queued
+  // Row 11 is in the cache: the claim reads it now, without waiting for the held thread.
+  auto claim =
+      std::async(std::launch::async, [&] { return ahead.fetch(11, dataset_->input_ids(11)); });
+  const bool served = claim.wait_for(10s) == std::future_status::ready;
+  if (!served) fake->release();
+  ASSERT_TRUE(served) << "the claim of a stored row waited for the held thread";
+  const FetchOutcome outcome = claim.get();
+  ASSERT_TRUE(outcome.sample.has_value());
+  EXPECT_EQ(outcome.sample->hidden.tokens, dataset_->input_ids(11).size());
+  EXPECT_EQ(ahead.stats().stored_reads, 1);
+  EXPECT_EQ(ahead.stats().queued, 1) << "row 11 left the queue; 12 is still there";
+  fake->release();
+  EXPECT_TRUE(ahead.fetch(10, dataset_->input_ids(10)).sample);
+  EXPECT_TRUE(ahead.fetch(12, dataset_->input_ids(12)).sample);
+  std::vector<std::int64_t> calls = fake->wait_calls(2);
+  std::sort(calls.begin(), calls.end());
+  EXPECT_EQ(calls, (std::vector<std::int64_t>{10, 12})) << "row 11 was not requested";
 }
 
 TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {

@@ -113,13 +113,15 @@ void FetchSchedule::rekey(const ServiceTimeModel& model) {
   }
 }
 
-bool FetchSchedule::mark_started(std::int64_t row) {
+bool FetchSchedule::mark_started(std::int64_t row) { return take_row(row).has_value(); }
+
+std::optional<FetchSchedule::Item> FetchSchedule::take_row(std::int64_t row) {
   const auto found = by_row_.find(row);
-  if (found == by_row_.end()) return false;
+  if (found == by_row_.end()) return std::nullopt;
   Item& item = items_.at(std::get<2>(*found->second.begin()));
   dequeue(item);
   item.started = true;
-  return true;
+  return item;
 }
 
 bool FetchSchedule::claim(std::int64_t row) {

@@ -78,6 +78,8 @@ class FetchSchedule {
   // An occurrence of `row` is served by a sample already there (or under way): its first queued
   // occurrence is taken off the queue. False when none is queued.
   bool mark_started(std::int64_t row);
+  // The same, giving the occurrence taken off (requeue() puts it back).
+  std::optional<Item> take_row(std::int64_t row);
   // A consumer waits for `row`: its first unclaimed queued occurrence may start ahead of the
   // budget. False when no occurrence is queued.
   bool claim(std::int64_t row);

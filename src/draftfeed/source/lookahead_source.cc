@@ -97,6 +97,7 @@ void LookaheadSource::run() {
       return item.has_value();
     });
     if (stopping_) return;
+    const bool not_stored = not_stored_.erase(item->row) > 0;
     auto entry = std::make_shared<Entry>();
     entry->item = *item;
     entry->bytes = static_cast<std::uint64_t>(item->tokens) * bytes_per_token_;
@@ -111,7 +112,8 @@ void LookaheadSource::run() {
     FetchOutcome outcome;
     const auto start = std::chrono::steady_clock::now();
     try {
-      outcome = inner_->fetch(item->row, dataset_->input_ids(item->row));
+      outcome = not_stored ? inner_->fetch_not_stored(item->row, dataset_->input_ids(item->row))
+                           : inner_->fetch(item->row, dataset_->input_ids(item->row));
     } catch (const std::exception& error) {
       // The pipeline treats a throwing source as fatal; carry that to the claiming fetch().
       outcome = FetchOutcome::dropped(DropReason::kInvalid, error.what(), true);
@@ -146,6 +148,7 @@ void LookaheadSource::run() {
 
 FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
   std::unique_lock lock(mutex_);
+  bool looked_in_store = false;
   while (!stopping_) {
     const auto found = entries_.find(row);
     if (found != entries_.end() && !found->second.empty()) {
@@ -163,12 +166,31 @@ FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_
       work_.notify_all();  // room in the window
       return outcome;
     }
+    std::optional<FetchSchedule::Item> taken;
+    if (!looked_in_store) taken = schedule_.take_row(row);
+    if (taken) {
+      // Not started: if it is already stored (a cache file) it is read here, now, rather than
+      // queued behind the lookahead's threads, whose fetches may all be held by slow requests.
+      // Off the queue meanwhile, so that no thread starts it (and looks it up) too.
+      looked_in_store = true;
+      lock.unlock();
+      std::optional<FetchOutcome> stored = inner_->fetch_stored(row, input_ids);
+      lock.lock();
+      if (stored) {
+        ++stats_.stored_reads;
+        return std::move(*stored);
+      }
+      schedule_.requeue(*taken);                           // unless a new plan dropped it meanwhile
+      if (schedule_.queued(row)) not_stored_.insert(row);  // its thread does not look again
+      continue;
+    }
     if (!schedule_.claim(row)) {
       // No plan holds it (or no more): fetched here.
       ++stats_.inline_fetches;
       lock.unlock();
       const auto start = std::chrono::steady_clock::now();
-      FetchOutcome outcome = inner_->fetch(row, input_ids);
+      FetchOutcome outcome = looked_in_store ? inner_->fetch_not_stored(row, input_ids)
+                                             : inner_->fetch(row, input_ids);
       if (outcome.sample) {
         const double seconds = seconds_since(start);
         lock.lock();
@@ -252,6 +274,7 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
     if (budget_bytes > 0) plan_budget_ = budget_bytes;
     schedule_.set_plan(stream, current, after, model_);
     reconcile(stream);
+    std::erase_if(not_stored_, [this](std::int64_t row) { return !schedule_.queued(row); });
   }
   work_.notify_all();
   results_.notify_all();  // claims of rows no plan holds any more
@@ -280,6 +303,7 @@ void LookaheadSource::clear() {
     const std::vector<int> streams = schedule_.streams();
     for (const int stream : streams) schedule_.drop_stream(stream);
     reconcile(-1);
+    not_stored_.clear();
   }
   work_.notify_all();
   results_.notify_all();  // claims of rows no plan holds any more

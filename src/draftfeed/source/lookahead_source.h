@@ -19,12 +19,15 @@
 // Of the next plan only the first rows are kept (as many as the window holds, twice over): no more
 // of it can start before its epoch does, as nothing of it is claimed before.
 //
-// `fetch(row)` (a claim) takes the row's fetched sample, waiting if it is under way, or fetches it
-// inline when it was not started (a queued row is taken out of the queue first, so a full window
-// never blocks the batch being assembled). Samples of rows that a new plan keeps are kept (a next
-// epoch's rows fetched during this epoch's last requests serve the next epoch); the others are
-// dropped (their outcomes only hold mappings: the inner source already cached or deleted their
-// files), failed outcomes too (they are fetched again).
+// `fetch(row)` (a claim) takes the row's fetched sample, waiting if it is under way. A queued row
+// already stored (SampleSource::fetch_stored: a cache file) is read by the claim itself, so it
+// never waits behind threads held by slow requests; any other queued row is claimed, and the
+// lookahead's next free thread starts it ahead of the budget (the consumer's plan order must not
+// take the inner source's slots from the schedule); a row no plan holds is fetched inline.
+// Samples of rows that a new plan keeps are kept (a next epoch's rows fetched during this epoch's
+// last requests serve the next epoch); the others are dropped (their outcomes only hold mappings:
+// the inner source already cached or deleted their files), failed outcomes too (they are fetched
+// again).
 //
 // The pipeline's stop mid-epoch (interrupt) forgets every plan and interrupts the inner source
 // (rows under way end at once and are dropped); resume() waits for the lookahead threads to be
@@ -41,6 +44,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "draftfeed/dataset/token_dataset.h"
@@ -56,6 +60,7 @@ struct LookaheadStats {
   std::int64_t ready = 0;              // rows fetched, not yet claimed
   std::int64_t hits = 0;               // fetch() calls served by the lookahead
   std::int64_t inline_fetches = 0;     // fetch() calls the lookahead had not started
+  std::int64_t stored_reads = 0;       // fetch() calls of queued rows served from the store
   std::int64_t discarded = 0;          // fetched rows never claimed (no plan wanted them any more)
   std::int64_t next_plan_started = 0;  // rows of a next plan (the next epoch's) started
   std::uint64_t held_bytes = 0;        // see the header's formula
@@ -136,6 +141,8 @@ class LookaheadSource : public SampleSource {
   std::int64_t completions_since_rekey_ = 0;
   // Entries started for each row, in start order; a claim takes the first.
   std::unordered_map<std::int64_t, std::deque<std::shared_ptr<Entry>>> entries_;
+  // Queued rows a claim found not stored (fetch_stored): their thread calls fetch_not_stored.
+  std::unordered_set<std::int64_t> not_stored_;
   std::int64_t held_rows_ = 0;  // entries not claimed and not orphaned
   std::uint64_t plan_budget_ = 0;
   std::uint64_t held_bytes_ = 0;
