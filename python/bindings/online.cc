@@ -347,8 +347,9 @@ void init_online(nb::module_& m) {
                     "lookahead_bytes must be >= 0 (0: the loader's batch memory), got " +
                         std::to_string(lookahead_bytes.value_or(0)));
             const auto dataset = options.dataset;
-            // By default the lookahead holds 4 rows per request in flight, within the loader's
-            // batch memory (the budget its plans pass) unless lookahead_bytes says otherwise.
+            // By default the lookahead holds 4 rows per request in flight, within the budget the
+            // loader's plans pass (loader.LOOKAHEAD_BUDGET_BUFFERS x its batch memory) unless
+            // lookahead_bytes says otherwise.
             const int window = lookahead.value_or(data_path ? 4 * options.client.fetch_threads : 0);
             std::string description =
                 "online (" + std::to_string(options.client.endpoints.size()) + " endpoint(s), " +

@@ -32,6 +32,13 @@ _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
 _LOOKAHEAD_STREAMS = itertools.count()
 _L = TypeVar("_L", bound="Loader")
 
+# The lookahead's default byte budget, in the loader's batch buffers' bytes. Its samples are the
+# cache's files (page cache, mapped), not buffers, and the budget must cover the requests started
+# ahead of the buffers for later batches: with one pool's worth, the drop-in at the reference's
+# defaults (12 requests in flight, 4 small buffers) held ~29 rows and its epochs ran 2.5x / 1.16x
+# the ideal; with four, 1.57x / 1.06x (bench_online.py --dropin, 128 rows).
+LOOKAHEAD_BUDGET_BUFFERS = 4
+
 
 @atexit.register
 def _stop_all_engines() -> None:
@@ -307,7 +314,8 @@ class Loader:
         if self.options.split != "val" and getattr(self._source, "lookahead_next_epoch", False):
             following = [np.ascontiguousarray(b, dtype=np.int64) + self.split_begin
                          for b in self._core.plan(epoch + 1)]
-        self._source.plan(self._lookahead_stream, rows, following, self._core.pool_bytes)
+        self._source.plan(self._lookahead_stream, rows, following,
+                          LOOKAHEAD_BUDGET_BUFFERS * self._core.pool_bytes)
         if self._lookahead_forget is None:
             self._lookahead_forget = weakref.finalize(
                 self, self._source.clear_plan, self._lookahead_stream)

@@ -54,8 +54,8 @@ def OnlineSource(
         coming (`source.plan(...)`, each epoch: this epoch's batches and the next epoch's) in the
         order they are due, a long request early. Default 4 * fetch_threads with data_path, else
         off (0). Needs `data_path`.
-    lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): as many
-        bytes as the loader's batch buffers (prefetch x batch bytes).
+    lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): four times
+        the loader's batch buffers' bytes (prefetch x batch bytes; loader.LOOKAHEAD_BUDGET_BUFFERS).
     lookahead_next_epoch: the Loader also hands the lookahead the next epoch's batches, started
         once every row of this epoch has started, so the next epoch's first requests run while this
         epoch's last ones are slow. Off by default: those are requests beyond the epoch (after the
