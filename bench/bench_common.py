@@ -168,6 +168,7 @@ class TreeMemory:
 def time_epoch(loader, *, hidden_keys=("hidden_states", "verifier_last_hidden_states")) -> dict:
     """Iterates one epoch; returns seconds, time to first batch, tokens, hidden-state bytes, CPU s."""
     cpu0 = os.times()
+    started_at = time.monotonic()  # CLOCK_MONOTONIC: comparable with a server's timeline
     start = time.perf_counter()
     first = None
     tokens = hidden_bytes = batches = 0
@@ -188,7 +189,7 @@ def time_epoch(loader, *, hidden_keys=("hidden_states", "verifier_last_hidden_st
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     cpu += (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
     return dict(seconds=seconds, first_batch=first or seconds, tokens=tokens, hidden_bytes=hidden_bytes,
-                batches=batches, cpu_seconds=cpu)
+                batches=batches, cpu_seconds=cpu, started_at=started_at)
 
 
 def reference_train_loader(args: dict):

@@ -14,8 +14,10 @@ starts from an empty cache and deletes what it generated, as the reference does)
     the batches holding a buffer (--prefetch) in flight at once up to the bound;
   * draftfeed +lookahead, in order and as ready (in_order=False): the same with the source told the
     epoch's rows (the Loader does it each epoch), so it fetches up to --lookahead rows ahead of the buffers;
-  * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss); the
-    longest single request is printed beside it (no epoch can end before it does).
+  * ideal: the total service time of the epoch's own requests / concurrency (no scheduling loss),
+    or the epoch's longest request when that is longer (no epoch can end before it does).
+--service prefill replaces the keyed lognormal by a vLLM-prefill-like model: the time grows with the
+prompt's tokens, times a heavy tail drawn anew at each request (tools/sim_vllm_server.py).
 With --dropin, the runs are instead both `create_train_val_loaders` called exactly as speculators
 0.9.0's trainer calls them (the same keywords and values on both sides; num_workers = --concurrency,
 prefetch_factor 4, in order): the reference (each of its num_workers workers fetches its batch's
@@ -146,6 +148,10 @@ def main() -> None:
                    help="rows the +lookahead runs fetch ahead of the buffers at most")
     p.add_argument("--median", type=float, default=0.5)
     p.add_argument("--p99", type=float, default=10.0)
+    p.add_argument("--service", choices=("latency", "prefill"), default="latency",
+                   help="latency: lognormal keyed by the prompt; prefill: grows with the prompt's"
+                   " tokens (the median-length prompt takes --median), times a tail drawn anew at"
+                   " each request (p99 / median = --p99 / --median)")
     p.add_argument("--epochs", type=int, default=2,
                    help="epochs per loader: the first includes start-up (the reference spawns its"
                    " workers), later ones reuse the persistent workers")
@@ -161,9 +167,15 @@ def main() -> None:
         draftfeed.write_synthetic_dataset(data, args.rows, seed=0, min_len=args.min_len,
                                           max_len=args.max_len_row)
         server_dir = os.path.join(tmp, "server")
-        latency = {"median": args.median, "p99": args.p99, "keyed": True}
+        if args.service == "latency":
+            service_model = {"latency": {"median": args.median, "p99": args.p99, "keyed": True}}
+        else:
+            middle = (args.min_len + args.max_len_row) / 2
+            service_model = {"prefill": {"base": 0.1 * args.median,
+                                         "per_token": 0.9 * args.median / middle,
+                                         "tail_p99": args.p99 / args.median}}
         with SimServerProcess(server_dir, hidden=args.hidden_size, layers=4) as sim:
-            sim.set_faults({"latency": latency})
+            sim.set_faults(service_model)
             runs = []
             plan = [("draftfeed in order", "draftfeed", True),
                     ("draftfeed in order +lookahead", "lookahead", True),
@@ -186,7 +198,12 @@ def main() -> None:
                                              side == "lookahead")
                 stats = sim.stats()
                 for epoch, result in enumerate(epochs):
-                    result.update(name=f"{name}, epoch {epoch}", epoch=epoch)
+                    # The epoch's own requests (a lookahead may already have asked for the next
+                    # epoch's): each prompt's n-th request belongs to epoch n.
+                    own = [t["service"] for t in stats["timeline"] if t["occurrence"] == epoch]
+                    result.update(name=f"{name}, epoch {epoch}", epoch=epoch,
+                                  ideal_seconds=max(sum(own) / args.concurrency, max(own)),
+                                  epoch_service_seconds=sum(own), epoch_longest=max(own))
                     runs.append(result)
                 summary = dict(requests=stats["completions"], service_seconds=stats["service_seconds"],
                                longest_request=stats["max_service_seconds"],
@@ -199,14 +216,14 @@ def main() -> None:
                       f"{summary['requests']} requests, max {summary['max_in_flight']} in flight, "
                       f"{summary['connections']} connections", flush=True)
 
-    # Every run makes the same requests (nothing is cached), each taking its keyed time.
-    service = runs[-1]["service_seconds"] / args.epochs
-    ideal = service / args.concurrency
+    # Every run makes the same requests (nothing is cached); each epoch's ideal is its own
+    # requests' service over the concurrency, or its longest request if that is longer.
+    service = runs[-1]["epoch_service_seconds"]
+    ideal = runs[-1]["ideal_seconds"]
     print()
     print(machine())
     print(f"{args.rows} rows ({args.min_len}-{args.max_len_row} tokens), H={args.hidden_size}, L=4 bf16, "
-          f"total_seq_len {args.max_len}; latency lognormal median {args.median} s p99 {args.p99} s "
-          f"(keyed by prompt); concurrency {args.concurrency}; draftfeed prefetch {args.prefetch} "
+          f"total_seq_len {args.max_len}; service {args.service}: {service_model[args.service]}; concurrency {args.concurrency}; draftfeed prefetch {args.prefetch} "
           f"buffers, lookahead {args.lookahead} rows")
     longest = runs[-1]["longest_request"]
     print(f"ideal: {service:.1f} s of service / {args.concurrency} = {ideal:.1f} s; longest request "
@@ -221,14 +238,15 @@ def main() -> None:
     for r in runs:
         ref = reference.get((order(r["name"]), r["epoch"]))
         rows.append((r["name"], f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}", r["batches"],
-                     f"{r['seconds'] / ideal:.2f}",
+                     f"{r['seconds'] / r['ideal_seconds']:.2f}",
                      f"{ref['seconds'] / r['seconds']:.2f}" if ref else "-"))
     print_table(rows, ("run", "epoch s", "first batch s", "batches", "x ideal",
                        "reference / this (same order, same epoch)"))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         with open(Path(args.out) / "online.json", "w") as f:
-            json.dump(dict(args=vars(args), ideal_seconds=ideal, runs=runs, machine=machine()), f,
+            json.dump(dict(args=vars(args), ideal_seconds=ideal, service_model=service_model, runs=runs,
+                           machine=machine()), f,
                       indent=2)
 
 

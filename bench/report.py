@@ -276,7 +276,11 @@ def online_tables(results: dict) -> list[dict]:
         ("online", "Online, draftfeed's own API at equal concurrency",
          "Reference: `num_workers` = concurrency, each worker fetching its batch's samples one after another; "
          "draftfeed: `OnlineSource(fetch_threads = concurrency)`, the same number of requests in flight. "
-         "x ideal divides by the total service time over the concurrency."),
+         "x ideal divides the epoch by its own requests' total service time over the concurrency (or its "
+         "longest request, if longer)."),
+        ("online_prefill", "Online, draftfeed's own API at equal concurrency, prefill-like server",
+         "As above, with a server whose service time grows with the prompt's tokens (as vLLM's prefill), times a "
+         "heavy tail drawn anew at each request: a slow request is not a property of its prompt."),
         ("online_defaults", "Online, both `create_train_val_loaders` with the reference's default arguments",
          "The same call on both sides, as speculators 0.9.0's trainer makes it, with its defaults: num_workers 12 "
          "and (0.9.0 has no such argument) one fetch per worker at a time, i.e. fetch_threads 1; the drop-in maps "
@@ -293,11 +297,13 @@ def online_tables(results: dict) -> list[dict]:
         longest = max((r.get("longest_request", 0.0) for r in online["runs"]), default=0.0)
         ref = {online_key(r): r for r in online["runs"] if r["name"].startswith("reference")}
         rows = [(r["name"] + f", epoch {r['epoch']}" if "epoch" not in r["name"] else r["name"],
-                 f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}", f"{r['seconds'] / ideal:.2f}",
+                 f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}",
+                 f"{r['seconds'] / r.get('ideal_seconds', ideal):.2f}",
                  f"{ref[online_key(r)]['seconds'] / r['seconds']:.2f}x" if online_key(r) in ref else "-")
                 for r in online["runs"]]
         out.append(table(
-            f"{title} ({a['rows']} rows, {a['concurrency']} requests in flight, lognormal service time median "
+            f"{title} ({a['rows']} rows, {a['concurrency']} requests in flight, "
+            f"{'prefill-like' if a.get('service') == 'prefill' else 'lognormal'} service time median "
             f"{a['median']} s, p99 {a['p99']} s; ideal {ideal:.1f} s per epoch, longest request {longest:.1f} s)",
             ("run", "epoch s", "first batch s", "x ideal", "speed-up vs reference (same order, same epoch)"),
             rows, note))

@@ -63,15 +63,24 @@ Faults are tried in the order below; a request gets at most one.
 In mooncake mode (below) the file faults (outside, missing_file, fixed_handle, lock_hold) are refused
 and these producer errors are added (tools/sim_mooncake.py describes them): put_fail, missing_key,
 corrupt_manifest; nan and inf go through the connector's own non-finite check.
-The key "latency" ({"median": s, "p99": s}) sets the service time: lognormal with that median and
-99th percentile (constant when p99 <= median), slept before each generation answer. With
-"keyed": true the draw is a function of (seed, prompt ids), so a prompt takes the same time in
-every run (benchmarks compare runs on equal work).
+The service time, slept before each generation answer, follows one of two models:
+  "latency" ({"median": s, "p99": s}): lognormal with that median and 99th percentile (constant
+      when p99 <= median). With "keyed": true the draw is a function of (seed, prompt ids), so a
+      prompt takes the same time in every run and every epoch (benchmarks compare runs on equal
+      work); whether a request is slow has nothing to do with its length.
+  "prefill" ({"base": s, "per_token": s, "tail_p99": x}): as a vLLM server's prefill, the time grows
+      with the prompt: (base + per_token x tokens) x tail, the tail lognormal with median 1 and
+      99th percentile tail_p99 (1: no tail). The tail is drawn from (seed, prompt ids, n), n the
+      number of earlier requests for the same prompt since the last reset: the same in every run,
+      but a new draw each time a prompt comes back (a slow request is not a property of the
+      prompt, only its length is).
 
 `GET /admin/stats`: requests (HTTP requests of any kind), completions, chat, models, connections
 (TCP connections accepted), huge_bytes (bytes of `huge` bodies sent), in_flight, max_in_flight (generation requests being served at once),
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
-slept in total), max_service_seconds (the longest one), handles (every handle answered, in order),
+slept in total), max_service_seconds (the longest one), timeline (the first 100000 generation
+requests: prompt (crc32 of the int64 ids, seeded), tokens, occurrence (earlier requests for the same prompt since the reset), start
+(time.monotonic(), the machine's CLOCK_MONOTONIC) and service seconds), handles (every handle answered, in order),
 chat_requests (the first 1000 chat requests: messages, add_generation_prompt, continue_final_message), pending_writes (files still to be
 written after their answer). `POST /admin/reset` zeroes them.
 
@@ -99,6 +108,7 @@ import random
 import signal
 import sys
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -184,6 +194,61 @@ class Fault:
         return self.prob > 0 and rng.random() < self.prob
 
 
+class ServiceModel:
+    """The service time of a generation request: "latency" (lognormal, optionally keyed by the
+    prompt) or "prefill" (grows with the prompt's tokens, times a lognormal tail drawn anew at each
+    repeat of a prompt); see the module docstring. No key: no wait."""
+
+    KEYS = ("latency", "prefill")
+
+    def __init__(self, spec: dict[str, Any], seed: int):
+        if len(spec) > 1:
+            raise ValueError("give one service model: 'latency' or 'prefill', not both")
+        self.spec = spec
+        self.seed = seed
+        self.kind = next(iter(spec), None)
+        params = spec.get(self.kind, {}) if self.kind else {}
+        if not isinstance(params, dict):
+            raise ValueError(f"{self.kind} must be an object, got {params!r}")
+        if self.kind == "latency":
+            self.median = float(params.get("median", 0.0))
+            self.p99 = float(params.get("p99", self.median))
+            self.keyed = bool(params.get("keyed", False))
+        elif self.kind == "prefill":
+            self.base = float(params.get("base", 0.0))
+            self.per_token = float(params.get("per_token", 0.0))
+            self.tail_p99 = float(params.get("tail_p99", 1.0))
+            if self.base < 0 or self.per_token < 0 or self.tail_p99 < 1:
+                raise ValueError("prefill needs base >= 0, per_token >= 0 and tail_p99 >= 1")
+        self.seen: dict[int, int] = {}  # prompt key -> requests so far
+
+    def forget_prompts(self) -> None:
+        self.seen = {}
+
+    @staticmethod
+    def _lognormal(rng: random.Random, median: float, p99: float) -> float:
+        if p99 <= median:
+            return median
+        sigma = math.log(p99 / median) / 2.3263478740408408
+        return median * math.exp(sigma * rng.gauss(0.0, 1.0))
+
+    def prompt_key(self, ids: list[int]) -> int:
+        return zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes(), self.seed)
+
+    def draw(self, ids: list[int], rng: random.Random) -> tuple[float, int]:
+        """(seconds, how many earlier requests had this prompt)."""
+        key = self.prompt_key(ids)
+        occurrence = self.seen.get(key, 0)
+        self.seen[key] = occurrence + 1
+        if self.kind == "latency" and self.median > 0:
+            keyed = random.Random(key) if self.keyed else rng
+            return self._lognormal(keyed, self.median, self.p99), occurrence
+        if self.kind == "prefill":
+            tail = self._lognormal(random.Random(key * 1_000_003 + occurrence), 1.0, self.tail_p99)
+            return (self.base + self.per_token * len(ids)) * tail, occurrence
+        return 0.0, occurrence
+
+
 class SimServer:
     def __init__(self, args: argparse.Namespace):
         self.server_dir = Path(args.server_dir).resolve()
@@ -209,12 +274,12 @@ class SimServer:
                 layers=self.layers, hidden=self.hidden, dtype=self.dtype,
                 writer_threads=args.mooncake_writer_threads)
         self.faults: dict[str, Fault] = {}
-        self.latency = (0.0, 0.0)
-        self.latency_keyed = False
+        self.service = ServiceModel({}, args.seed)
         self.set_faults(json.loads(args.faults) if args.faults else {})
         if args.latency_median is not None:
-            self.latency = (args.latency_median, args.latency_p99 or args.latency_median)
-            self.latency_keyed = args.latency_keyed
+            self.service = ServiceModel({"latency": {
+                "median": args.latency_median, "p99": args.latency_p99 or args.latency_median,
+                "keyed": args.latency_keyed}}, args.seed)
         self.reset_stats()
         self.pending_writes: set[asyncio.Future] = set()
         self.write_lock = threading.Lock()
@@ -225,23 +290,19 @@ class SimServer:
     # -- configuration and statistics --
     def set_faults(self, spec: dict[str, Any]) -> None:
         faults = {}
-        latency = (0.0, 0.0)
-        keyed = False
+        service = ServiceModel({k: v for k, v in spec.items() if k in ServiceModel.KEYS}, self.seed)
         for name, value in spec.items():
-            if name == "latency":
-                median = float(value.get("median", 0.0))
-                latency = (median, float(value.get("p99", median)))
-                keyed = bool(value.get("keyed", False))
+            if name in ServiceModel.KEYS:
                 continue
             if name in (FILE_FAULTS if self.producer is not None else MOONCAKE_FAULTS):
                 mode = "mooncake" if self.producer is not None else "file"
                 raise ValueError(f"fault {name!r} does not apply in {mode} mode")
             faults[name] = Fault(name, value)
         self.faults = faults
-        self.latency = latency
-        self.latency_keyed = keyed
+        self.service = service
 
     def reset_stats(self) -> None:
+        self.service.forget_prompts()
         self.stats: dict[str, Any] = {
             "requests": 0,
             "completions": 0,
@@ -256,24 +317,12 @@ class SimServer:
             "files_written": 0,
             "service_seconds": 0.0,
             "max_service_seconds": 0.0,
+            "timeline": [],
             "handles": [],
             "chat_requests": [],
         }
         if self.producer is not None:
             self.producer.reset()
-
-    def sample_latency(self, ids: list[int]) -> float:
-        median, p99 = self.latency
-        if median <= 0:
-            return 0.0
-        if p99 <= median:
-            return median
-        sigma = math.log(p99 / median) / 2.3263478740408408
-        rng = self.rng
-        if self.latency_keyed:
-            key = zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes(), self.seed)
-            rng = random.Random(key)
-        return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 
     def pick_fault(self, ids: list[int]) -> Fault | None:
         for name in FAULT_ORDER:
@@ -453,7 +502,11 @@ class SimServer:
             return self.bad_request("expected max_tokens=1 and return_token_ids=true")
 
         fault = self.pick_fault(ids)
-        latency = self.sample_latency(ids)
+        latency, occurrence = self.service.draw(ids, self.rng)
+        if len(self.stats["timeline"]) < 100_000:
+            self.stats["timeline"].append({"prompt": self.service.prompt_key(ids),
+                                           "tokens": len(ids), "occurrence": occurrence,
+                                           "start": time.monotonic(), "service": latency})
         self.stats["service_seconds"] += latency
         self.stats["max_service_seconds"] = max(self.stats["max_service_seconds"], latency)
         if latency > 0:
@@ -585,9 +638,7 @@ class SimServer:
 
     async def get_faults(self, request: web.Request) -> web.Response:
         out: dict[str, Any] = {name: f.params for name, f in self.faults.items()}
-        if self.latency[0] > 0:
-            out["latency"] = {"median": self.latency[0], "p99": self.latency[1],
-                              "keyed": self.latency_keyed}
+        out.update(self.service.spec)
         return web.json_response(out)
 
     async def post_faults(self, request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ delivery order) and `load_state_dict()` makes the next iteration yield exactly t
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import sys
@@ -27,7 +28,16 @@ from . import _core
 from .reporting import Reporter
 
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+# Each loader's plan is its own stream in a shared source's lookahead (training and validation).
+_LOOKAHEAD_STREAMS = itertools.count()
 _L = TypeVar("_L", bound="Loader")
+
+# The lookahead's default byte budget, in the loader's batch buffers' bytes. Its samples are the
+# cache's files (page cache, mapped), not buffers, and the budget must cover the requests started
+# ahead of the buffers for later batches: with one pool's worth, the drop-in at the reference's
+# defaults (12 requests in flight, 4 small buffers) held ~29 rows and its epochs ran 2.5x / 1.16x
+# the ideal; with four, 1.57x / 1.06x (bench_online.py --dropin, 128 rows).
+LOOKAHEAD_BUDGET_BUFFERS = 4
 
 
 @atexit.register
@@ -228,6 +238,8 @@ class Loader:
         self._resume: tuple[int, set[int]] | None = None
         self.last_batch: _core.Batch | None = None
         self._reporter = Reporter(self._emit_report)
+        self._lookahead_stream = next(_LOOKAHEAD_STREAMS)
+        self._lookahead_forget: weakref.finalize | None = None
 
     def validation(self: _L) -> _L:
         """The validation loader of this training loader, by the engine's rule (one place for the
@@ -267,12 +279,10 @@ class Loader:
     def _deliver(self, epoch: int, batches: list[np.ndarray], todo: list[int]) -> Iterator[dict[str, Any]]:
         """Runs the engine over the batches `todo` (positions in `batches`) and yields them."""
         rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
-        # An earlier iteration still running must stop first: its stop clears the lookahead queue.
+        # An earlier iteration still running must stop first (its claims on the lookahead end).
         self._core.stop()
-        if rows and getattr(self._source, "lookahead", False):
-            # A source with a lookahead fetches the epoch's rows ahead of the batch buffers, so a slow
-            # request does not stall in-order delivery once the buffers are full.
-            self._source.prefetch(np.concatenate(rows))
+        if getattr(self._source, "lookahead", False):
+            self._plan_lookahead(epoch, rows)
         self._core.start(epoch, todo, rows)
         try:
             while True:
@@ -293,6 +303,22 @@ class Loader:
             self._core.stop()
             self._report_source()
             self._reporter.flush()
+
+    def _plan_lookahead(self, epoch: int, rows: list[np.ndarray]) -> None:
+        """Tells the source's lookahead what this loader needs: the batches of this epoch still to
+        deliver and, for training with a source's `lookahead_next_epoch`, the next epoch's
+        (deterministic from the seed), so that its first requests run while this epoch's last ones
+        are slow. Validation plans no next epoch: training comes between, and what it fetched would
+        be held all that time."""
+        following: list[np.ndarray] = []
+        if self.options.split != "val" and getattr(self._source, "lookahead_next_epoch", False):
+            following = [np.ascontiguousarray(b, dtype=np.int64) + self.split_begin
+                         for b in self._core.plan(epoch + 1)]
+        self._source.plan(self._lookahead_stream, rows, following,
+                          LOOKAHEAD_BUDGET_BUFFERS * self._core.pool_bytes)
+        if self._lookahead_forget is None:
+            self._lookahead_forget = weakref.finalize(
+                self, self._source.clear_plan, self._lookahead_stream)
 
     def _make_batch(self, batch: _core.Batch) -> dict[str, Any]:
         return self._tensors(batch)
@@ -399,3 +425,5 @@ class Loader:
 
     def close(self) -> None:
         self._core.stop()
+        if self._lookahead_forget is not None:
+            self._lookahead_forget()  # what the lookahead fetched for this loader goes too

@@ -10,7 +10,11 @@ names; pass it to the loader::
 Every fetch blocks one engine thread for its whole round trip: the engine adds `fetch_threads`
 threads to its assembly threads for an online source. With in-order delivery a slow request holds
 its batch's buffer and every buffer behind it, so each epoch the Loader hands a source with a
-lookahead (`data_path=` given) the epoch's rows in plan order, to be fetched ahead of the buffers.
+lookahead (`data_path=` given) its plan: the epoch's batches (and, with `lookahead_next_epoch`, for
+training, the next epoch's).
+The lookahead fetches them ahead of the buffers, long requests first where they are due (the
+prompt's length and the service times it observed predict which), holding at most `lookahead`
+rows and `lookahead_bytes` of fetched samples.
 
 `sync_failure(flag)` agrees on a failure across data-parallel ranks: call it on **every rank at
 every step** (with False when nothing failed); it returns True on all ranks when any rank failed.
@@ -33,6 +37,8 @@ def OnlineSource(
     *,
     data_path: str | os.PathLike | None = None,
     lookahead: int | None = None,
+    lookahead_bytes: int | None = None,
+    lookahead_next_epoch: bool = False,
     transfer: Any = None,
     **options: Any,
 ) -> _core.OnlineSource:
@@ -43,9 +49,18 @@ def OnlineSource(
     data_path: the dataset: multimodal rows (a `messages` column) go as chat requests with their
         messages, the lookahead reads the rows' token ids, and the cache folder defaults to
         `<data_path>/hidden_states`.
-    lookahead: rows fetched ahead of the loader at most, by the source's own threads (one per
-        request in flight), once told which rows come (`source.prefetch(rows)`, which the Loader
-        calls each epoch); needs `data_path`. Default 4 * fetch_threads with data_path, else off.
+    lookahead: rows fetched ahead of the loader and not yet taken (with those under way) at most.
+        The source's own threads (one per request in flight) fetch the rows the Loader says are
+        coming (`source.plan(...)`, each epoch: this epoch's batches and the next epoch's) in the
+        order they are due, a long request early. Default 4 * fetch_threads with data_path, else
+        off (0). Needs `data_path`.
+    lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): four times
+        the loader's batch buffers' bytes (prefetch x batch bytes; loader.LOOKAHEAD_BUDGET_BUFFERS).
+    lookahead_next_epoch: the Loader also hands the lookahead the next epoch's batches, started
+        once every row of this epoch has started, so the next epoch's first requests run while this
+        epoch's last ones are slow. Off by default: those are requests beyond the epoch (after the
+        last epoch, up to `lookahead` rows fetched for nothing; a loader dropped without close()
+        keeps them going until it is collected), which a drop-in of the reference must not make.
     transfer: None (the native file store) or an object with the hs-connectors interface (a
         Mooncake transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`,
         `delete(handle)`, optional `setup()` (called once before the first load) and
@@ -58,8 +73,11 @@ def OnlineSource(
     """
     if vllm_endpoint is not None:
         options["vllm_endpoint"] = vllm_endpoint
-    return _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
-                              lookahead=lookahead, transfer=transfer)
+    source = _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
+                                lookahead=lookahead, lookahead_bytes=lookahead_bytes,
+                                transfer=transfer)
+    source.lookahead_next_epoch = lookahead_next_epoch
+    return source
 
 
 def sync_failure(flag: bool, group: Any = None, timeout: float | None = None) -> bool:

@@ -1,6 +1,6 @@
 // The fetch lookahead over a fake inner source that records calls and can be held: rows are
-// fetched in the order given, at most `window` ahead, claimed once, stolen from the queue when the
-// pipeline gets there first, dropped when replaced, and errors become fatal outcomes.
+// fetched in schedule order, at most `window` ahead, claimed once, started by the lookahead when
+// the pipeline claims a queued one, dropped when replaced, and errors become fatal outcomes.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,7 +9,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <future>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -40,6 +42,13 @@ class FakeSource : public SampleSource {
     sample.hidden.tokens = ids.size();
     return FetchOutcome::ok(sample);
   }
+  // Rows in `stored` are served by fetch_stored (a cache file), without a call.
+  std::optional<FetchOutcome> fetch_stored(std::int64_t row, const IntArrayView& ids) override {
+    if (!stored.contains(row)) return std::nullopt;
+    FetchedSample sample;
+    sample.hidden.tokens = ids.size();
+    return FetchOutcome::ok(sample);
+  }
   void release() {
     std::lock_guard lock(mutex);
     released = true;
@@ -64,6 +73,7 @@ class FakeSource : public SampleSource {
   std::vector<std::int64_t> calls;
   bool held = false;
   bool released = false;
+  std::set<std::int64_t> stored;
   int threads = 1;
   std::atomic<int> interrupts{0};
   std::atomic<int> resumes{0};
@@ -95,8 +105,11 @@ TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
   auto fake = std::make_shared<FakeSource>();
   LookaheadSource ahead(fake, dataset_, 4);
   ahead.prefetch({5, 2, 9, 7});
-  EXPECT_EQ(fake->wait_calls(4), (std::vector<std::int64_t>{5, 2, 9, 7}))
-      << "one thread takes the rows in the order given";
+  // Four threads start the rows in the order given but record them in any order: the order
+  // itself is FetchScheduleTest's.
+  std::vector<std::int64_t> started = fake->wait_calls(4);
+  std::sort(started.begin(), started.end());
+  EXPECT_EQ(started, (std::vector<std::int64_t>{2, 5, 7, 9})) << "every row fetched ahead";
   for (const std::int64_t row : {5, 2, 9, 7}) {
     const FetchOutcome outcome = ahead.fetch(row, dataset_->input_ids(row));
     ASSERT_TRUE(outcome.sample.has_value());
@@ -119,20 +132,27 @@ TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
   EXPECT_EQ(fake->calls.size(), 3u) << "nothing starts while three rows wait to be claimed";
   EXPECT_EQ(ahead.stats().ready, 3);
   EXPECT_EQ(ahead.stats().queued, 5);
-  ASSERT_TRUE(ahead.fetch(0, dataset_->input_ids(0)).sample);
+  const std::int64_t first = fake->calls[0];
+  ASSERT_TRUE(ahead.fetch(first, dataset_->input_ids(first)).sample);
   EXPECT_EQ(fake->wait_calls(4).size(), 4u) << "a claim makes room for the next row";
-  EXPECT_EQ(fake->calls[3], 3);
+  std::vector<std::int64_t> calls = fake->calls;
+  std::sort(calls.begin(), calls.end());
+  EXPECT_EQ(std::unique(calls.begin(), calls.end()), calls.end()) << "no row fetched twice";
 }
 
-TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndStealsAQueuedOne) {
+TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndForAQueuedOneToStart) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
   LookaheadSource ahead(fake, dataset_, 8);
   ahead.prefetch({10, 11, 12});
   fake->wait_calls(1);  // the only thread holds row 10; 11 and 12 are queued
-  // Row 12 claimed before the lookahead gets to it: taken out of the queue, fetched inline.
-  EXPECT_TRUE(ahead.fetch(12, dataset_->input_ids(12)).sample);
-  EXPECT_EQ(ahead.stats().inline_fetches, 1);
+  // Row 12 claimed before the lookahead gets to it: the lookahead starts it (not the consumer:
+  // its plan order would take the slots from the schedule).
+  std::atomic<bool> got12{false};
+  std::thread claim12([&] {
+    EXPECT_TRUE(ahead.fetch(12, dataset_->input_ids(12)).sample);
+    got12 = true;
+  });
   std::atomic<bool> claimed{false};
   std::thread claimer([&] {
     EXPECT_TRUE(ahead.fetch(10, dataset_->input_ids(10)).sample);
@@ -140,14 +160,43 @@ TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndStealsAQueuedOne) {
   });
   std::this_thread::sleep_for(50ms);
   EXPECT_FALSE(claimed.load()) << "the claim waits for the row under way";
+  EXPECT_FALSE(got12.load()) << "the only thread is busy";
   fake->release();
   claimer.join();
+  claim12.join();
   EXPECT_TRUE(ahead.fetch(11, dataset_->input_ids(11)).sample);
   std::vector<std::int64_t> calls = fake->calls;
   std::sort(calls.begin(), calls.end());
   EXPECT_EQ(calls, (std::vector<std::int64_t>{10, 11, 12})) << "no row fetched twice";
   const LookaheadStats stats = ahead.stats();
-  EXPECT_EQ(stats.hits + stats.inline_fetches, 3);  // row 11: either, depending on timing
+  EXPECT_EQ(stats.hits, 3);
+  EXPECT_EQ(stats.inline_fetches, 0);
+}
+
+TEST_F(OnlineLookaheadTest, AClaimOfAStoredRowIsNotQueuedBehindAHeldThread) {
+  auto fake = std::make_shared<FakeSource>();
+  fake->held = true;
+  fake->stored = {11};
+  LookaheadSource ahead(fake, dataset_, 8);
+  ahead.prefetch({10, 11, 12});
+  fake->wait_calls(1);  // the only thread holds row 10 (a stalled request); 11 and 12 are queued
+  // Row 11 is in the cache: the claim reads it now, without waiting for the held thread.
+  auto claim =
+      std::async(std::launch::async, [&] { return ahead.fetch(11, dataset_->input_ids(11)); });
+  const bool served = claim.wait_for(10s) == std::future_status::ready;
+  if (!served) fake->release();
+  ASSERT_TRUE(served) << "the claim of a stored row waited for the held thread";
+  const FetchOutcome outcome = claim.get();
+  ASSERT_TRUE(outcome.sample.has_value());
+  EXPECT_EQ(outcome.sample->hidden.tokens, dataset_->input_ids(11).size());
+  EXPECT_EQ(ahead.stats().stored_reads, 1);
+  EXPECT_EQ(ahead.stats().queued, 1) << "row 11 left the queue; 12 is still there";
+  fake->release();
+  EXPECT_TRUE(ahead.fetch(10, dataset_->input_ids(10)).sample);
+  EXPECT_TRUE(ahead.fetch(12, dataset_->input_ids(12)).sample);
+  std::vector<std::int64_t> calls = fake->wait_calls(2);
+  std::sort(calls.begin(), calls.end());
+  EXPECT_EQ(calls, (std::vector<std::int64_t>{10, 12})) << "row 11 was not requested";
 }
 
 TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
@@ -165,6 +214,25 @@ TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
   EXPECT_TRUE(ahead.fetch(1, dataset_->input_ids(1)).sample);
   EXPECT_EQ(fake->calls.size(), 6u);
   EXPECT_THROW(ahead.prefetch({40}), Error) << "row 40 is outside the 40-row dataset";
+}
+
+TEST_F(OnlineLookaheadTest, TheNextPlanStartsAfterTheCurrentOneAndServesTheNextEpoch) {
+  auto fake = std::make_shared<FakeSource>();
+  LookaheadSource ahead(fake, dataset_, 8);
+  ahead.plan(0, {{1}, {2}}, /*next=*/{{3}, {1}});
+  EXPECT_EQ(fake->wait_calls(4).size(), 4u);
+  std::vector<std::int64_t> first_two(fake->calls.begin(), fake->calls.begin() + 2);
+  std::sort(first_two.begin(), first_two.end());
+  EXPECT_EQ(first_two, (std::vector<std::int64_t>{1, 2})) << "this epoch's rows first";
+  for (const std::int64_t row : {1, 2})
+    EXPECT_TRUE(ahead.fetch(row, dataset_->input_ids(row)).sample);
+  EXPECT_EQ(ahead.stats().next_plan_started, 2);
+  // The next epoch: its rows fetched ahead are kept and claimed without a new request.
+  ahead.plan(0, {{3}, {1}, {4}});
+  for (const std::int64_t row : {3, 1, 4})
+    EXPECT_TRUE(ahead.fetch(row, dataset_->input_ids(row)).sample);
+  EXPECT_EQ(fake->calls.size(), 5u) << "only row 4 was fetched for the second epoch";
+  EXPECT_EQ(ahead.stats().discarded, 0);
 }
 
 TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {

@@ -143,7 +143,13 @@ void Pipeline::stop() {
 }
 
 void Pipeline::stop_locked() {
-  const bool running = scheduler_.joinable() || workers_ != nullptr;
+  bool running = scheduler_.joinable() || workers_ != nullptr;
+  {
+    // Once every batch was delivered no fetch is under way: the source is not interrupted, so
+    // what it fetches ahead for the next epoch (a lookahead) goes on.
+    std::lock_guard lock(mutex_);
+    running = running && (error_ != nullptr || delivered_ < total_batches_);
+  }
   stopping_ = true;
   pool_->poke();
   ready_changed_.notify_all();

@@ -163,7 +163,8 @@ class Pipeline {
   // memory is page-locked, its reads are marked there when the batch is released.
   std::shared_ptr<BatchLease> next(CudaStream reader = nullptr);
   // Stops promptly: queued work is discarded, the source is interrupted so running fetches end
-  // (SampleSource::interrupt), threads are joined, then the source is resumed. May be called from
+  // (SampleSource::interrupt; not when every batch was delivered: nothing runs then), threads are
+  // joined, then the source is resumed. May be called from
   // any thread (a watchdog closing the loader while the consumer waits in next(), which then
   // returns nullptr).
   void stop();

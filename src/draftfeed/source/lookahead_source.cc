@@ -1,16 +1,40 @@
 #include "draftfeed/source/lookahead_source.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
+#include <limits>
 #include <string>
 
+#include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
 
+namespace {
+
+// What a sample holds: its hidden states (and an FP8 file's scales).
+std::uint64_t sample_bytes(const FetchedSample& sample) {
+  const HiddenStatesView& hs = sample.hidden;
+  auto bytes = static_cast<std::uint64_t>(hs.tokens * hs.layers * hs.hidden) * dtype_size(hs.dtype);
+  if (hs.scales != nullptr) bytes += static_cast<std::uint64_t>(hs.tokens) * 4;
+  return bytes;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
-                                 std::shared_ptr<const TokenDataset> dataset, int window)
-    : inner_(std::move(inner)), dataset_(std::move(dataset)), window_(window) {
+                                 std::shared_ptr<const TokenDataset> dataset, int window,
+                                 std::uint64_t budget_bytes)
+    : inner_(std::move(inner)),
+      dataset_(std::move(dataset)),
+      window_(window),
+      budget_bytes_(budget_bytes),
+      schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
   require(window >= 1, ErrorKind::kInvalidArgument,
@@ -23,12 +47,266 @@ LookaheadSource::~LookaheadSource() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    queue_.clear();
   }
   work_.notify_all();
+  results_.notify_all();
   inner_->interrupt();
   for (auto& t : threads_) t.join();
   inner_->resume();  // the inner source may outlive the lookahead
+}
+
+std::uint64_t LookaheadSource::budget() const {
+  if (budget_bytes_ > 0) return budget_bytes_;
+  return plan_budget_ > 0 ? plan_budget_ : kDefaultBudgetBytes;
+}
+
+bool LookaheadSource::fits(std::int64_t tokens) const {
+  return held_rows_ < window_ &&
+         held_bytes_ + static_cast<std::uint64_t>(tokens) * bytes_per_token_ <= budget();
+}
+
+void LookaheadSource::hold(std::uint64_t bytes) {
+  held_bytes_ += bytes;
+  stats_.peak_held_bytes = std::max(stats_.peak_held_bytes, held_bytes_);
+}
+
+void LookaheadSource::release(const std::shared_ptr<Entry>& entry) {
+  held_bytes_ -= entry->bytes;
+  entry->bytes = 0;
+  --held_rows_;
+}
+
+void LookaheadSource::observe(const FetchSchedule::Item& item, double seconds) {
+  model_.observe(item.row, item.tokens, seconds);
+  // New observations move predictions: the keys follow, in batches (a re-key sorts the whole
+  // queue).
+  const std::int64_t every = std::max<std::int64_t>(1, schedule_.queued() / 64);
+  if (++completions_since_rekey_ >= every) {
+    schedule_.rekey(model_);
+    completions_since_rekey_ = 0;
+  }
+}
+
+void LookaheadSource::run() {
+  while (true) {
+    std::unique_lock lock(mutex_);
+    std::optional<FetchSchedule::Item> item;
+    work_.wait(lock, [&] {
+      if (stopping_) return true;
+      item = schedule_.pick([this](std::int64_t tokens) { return fits(tokens); });
+      return item.has_value();
+    });
+    if (stopping_) return;
+    const bool not_stored = not_stored_.erase(item->row) > 0;
+    auto entry = std::make_shared<Entry>();
+    entry->item = *item;
+    entry->bytes = static_cast<std::uint64_t>(item->tokens) * bytes_per_token_;
+    entries_[item->row].push_back(entry);
+    ++held_rows_;
+    hold(entry->bytes);
+    ++stats_.running;
+    if (item->next) ++stats_.next_plan_started;
+    lock.unlock();
+    results_.notify_all();  // a claim waiting for this row to start
+
+    FetchOutcome outcome;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      outcome = not_stored ? inner_->fetch_not_stored(item->row, dataset_->input_ids(item->row))
+                           : inner_->fetch(item->row, dataset_->input_ids(item->row));
+    } catch (const std::exception& error) {
+      // The pipeline treats a throwing source as fatal; carry that to the claiming fetch().
+      outcome = FetchOutcome::dropped(DropReason::kInvalid, error.what(), true);
+    }
+    const double seconds = seconds_since(start);
+
+    lock.lock();
+    --stats_.running;
+    if (outcome.sample) {
+      observe(*item, seconds);
+      if (item->tokens > 0) {
+        bytes_per_token_ = std::max(bytes_per_token_, sample_bytes(*outcome.sample) /
+                                                          static_cast<std::uint64_t>(item->tokens));
+      }
+    }
+    if (entry->orphan) {
+      // Wanted by no plan any more (replaced, cleared or interrupted meanwhile): its bytes and row
+      // were released when it was orphaned.
+      if (outcome.sample) ++stats_.discarded;
+    } else {
+      held_bytes_ -= entry->bytes;
+      entry->bytes = outcome.sample ? sample_bytes(*outcome.sample) : 0;  // a failure holds none
+      hold(entry->bytes);
+      entry->outcome = std::move(outcome);
+      entry->done = true;
+    }
+    lock.unlock();
+    results_.notify_all();
+    work_.notify_all();
+  }
+}
+
+FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
+  std::unique_lock lock(mutex_);
+  bool looked_in_store = false;
+  while (!stopping_) {
+    const auto found = entries_.find(row);
+    if (found != entries_.end() && !found->second.empty()) {
+      const std::shared_ptr<Entry> entry = found->second.front();
+      found->second.pop_front();
+      if (found->second.empty()) entries_.erase(found);
+      ++stats_.hits;
+      // Claimed: no plan may drop it now; its bytes and row leave the lookahead's count.
+      release(entry);
+      results_.wait(lock, [&] { return entry->done || stopping_; });
+      if (!entry->done) break;
+      held_bytes_ -= entry->bytes;  // the sample's own bytes, counted when it ended
+      FetchOutcome outcome = std::move(entry->outcome);
+      lock.unlock();
+      work_.notify_all();  // room in the window
+      return outcome;
+    }
+    std::optional<FetchSchedule::Item> taken;
+    if (!looked_in_store) taken = schedule_.take_row(row);
+    if (taken) {
+      // Not started: if it is already stored (a cache file) it is read here, now, rather than
+      // queued behind the lookahead's threads, whose fetches may all be held by slow requests.
+      // Off the queue meanwhile, so that no thread starts it (and looks it up) too.
+      looked_in_store = true;
+      lock.unlock();
+      std::optional<FetchOutcome> stored = inner_->fetch_stored(row, input_ids);
+      lock.lock();
+      if (stored) {
+        ++stats_.stored_reads;
+        return std::move(*stored);
+      }
+      schedule_.requeue(*taken);                           // unless a new plan dropped it meanwhile
+      if (schedule_.queued(row)) not_stored_.insert(row);  // its thread does not look again
+      continue;
+    }
+    if (!schedule_.claim(row)) {
+      // No plan holds it (or no more): fetched here.
+      ++stats_.inline_fetches;
+      lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
+      FetchOutcome outcome = looked_in_store ? inner_->fetch_not_stored(row, input_ids)
+                                             : inner_->fetch(row, input_ids);
+      if (outcome.sample) {
+        const double seconds = seconds_since(start);
+        lock.lock();
+        observe({row, static_cast<std::int64_t>(input_ids.size())}, seconds);
+      }
+      return outcome;
+    }
+    // Queued: claimed, so the next free lookahead thread starts it, ahead of the window and of the
+    // rows not waited for (the consumer's plan order must not take the slots). A plan change or a
+    // stop may take it off the queue instead: then it is fetched here.
+    work_.notify_all();
+    results_.wait(lock, [&] {
+      const auto again = entries_.find(row);
+      return stopping_ || (again != entries_.end() && !again->second.empty()) ||
+             !schedule_.queued(row);
+    });
+  }
+  return FetchOutcome::dropped(DropReason::kGenerationFailed,
+                               "row " + std::to_string(row) + ": the lookahead stopped");
+}
+
+void LookaheadSource::drop(const std::shared_ptr<Entry>& entry) {
+  release(entry);
+  if (entry->done) {
+    if (entry->outcome.sample) ++stats_.discarded;
+  } else {
+    entry->orphan = true;  // its thread drops it when it ends
+  }
+}
+
+void LookaheadSource::reconcile(int stream) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const std::int64_t row = it->first;
+    auto& list = it->second;
+    // Failed outcomes are not kept: the row is fetched again.
+    for (auto e = list.begin(); e != list.end();) {
+      if ((*e)->done && !(*e)->outcome.sample) {
+        drop(*e);
+        e = list.erase(e);
+      } else {
+        ++e;
+      }
+    }
+    // Keep as many as the plans have occurrences, those fetched first.
+    const auto wanted = static_cast<std::size_t>(schedule_.occurrences(row));
+    while (list.size() > wanted) {
+      drop(list.back());
+      list.pop_back();
+    }
+    // The samples kept serve this stream's new plan first.
+    const auto mine = static_cast<std::size_t>(schedule_.occurrences(stream, row));
+    for (std::size_t k = 0; k < std::min(list.size(), mine); ++k) schedule_.mark_started(row);
+    it = list.empty() ? entries_.erase(it) : std::next(it);
+  }
+}
+
+void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_t>>& batches,
+                           const std::vector<std::vector<std::int64_t>>& next,
+                           std::uint64_t budget_bytes) {
+  const std::int64_t n_rows = dataset_->num_rows();
+  auto with_tokens = [&](const std::vector<std::vector<std::int64_t>>& plan, std::size_t limit) {
+    FetchSchedule::Batches out;
+    std::size_t rows = 0;
+    for (std::size_t b = 0; b < plan.size() && rows < limit; ++b) {
+      out.emplace_back();
+      for (const std::int64_t row : plan[b]) {
+        require(row >= 0 && row < n_rows, ErrorKind::kInvalidArgument,
+                "lookahead plan: row " + std::to_string(row) + " is outside the dataset's " +
+                    std::to_string(n_rows) + " rows");
+        out.back().push_back({row, static_cast<std::int64_t>(dataset_->input_ids(row).size())});
+      }
+      rows += plan[b].size();
+    }
+    return out;
+  };
+  const FetchSchedule::Batches current =
+      with_tokens(batches, std::numeric_limits<std::size_t>::max());
+  const FetchSchedule::Batches after = with_tokens(next, 2 * static_cast<std::size_t>(window_));
+  {
+    std::lock_guard lock(mutex_);
+    if (budget_bytes > 0) plan_budget_ = budget_bytes;
+    schedule_.set_plan(stream, current, after, model_);
+    reconcile(stream);
+    std::erase_if(not_stored_, [this](std::int64_t row) { return !schedule_.queued(row); });
+  }
+  work_.notify_all();
+  results_.notify_all();  // claims of rows no plan holds any more
+}
+
+void LookaheadSource::prefetch(const std::vector<std::int64_t>& rows) {
+  std::vector<std::vector<std::int64_t>> batches;
+  batches.reserve(rows.size());
+  for (const std::int64_t row : rows) batches.push_back({row});
+  plan(0, batches);
+}
+
+void LookaheadSource::clear(int stream) {
+  {
+    std::lock_guard lock(mutex_);
+    schedule_.drop_stream(stream);
+    reconcile(stream);
+  }
+  work_.notify_all();
+  results_.notify_all();  // claims of rows no plan holds any more
+}
+
+void LookaheadSource::clear() {
+  {
+    std::lock_guard lock(mutex_);
+    const std::vector<int> streams = schedule_.streams();
+    for (const int stream : streams) schedule_.drop_stream(stream);
+    reconcile(-1);
+    not_stored_.clear();
+  }
+  work_.notify_all();
+  results_.notify_all();  // claims of rows no plan holds any more
 }
 
 void LookaheadSource::interrupt() {
@@ -46,88 +324,18 @@ void LookaheadSource::resume() {
   inner_->resume();
 }
 
-void LookaheadSource::run() {
-  while (true) {
-    std::unique_lock lock(mutex_);
-    work_.wait(lock, [this] {
-      return stopping_ || (!queue_.empty() && static_cast<int>(entries_.size()) < window_);
-    });
-    if (stopping_) return;
-    const std::int64_t row = queue_.front();
-    queue_.pop_front();
-    if (entries_.count(row) != 0) continue;  // listed twice: the first one serves both
-    auto entry = std::make_shared<Entry>();
-    entries_[row] = entry;
-    const std::uint64_t generation = generation_;
-    ++stats_.running;
-    lock.unlock();
-
-    FetchOutcome outcome;
-    try {
-      outcome = inner_->fetch(row, dataset_->input_ids(row));
-    } catch (const std::exception& error) {
-      // The pipeline treats a throwing source as fatal; carry that to the claiming fetch().
-      outcome = FetchOutcome::dropped(DropReason::kInvalid, error.what(), true);
-    }
-
-    lock.lock();
-    --stats_.running;
-    entry->outcome = std::move(outcome);
-    entry->done = true;
-    if (generation != generation_) ++stats_.discarded;  // replaced meanwhile: nobody will claim
-    lock.unlock();
-    results_.notify_all();
-  }
-}
-
-FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
-  std::unique_lock lock(mutex_);
-  const auto it = entries_.find(row);
-  if (it != entries_.end()) {
-    const std::shared_ptr<Entry> entry = it->second;
-    ++stats_.hits;
-    results_.wait(lock, [&entry] { return entry->done; });
-    const auto again = entries_.find(row);
-    if (again != entries_.end() && again->second == entry) entries_.erase(again);
-    FetchOutcome outcome = std::move(entry->outcome);
-    lock.unlock();
-    work_.notify_all();  // room in the window
-    return outcome;
-  }
-  const auto queued = std::find(queue_.begin(), queue_.end(), row);
-  if (queued != queue_.end()) queue_.erase(queued);
-  ++stats_.inline_fetches;
-  lock.unlock();
-  return inner_->fetch(row, input_ids);
-}
-
-void LookaheadSource::prefetch(std::vector<std::int64_t> rows) {
-  const std::int64_t n_rows = dataset_->num_rows();
-  for (const std::int64_t row : rows) {
-    require(row >= 0 && row < n_rows, ErrorKind::kInvalidArgument,
-            "prefetch: row " + std::to_string(row) + " is outside the dataset's " +
-                std::to_string(n_rows) + " rows");
-  }
-  {
-    std::lock_guard lock(mutex_);
-    ++generation_;
-    for (const auto& [row, entry] : entries_) {
-      if (entry->done) ++stats_.discarded;
-    }
-    entries_.clear();
-    queue_.assign(rows.begin(), rows.end());
-  }
-  work_.notify_all();
-}
-
-void LookaheadSource::clear() { prefetch({}); }
-
 LookaheadStats LookaheadSource::stats() const {
   std::lock_guard lock(mutex_);
   LookaheadStats out = stats_;
-  out.queued = static_cast<std::int64_t>(queue_.size());
+  out.queued = schedule_.queued();
   out.ready = 0;
-  for (const auto& [row, entry] : entries_) out.ready += entry->done ? 1 : 0;
+  for (const auto& [row, list] : entries_) {
+    for (const auto& entry : list) out.ready += entry->done ? 1 : 0;
+  }
+  out.held_bytes = held_bytes_;
+  out.budget_bytes = budget();
+  out.trusts_history = model_.trusts_history();
+  out.tail_factor = model_.tail_factor();
   return out;
 }
 

@@ -1,19 +1,38 @@
-// A fetch lookahead: a SampleSource that fetches the rows it was told are coming, in that order,
-// ahead of the pipeline's requests, with its own threads.
+// A fetch lookahead: a SampleSource that fetches the rows it was told are coming, ahead of the
+// pipeline's requests, with its own threads, in the order of a fetch schedule (fetch_schedule.h),
+// holding at most a window of rows and a byte budget of fetched samples.
 //
 // Why: the pipeline takes a batch buffer before fetching a batch's samples, so with in-order
 // delivery a batch stuck on one slow request holds every buffer behind it and the requests in
 // flight dry up (head-of-line blocking). A fetched sample costs no buffer (it is a mapped file),
 // so fetching ahead of the buffers keeps the inner source's requests in flight while the buffers
 // wait: the lookahead runs one thread per fetch the inner source may keep blocked
-// (SampleSource::blocking_fetches, at least one).
+// (SampleSource::blocking_fetches, at least one). And the order matters: a request that takes
+// long must start early, not when plan order reaches it (see fetch_schedule.h).
 //
-// `prefetch(rows)` replaces the queue (e.g. the epoch's rows in plan order). Worker threads take
-// rows from its front and call the inner source; at most `window` rows are fetched but not yet
-// claimed at once. `fetch(row)` takes the row's result (waiting if it is under way), or fetches it
-// inline when it was not started (a queued row is taken out of the queue first). Rows that are
-// never claimed are dropped at the next prefetch() or at destruction (their outcomes only hold
-// mappings: the inner source already cached or deleted their files).
+// `plan(stream, batches, next)` replaces a stream's plan (a loader's: this epoch's remaining
+// batches and, optionally, the next epoch's); the threads start its rows in schedule order while
+// the rows fetched and not yet claimed, with those under way, stay within the window (`window`
+// rows) and the byte budget:
+//   held bytes = sum over samples fetched, unclaimed (their hidden states' bytes)
+//              + sum over rows under way (tokens x the largest bytes per token seen so far)
+// Of the next plan only the first rows are kept (as many as the window holds, twice over): no more
+// of it can start before its epoch does, as nothing of it is claimed before.
+//
+// `fetch(row)` (a claim) takes the row's fetched sample, waiting if it is under way. A queued row
+// already stored (SampleSource::fetch_stored: a cache file) is read by the claim itself, so it
+// never waits behind threads held by slow requests; any other queued row is claimed, and the
+// lookahead's next free thread starts it ahead of the budget (the consumer's plan order must not
+// take the inner source's slots from the schedule); a row no plan holds is fetched inline.
+// Samples of rows that a new plan keeps are kept (a next epoch's rows fetched during this epoch's
+// last requests serve the next epoch); the others are dropped (their outcomes only hold mappings:
+// the inner source already cached or deleted their files), failed outcomes too (they are fetched
+// again).
+//
+// The pipeline's stop mid-epoch (interrupt) forgets every plan and interrupts the inner source
+// (rows under way end at once and are dropped); resume() waits for the lookahead threads to be
+// idle, then resumes the inner source. At an epoch's normal end the pipeline does not interrupt,
+// so what was fetched for the next epoch stays.
 //
 // Thread safety: every method may be called from any number of threads.
 #pragma once
@@ -25,29 +44,43 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/source/fetch_schedule.h"
 #include "draftfeed/source/sample_source.h"
+#include "draftfeed/source/service_time_model.h"
 
 namespace draftfeed {
 
 struct LookaheadStats {
-  std::int64_t queued = 0;          // rows waiting in the queue
-  std::int64_t running = 0;         // rows being fetched by the lookahead threads
-  std::int64_t ready = 0;           // rows fetched, not yet claimed
-  std::int64_t hits = 0;            // fetch() calls served by the lookahead (ready or under way)
-  std::int64_t inline_fetches = 0;  // fetch() calls the lookahead had not started
-  std::int64_t discarded = 0;       // fetched rows never claimed (replaced or destroyed)
+  std::int64_t queued = 0;             // rows of the plans not started yet
+  std::int64_t running = 0;            // rows being fetched by the lookahead threads
+  std::int64_t ready = 0;              // rows fetched, not yet claimed
+  std::int64_t hits = 0;               // fetch() calls served by the lookahead
+  std::int64_t inline_fetches = 0;     // fetch() calls the lookahead had not started
+  std::int64_t stored_reads = 0;       // fetch() calls of queued rows served from the store
+  std::int64_t discarded = 0;          // fetched rows never claimed (no plan wanted them any more)
+  std::int64_t next_plan_started = 0;  // rows of a next plan (the next epoch's) started
+  std::uint64_t held_bytes = 0;        // see the header's formula
+  std::uint64_t peak_held_bytes = 0;
+  std::uint64_t budget_bytes = 0;
+  bool trusts_history = true;  // the service-time model's choice (service_time_model.h)
+  double tail_factor = 1;      // and how far off it is
 };
 
 class LookaheadSource : public SampleSource {
  public:
-  // `window` >= 1 rows fetched ahead at most. The destructor interrupts the inner source before
-  // it joins the threads, so a slow inner fetch (a request with a long timeout) ends at once, and
-  // resumes it after.
+  // The byte budget when neither the constructor nor a plan gives one.
+  static constexpr std::uint64_t kDefaultBudgetBytes = std::uint64_t{1} << 30;
+
+  // `window` >= 1 rows fetched ahead at most; `budget_bytes`: their bytes at most (0: each plan's
+  // caller says, see plan()). The destructor interrupts the inner source before it joins the
+  // threads, so a slow inner fetch (a request with a long timeout) ends at once, and resumes it
+  // after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  int window);
+                  int window, std::uint64_t budget_bytes = 0);
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;
@@ -56,14 +89,22 @@ class LookaheadSource : public SampleSource {
   // A claim waits for the inner source's fetch: as many may block as there.
   int blocking_fetches() const override { return inner_->blocking_fetches(); }
 
-  // The rows coming next, in order (global rows; out-of-range ones are refused with
-  // kInvalidArgument). Replaces the previous queue and drops unclaimed results.
-  void prefetch(std::vector<std::int64_t> rows);
-  // Empties the queue and drops unclaimed results; rows under way finish and are dropped.
+  // Replaces `stream`'s plan: `batches` (global rows, in delivery order) and `next`, the plan that
+  // follows (started once no row of the active plan waits). `budget_bytes` > 0 sets the budget
+  // when the constructor gave none (the loader passes its batch memory). Out-of-range rows are
+  // refused with kInvalidArgument.
+  void plan(int stream, const std::vector<std::vector<std::int64_t>>& batches,
+            const std::vector<std::vector<std::int64_t>>& next = {},
+            std::uint64_t budget_bytes = 0);
+  // Stream 0's plan, each row its own batch.
+  void prefetch(const std::vector<std::int64_t>& rows);
+  // Forgets `stream`'s plan (its unclaimed samples are dropped unless another plan holds them).
+  void clear(int stream);
+  // Forgets every plan and drops every unclaimed sample; rows under way finish and are dropped.
   void clear();
 
-  // The pipeline's stop: clear() and interrupt the inner source (rows under way end at once);
-  // resume() waits for the lookahead threads to be idle, then resumes the inner source.
+  // The pipeline's stop mid-epoch: clear() and interrupt the inner source (rows under way end at
+  // once); resume() waits for the lookahead threads to be idle, then resumes the inner source.
   void interrupt() override;
   void resume() override;
 
@@ -71,21 +112,41 @@ class LookaheadSource : public SampleSource {
 
  private:
   struct Entry {
+    FetchSchedule::Item item;
     bool done = false;
     FetchOutcome outcome;
+    std::uint64_t bytes = 0;  // counted in held_bytes_: the estimate, then the sample's own
+    bool orphan = false;      // under way, wanted by no plan any more: dropped when it ends
   };
   void run();
+  bool fits(std::int64_t tokens) const;
+  std::uint64_t budget() const;
+  // Keeps the samples some plan still wants (marking their occurrences started), drops the rest.
+  void reconcile(int stream);
+  void drop(const std::shared_ptr<Entry>& entry);
+  void hold(std::uint64_t bytes);
+  void release(const std::shared_ptr<Entry>& entry);
+  void observe(const FetchSchedule::Item& item, double seconds);
 
   const std::shared_ptr<SampleSource> inner_;
   const std::shared_ptr<const TokenDataset> dataset_;
   const int window_;
+  const std::uint64_t budget_bytes_;
 
   mutable std::mutex mutex_;
-  std::condition_variable work_;     // queue non-empty with room in the window, or stopping
+  std::condition_variable work_;     // a row may start (plan, room in the window), or stop
   std::condition_variable results_;  // an entry finished (or a thread went idle)
-  std::deque<std::int64_t> queue_;
-  std::unordered_map<std::int64_t, std::shared_ptr<Entry>> entries_;  // started, unclaimed
-  std::uint64_t generation_ = 0;  // bumped by prefetch()/clear(): late results are dropped
+  ServiceTimeModel model_;
+  FetchSchedule schedule_;
+  std::int64_t completions_since_rekey_ = 0;
+  // Entries started for each row, in start order; a claim takes the first.
+  std::unordered_map<std::int64_t, std::deque<std::shared_ptr<Entry>>> entries_;
+  // Queued rows a claim found not stored (fetch_stored): their thread calls fetch_not_stored.
+  std::unordered_set<std::int64_t> not_stored_;
+  std::int64_t held_rows_ = 0;  // entries not claimed and not orphaned
+  std::uint64_t plan_budget_ = 0;
+  std::uint64_t held_bytes_ = 0;
+  std::uint64_t bytes_per_token_ = 0;  // the largest seen
   bool stopping_ = false;
   LookaheadStats stats_;
   std::vector<std::thread> threads_;

@@ -168,7 +168,15 @@ void OnlineSampleSource::resume() {
 }
 
 FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
+  std::optional<FetchOutcome> stored = fetch_stored(row, input_ids);
+  if (stored) return std::move(*stored);
+  return generate_row(row, input_ids);
+}
+
+std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
+                                                             const IntArrayView& input_ids) {
   if (offline_) {
+    // Offline, the cache is all there is: a missing file is the row's outcome (skipped).
     FetchOutcome outcome = offline_->fetch(row, input_ids);
     std::lock_guard lock(mutex_);
     if (outcome.sample) {
@@ -182,12 +190,10 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
   }
   if (options_.transfer) {
     FetchOutcome cached = options_.transfer->get_cached(row, input_ids);
-    if (cached.sample || cached.reason != DropReason::kMissing) {
-      std::lock_guard lock(mutex_);
-      ++(cached.sample ? stats_.cache_hits : stats_.cache_rejected);
-      return cached;
-    }
-    return generate_row(row, input_ids);
+    if (!cached.sample && cached.reason == DropReason::kMissing) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    ++(cached.sample ? stats_.cache_hits : stats_.cache_rejected);
+    return cached;
   }
   auto found = store_->lookup(row, kMapForRowReads);
   if (!found.ok()) {
@@ -196,14 +202,12 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
-  if (found.value()) {
-    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
-                                                    options_.cache.fp8_dequantize_dtype);
-    std::lock_guard lock(mutex_);
-    ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
-    return outcome;
-  }
-  return generate_row(row, input_ids);
+  if (!found.value()) return std::nullopt;
+  FetchOutcome outcome =
+      CacheSampleSource::check(row, input_ids, *found.value(), options_.cache.fp8_dequantize_dtype);
+  std::lock_guard lock(mutex_);
+  ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
+  return outcome;
 }
 
 Result<std::optional<std::string>> OnlineSampleSource::chat_messages(std::int64_t row) const {

@@ -133,6 +133,12 @@ class OnlineSampleSource : public SampleSource {
   OnlineSampleSource& operator=(const OnlineSampleSource&) = delete;
 
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
+  // The cache (or the transfer's store, or the offline cache) only: counted as fetch() counts.
+  std::optional<FetchOutcome> fetch_stored(std::int64_t global_row,
+                                           const IntArrayView& input_ids) override;
+  FetchOutcome fetch_not_stored(std::int64_t global_row, const IntArrayView& input_ids) override {
+    return generate_row(global_row, input_ids);
+  }
   // Every request in flight holds its fetch: the client's bound on them.
   int blocking_fetches() const override { return options_.client.fetch_threads; }
 

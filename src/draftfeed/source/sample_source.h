@@ -80,6 +80,19 @@ class SampleSource {
   // drop); may throw for a failure that ends the run.
   virtual FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) = 0;
 
+  // The row from what is already stored (a cache file, a transfer's store), without generating
+  // it: nullopt when it is not there. A lookahead serves a waiting consumer this way rather than
+  // queueing the row behind requests that may block for long. The default: nothing is stored.
+  virtual std::optional<FetchOutcome> fetch_stored(std::int64_t /*global_row*/,
+                                                   const IntArrayView& /*input_ids*/) {
+    return std::nullopt;
+  }
+  // fetch() of a row fetch_stored() just found not stored: a source skips the second lookup (a
+  // custom transfer's get_cached is called once per row, as the reference calls it).
+  virtual FetchOutcome fetch_not_stored(std::int64_t global_row, const IntArrayView& input_ids) {
+    return fetch(global_row, input_ids);
+  }
+
   // A hint, from the pipeline's scheduler as it takes a batch on (before that batch's fetches run,
   // and up to `prefetch` batches ahead of the consumer): these rows come soon. A source whose
   // reads can start early (cache files: page-cache readahead) starts them; must be cheap and must
