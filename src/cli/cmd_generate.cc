@@ -25,7 +25,7 @@ namespace {
 constexpr const char* kUsage =
     R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
 
-Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors) from vLLM servers running the
+Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors, or sharded: --layout) from vLLM servers running the
 hidden-states connector, for every row without a valid file (a missing, corrupt, mismatched or
 non-finite file is regenerated). Rows are requested concurrently from the least busy endpoint; a
 failing endpoint is rested and tried again later. Multimodal rows (a `messages` column whose turns
@@ -50,6 +50,10 @@ options:
   --fp8                               store each generated file as hs-connectors' FP8 file
                                       (float8_e4m3fn + per-token scales, about half the bytes;
                                       files already valid are kept as they are: see quantize)
+  --layout flat|sharded               where new files go: DIR/hs_<row>.safetensors (flat, the
+                                      default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
+                                      (sharded, hs-connectors' layout for large caches); files
+                                      already there are found in either layout
   --no-progress                       no progress bar
   --json                              print the summary as JSON
 
@@ -99,7 +103,7 @@ int run_generate(const std::vector<std::string>& argv) {
       argv,
       {"endpoint", "hidden-states", "server-dir", "concurrency", "model", "request-timeout",
        "max-retries", "retry-backoff", "generation-validation-retries", "max-consecutive-failures",
-       "rows", "lock-timeout"},
+       "rows", "lock-timeout", "layout"},
       {"fail-on-error", "no-keepalive", "no-progress", "json", "fp8"});
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
@@ -115,6 +119,7 @@ int run_generate(const std::vector<std::string>& argv) {
   options.server_dir = args.str("server-dir", "");
   options.on_generate = OnGenerate::kCache;
   options.cache_fp8 = args.has("fp8");
+  options.cache_layout = parse_cache_layout(args.str("layout", "flat"));
   options.client.endpoints = endpoints;
   options.client.model = args.str("model", "");
   options.client.request_timeout = std::chrono::duration<double>(args.real("request-timeout", 120));

@@ -24,7 +24,8 @@ std::int64_t modified_ns(const struct stat& st) {
 
 }  // namespace
 
-Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path) {
+Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path,
+                                                           bool keep_descriptor) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return os_error("cannot open", path, errno);
   struct stat st {};
@@ -48,11 +49,12 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& pa
     }
     data = static_cast<const std::uint8_t*>(addr);
   }
-  // The mapping keeps the file's pages; the descriptor is no longer needed.
-  ::close(fd);
+  // The mapping keeps the file's pages; the descriptor is needed only to read ahead.
+  if (!keep_descriptor) ::close(fd);
   const Identity identity{static_cast<std::uint64_t>(st.st_dev),
                           static_cast<std::uint64_t>(st.st_ino), modified_ns(st)};
-  return std::shared_ptr<const MappedFile>(new MappedFile(path, data, size, identity));
+  return std::shared_ptr<const MappedFile>(
+      new MappedFile(path, data, size, identity, keep_descriptor ? fd : -1));
 }
 
 std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& path) {
@@ -61,6 +63,7 @@ std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& p
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
@@ -72,17 +75,32 @@ void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
 }
 
 std::optional<std::string> MappedFile::change_since_mapped() const {
-  struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) return std::nullopt;  // deleted: the mapped file lives on
-  if (static_cast<std::uint64_t>(st.st_dev) != identity_.device ||
-      static_cast<std::uint64_t>(st.st_ino) != identity_.inode) {
-    return std::nullopt;  // replaced by another file: the mapped one lives on, unchanged
+  std::uint64_t size = 0;
+  std::int64_t modified = 0;
+  if (fd_ >= 0) {
+    // The mapped file itself, whatever its path names now; no round trip to a server.
+    struct statx st {};
+    if (::statx(fd_, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_SIZE | STATX_MTIME, &st) != 0) {
+      return std::nullopt;
+    }
+    size = st.stx_size;
+    modified =
+        static_cast<std::int64_t>(st.stx_mtime.tv_sec) * 1'000'000'000 + st.stx_mtime.tv_nsec;
+  } else {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0) return std::nullopt;  // deleted: the mapped file lives on
+    if (static_cast<std::uint64_t>(st.st_dev) != identity_.device ||
+        static_cast<std::uint64_t>(st.st_ino) != identity_.inode) {
+      return std::nullopt;  // replaced by another file: the mapped one lives on, unchanged
+    }
+    size = static_cast<std::uint64_t>(st.st_size);
+    modified = modified_ns(st);
   }
-  if (static_cast<std::size_t>(st.st_size) != size_) {
-    return "changed size from " + std::to_string(size_) + " to " + std::to_string(st.st_size) +
+  if (size != size_) {
+    return "changed size from " + std::to_string(size_) + " to " + std::to_string(size) +
            " bytes while being read";
   }
-  if (modified_ns(st) != identity_.modified_ns) return std::string("was modified while being read");
+  if (modified != identity_.modified_ns) return std::string("was modified while being read");
   return std::nullopt;
 }
 

@@ -7,6 +7,11 @@
 // or rewrites the file changes what the views read (a read past a new, shorter end raises SIGBUS;
 // see fault_guard.h). `change_since_mapped()` tells a reader whether that happened, so a copy taken
 // from a file that changed meanwhile can be discarded.
+//
+// A mapping opened with `keep_descriptor` keeps its file open: a reader can then read the file
+// ahead through it (sendfile, without opening it again: on a network file system every open is a
+// round trip) and change_since_mapped() asks the open file instead of its path (no name lookup,
+// and the attributes the kernel has: no round trip either).
 // Thread safety: immutable after `open`; any number of threads may read.
 #pragma once
 
@@ -25,7 +30,8 @@ class MappedFile {
  public:
   // Maps `path` read-only. A missing file is ErrorKind::kNotFound; a folder or a file the OS will
   // not map is ErrorKind::kIo. An empty file maps to an empty span (no mmap call).
-  static Result<std::shared_ptr<const MappedFile>> open(const std::string& path);
+  static Result<std::shared_ptr<const MappedFile>> open(const std::string& path,
+                                                        bool keep_descriptor = false);
 
   // Same, but throws the Error.
   static std::shared_ptr<const MappedFile> open_or_throw(const std::string& path);
@@ -38,14 +44,18 @@ class MappedFile {
   std::size_t size() const { return size_; }
   std::span<const std::uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  // The open file (keep_descriptor), else -1. Owned by the mapping: do not close it.
+  int fd() const { return fd_; }
 
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
   void prefetch(std::size_t offset, std::size_t length) const;
 
   // Why the mapped file no longer holds the bytes it held when mapped ("changed size from A to B
-  // bytes", "was modified"), or nothing. Looks at the file now at path() (one stat): when that is
-  // another file (the path was replaced by a rename) or none (deleted), the mapped file lives on
-  // unchanged and this returns nothing.
+  // bytes", "was modified"), or nothing. Looks at the mapped file itself when its descriptor is
+  // kept (statx with AT_STATX_DONT_SYNC: the attributes the kernel holds, which on a network file
+  // system may lag a writer on another host, as its reads would), else at the file now at path()
+  // (one stat): when that is another file (the path was replaced by a rename) or none (deleted),
+  // the mapped file lives on unchanged and this returns nothing.
   std::optional<std::string> change_since_mapped() const;
 
  private:
@@ -55,12 +65,14 @@ class MappedFile {
     std::uint64_t inode = 0;
     std::int64_t modified_ns = 0;
   };
-  MappedFile(std::string path, const std::uint8_t* data, std::size_t size, Identity identity)
-      : path_(std::move(path)), data_(data), size_(size), identity_(identity) {}
+  MappedFile(std::string path, const std::uint8_t* data, std::size_t size, Identity identity,
+             int fd)
+      : path_(std::move(path)), data_(data), size_(size), identity_(identity), fd_(fd) {}
   std::string path_;
   const std::uint8_t* data_;
   std::size_t size_;
   Identity identity_;
+  int fd_;
 };
 
 }  // namespace draftfeed

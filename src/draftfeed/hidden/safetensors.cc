@@ -473,8 +473,9 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
   return parse_layout(bytes, bytes.size(), bytes.data(), name);
 }
 
-Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  auto mapping = MappedFile::open(path);
+Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::string& path,
+                                                                     bool keep_descriptor) {
+  auto mapping = MappedFile::open(path, keep_descriptor);
   if (!mapping.ok()) return mapping.error();
   return from_mapping(std::move(mapping).value());
 }

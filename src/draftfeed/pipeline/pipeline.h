@@ -43,13 +43,6 @@
 
 namespace draftfeed {
 
-// One batch of the epoch's plan: its position in the full plan (what resume records) and its
-// samples as global dataset rows, in packing order.
-struct PlannedBatch {
-  std::int64_t index = 0;
-  std::vector<std::int64_t> rows;
-};
-
 struct PipelineOptions {
   int num_threads = 2;   // fetch + assembly threads (plus the source's blocking_fetches())
   int prefetch = 4;      // batch buffers (batches in flight or waiting)
@@ -178,7 +171,7 @@ class Pipeline {
   struct Job;
   void stop_locked();  // stop() with control_mutex_ held
   void schedule(std::shared_ptr<Job> first);
-  void run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches);
+  void run_scheduler(std::uint64_t epoch, std::shared_ptr<const std::vector<PlannedBatch>> batches);
   void fetch_sample(const std::shared_ptr<Job>& job, std::size_t i);
   void place_and_copy(const std::shared_ptr<Job>& job);
   void copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,

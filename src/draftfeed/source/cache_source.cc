@@ -33,25 +33,27 @@ DType parse_fp8_dequantize(const std::string& text) {
 }
 
 CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
-                                     DType fp8_dequantize)
+                                     DType fp8_dequantize, CachePrefetchOptions prefetch)
     : store_(std::move(store)),
       on_missing_(on_missing),
       fp8_dequantize_(fp8_dequantize),
-      readahead_(std::make_unique<CacheReadahead>()) {
+      prefetch_(std::make_unique<CachePrefetch>(
+          [store = store_](std::int64_t row) { return store->lookup(row); }, prefetch)) {
   require(fp8_dequantize != DType::kF8E4M3, ErrorKind::kInvalidArgument,
           "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
 }
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
-  readahead_->reached(global_row);
-  auto found = store_->lookup(global_row);
+  // Opened (and read) ahead, or, when the prefetch has not got there, opened now.
+  std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
+  CachePrefetch::Prepared found = prepared ? std::move(*prepared) : store_->lookup(global_row);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  row_text(global_row) + ": " + found.error().what());
   }
   if (!found.value()) {
     const std::string message =
-        row_text(global_row) + ": no cached hidden states at " + store_->path_for(global_row);
+        row_text(global_row) + ": no cached hidden states at " + store_->paths_text(global_row);
     if (on_missing_ == OnMissing::kRaise)
       return FetchOutcome::dropped(DropReason::kMissing, message, true);
     if (on_missing_ == OnMissing::kWarn)
@@ -61,16 +63,17 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
   return check(global_row, input_ids, *found.value(), fp8_dequantize_);
 }
 
-void CacheSampleSource::will_need(std::span<const std::int64_t> rows) {
-  std::vector<std::pair<std::int64_t, std::string>> files;
-  files.reserve(rows.size());
-  for (const std::int64_t row : rows) files.emplace_back(row, store_->path_for(row));
-  readahead_->add(std::move(files));
+void CacheSampleSource::will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) {
+  PrefetchPlan plan;
+  plan.batches.reserve(batches->size());
+  for (const PlannedBatch& batch : *batches) plan.batches.emplace_back(batch.rows);
+  plan.owner = std::move(batches);
+  prefetch_->plan(std::move(plan));
 }
 
-void CacheSampleSource::interrupt() { readahead_->clear(); }
+void CacheSampleSource::interrupt() { prefetch_->clear(); }
 
-void CacheSampleSource::resume() { readahead_->clear(); }
+void CacheSampleSource::resume() { prefetch_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
                                       const HiddenStateSample& sample, DType fp8_dequantize) {

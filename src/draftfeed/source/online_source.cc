@@ -27,6 +27,7 @@ std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options)
   if (!options.server_dir.empty()) store.allowed_folders.push_back(options.server_dir);
   store.lock_timeout = options.lock_timeout;
   store.lock_poll = options.lock_poll;
+  store.layout = options.cache_layout;
   return std::make_shared<const CacheStore>(store);
 }
 
@@ -351,9 +352,8 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
     if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
       // Quantized into the cache (the old file, if any, is replaced atomically), then the
       // server's file removed as on_generate = delete removes it.
-      std::error_code ignored;  // a folder that cannot be made fails the write, with its message
-      std::filesystem::create_directories(store_->root(), ignored);
-      write_fp8_sample(store_->path_for(row), *file.sample);
+      write_fp8_sample(store_->path_for_writing(row), *file.sample);
+      store_->remove_other_layout(row);
       release_generated(*store_, file, std::nullopt);
       std::lock_guard lock(mutex_);
       ++stats_.adopted;

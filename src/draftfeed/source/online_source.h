@@ -78,6 +78,9 @@ struct OnlineSourceOptions {
   // on_generate = cache: store a generated bf16/f16/f32 file as hs-connectors' FP8 file
   // (fp8_quantize.h, written atomically) and remove the server's file, instead of moving it.
   bool cache_fp8 = false;
+  // on_generate = cache: where generated files go in the cache (cache_layout.h); cached files are
+  // found in either layout.
+  CacheLayout cache_layout = CacheLayout::kFlat;
   // Warnings (each failed round trip, each exhausted row, files left in place) are kept in the
   // source's MessageLog (take_messages); with log_failures they are also printed to stderr.
   bool log_failures = true;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/mapped_file.h"
@@ -72,6 +73,13 @@ struct FetchOutcome {
   }
 };
 
+// One batch of an epoch's plan: its position in the full plan (what resume records) and its samples
+// as global dataset rows, in packing order.
+struct PlannedBatch {
+  std::int64_t index = 0;
+  std::vector<std::int64_t> rows;
+};
+
 // Fetches the hidden states of rows. Called concurrently from the pipeline's threads.
 class SampleSource {
  public:
@@ -80,11 +88,13 @@ class SampleSource {
   // drop); may throw for a failure that ends the run.
   virtual FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) = 0;
 
-  // A hint, from the pipeline's scheduler as it takes a batch on (before that batch's fetches run,
-  // and up to `prefetch` batches ahead of the consumer): these rows come soon. A source whose
-  // reads can start early (cache files: page-cache readahead) starts them; must be cheap and must
-  // not block for long. Called from one thread; concurrently with fetch().
-  virtual void will_need(std::span<const std::int64_t> /*rows*/) {}
+  // A hint, from the pipeline as an epoch starts (before its first fetch): the batches it will
+  // fetch, in this order (roughly: fetches run in parallel). The pipeline does not change them
+  // until the epoch ends; the source may keep the pointer. A source whose reads can start early
+  // (cache files: opened and read ahead, cache_prefetch.h) starts them, at its own pace and within
+  // its own budgets, however far ahead of the batch buffers; must be cheap and must not block.
+  // Called from one thread; concurrently with fetch().
+  virtual void will_need(std::shared_ptr<const std::vector<PlannedBatch>> /*batches*/) {}
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
   // request with a two-minute timeout) end now, and resume() once its threads have joined, before

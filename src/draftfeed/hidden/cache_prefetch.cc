@@ -1,0 +1,254 @@
+#include "draftfeed/hidden/cache_prefetch.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "draftfeed/common/file_readahead.h"
+
+namespace draftfeed {
+
+namespace {
+
+// The mapping of a prepared file worth reading (found, with its descriptor kept), else null.
+std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared& prepared) {
+  if (!prepared.ok() || !prepared.value()) return nullptr;
+  const auto& mapping = prepared.value()->file->mapping();
+  return mapping->fd() >= 0 && mapping->size() > 0 ? mapping : nullptr;
+}
+
+}  // namespace
+
+std::int64_t default_max_open_files() {
+  std::int64_t files = 4096;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    files = std::min<std::int64_t>(files, static_cast<std::int64_t>(limit.rlim_cur / 4));
+  }
+  return std::max<std::int64_t>(16, files);
+}
+
+CachePrefetch::CachePrefetch(Opener opener, CachePrefetchOptions options)
+    : opener_(std::move(opener)),
+      options_(options),
+      max_open_files_(options.max_open_files > 0 ? options.max_open_files
+                                                 : default_max_open_files()) {}
+
+CachePrefetch::~CachePrefetch() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    stop_reads_ = true;
+  }
+  work_.notify_all();
+  ready_.notify_all();
+  // No thread starts once stopping_ is set (grow), so threads_ no longer changes.
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void CachePrefetch::plan(PrefetchPlan plan) {
+  std::unordered_map<std::int64_t, Entry> dropped;
+  {
+    std::lock_guard lock(mutex_);
+    plan_ = std::move(plan);
+    batch_ = in_batch_ = 0;
+    position_ = 0;
+    dropped.swap(entries_);
+    to_read_.clear();
+    reached_early_.clear();
+    ahead_bytes_ = 0;
+    ++generation_;
+    grow();
+  }
+  work_.notify_all();
+  ready_.notify_all();
+  // `dropped` unmaps and closes its files here, outside the lock.
+}
+
+void CachePrefetch::clear() { plan(PrefetchPlan{}); }
+
+CachePrefetchStats CachePrefetch::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
+  std::unique_lock lock(mutex_);
+  auto it = entries_.find(row);
+  if (it == entries_.end()) {
+    // Not opened yet: the caller opens it, and the prefetch skips it when it gets there.
+    if (batch_ < plan_.batches.size()) reached_early_.insert(row);
+    return std::nullopt;
+  }
+  if (it->second.state == State::kOpening || it->second.state == State::kReading) {
+    ++stats_.waited;
+    const std::uint64_t generation = generation_;
+    ready_.wait(lock, [&] {
+      if (stopping_ || generation != generation_) return true;
+      it = entries_.find(row);
+      return it == entries_.end() ||
+             (it->second.state != State::kOpening && it->second.state != State::kReading);
+    });
+    if (stopping_ || generation != generation_ || it == entries_.end()) return std::nullopt;
+  }
+  Entry& entry = it->second;
+  const bool read_here = entry.state == State::kOpened;  // opened, its read not started
+  if (read_here) to_read_.erase(entry.position);
+  if (entry.counted_ahead) ahead_bytes_ -= entry.bytes;
+  std::optional<Prepared> prepared = std::move(entry.prepared);
+  entries_.erase(it);
+  ++stats_.taken;
+  grow();  // budgets were freed
+  lock.unlock();
+  work_.notify_all();
+  if (read_here && prepared) {
+    // Wanted now: read it sequentially here rather than page by page in the copy.
+    if (const auto mapping = readable_mapping(*prepared)) {
+      read_open_file_into_page_cache(mapping->fd(), mapping->size());
+    }
+  }
+  return prepared;
+}
+
+bool CachePrefetch::can_open() const {
+  return batch_ < plan_.batches.size() &&
+         static_cast<std::int64_t>(entries_.size()) < max_open_files_;
+}
+
+bool CachePrefetch::can_read() const {
+  if (to_read_.empty()) return false;
+  const std::uint64_t bytes = entries_.at(to_read_.begin()->second).bytes;
+  const bool reading_room = reading_ == 0 || reading_bytes_ + bytes <= options_.max_reading_bytes;
+  const bool ahead_room = ahead_bytes_ == 0 || ahead_bytes_ + bytes <= options_.max_ahead_bytes;
+  return reading_room && ahead_room;
+}
+
+void CachePrefetch::grow() {
+  if (stopping_ || idle_ > 0 || static_cast<int>(threads_.size()) >= options_.max_threads) return;
+  if (!can_read() && !can_open()) return;
+  threads_.emplace_back([this] { run(); });
+  ++stats_.threads;
+}
+
+std::int64_t CachePrefetch::next_row() {
+  while (batch_ < plan_.batches.size()) {
+    const std::span<const std::int64_t> rows = plan_.batches[batch_];
+    if (in_batch_ < rows.size()) {
+      ++position_;
+      return rows[in_batch_++];
+    }
+    ++batch_;
+    in_batch_ = 0;
+  }
+  return -1;
+}
+
+void CachePrefetch::run() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    ++idle_;
+    work_.wait(lock, [this] { return stopping_ || can_read() || can_open(); });
+    --idle_;
+    if (stopping_) return;
+    // Reads first: an opened file is nearer to its fetch than the next one to open.
+    if (can_read()) {
+      read_one(lock);
+    } else {
+      open_one(lock);
+    }
+  }
+}
+
+void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
+  const std::int64_t row = next_row();
+  if (row < 0) return;
+  if (reached_early_.erase(row) != 0) {
+    ++stats_.overtaken;
+    return;
+  }
+  if (entries_.count(row) != 0) return;  // planned twice: the first one serves both
+  Entry& entry = entries_[row];
+  entry.position = position_;
+  ++opening_;
+  stats_.max_opening = std::max(stats_.max_opening, opening_);
+  stats_.max_open_ahead =
+      std::max(stats_.max_open_ahead, static_cast<std::int64_t>(entries_.size()));
+  const std::uint64_t generation = generation_;
+  grow();
+  lock.unlock();
+
+  std::optional<Prepared> prepared;
+  try {
+    prepared.emplace(opener_(row));
+  } catch (const Error& error) {
+    prepared.emplace(error);
+  } catch (const std::exception& error) {
+    prepared.emplace(Error(ErrorKind::kIo, "row " + std::to_string(row) + ": " + error.what()));
+  }
+  const auto mapping = readable_mapping(*prepared);
+  const bool cached =
+      mapping && options_.skip_cached && mapped_file_cached(mapping->data(), mapping->size());
+  const bool to_read = options_.read_data && mapping && !cached;
+
+  lock.lock();
+  --opening_;
+  ++stats_.opened;
+  if (cached) ++stats_.cached;
+  auto it = entries_.find(row);
+  if (generation != generation_ || it == entries_.end()) {
+    // Cleared meanwhile: dropped (unmapped and closed outside the lock).
+    lock.unlock();
+    prepared.reset();
+    lock.lock();
+    return;
+  }
+  it->second.prepared = std::move(prepared);
+  it->second.bytes = mapping ? mapping->size() : 0;
+  if (to_read) {
+    it->second.state = State::kOpened;
+    to_read_.emplace(it->second.position, row);
+    grow();
+    work_.notify_one();
+  } else {
+    it->second.state = State::kReady;
+  }
+  ready_.notify_all();
+}
+
+void CachePrefetch::read_one(std::unique_lock<std::mutex>& lock) {
+  const std::int64_t row = to_read_.begin()->second;
+  to_read_.erase(to_read_.begin());
+  Entry& entry = entries_.at(row);
+  entry.state = State::kReading;
+  entry.counted_ahead = true;
+  // Held here: the file stays open while it is read, even if the entry is dropped meanwhile.
+  std::shared_ptr<const MappedFile> mapping = readable_mapping(*entry.prepared);
+  const std::uint64_t bytes = entry.bytes;
+  ahead_bytes_ += bytes;
+  reading_bytes_ += bytes;
+  ++reading_;
+  stats_.max_ahead = std::max(stats_.max_ahead, ahead_bytes_);
+  const std::uint64_t generation = generation_;
+  grow();
+  lock.unlock();
+
+  const std::size_t read =
+      read_open_file_into_page_cache(mapping->fd(), bytes, kReadaheadChunk, &stop_reads_);
+  mapping.reset();  // the last reference when the entry was dropped: unmapped outside the lock
+
+  lock.lock();
+  --reading_;
+  reading_bytes_ -= bytes;
+  if (generation == generation_) {
+    auto it = entries_.find(row);
+    if (it != entries_.end()) it->second.state = State::kReady;
+    ++stats_.read;
+    stats_.bytes += read;
+  }
+  grow();  // reading room was freed
+  work_.notify_one();
+  ready_.notify_all();
+}
+
+}  // namespace draftfeed
