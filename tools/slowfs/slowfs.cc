@@ -5,7 +5,8 @@
 // object-store mounts, where each of those operations is a round trip to a server.
 //
 //   slowfs SOURCE MOUNTPOINT [--latency-ms M] [--open-ms M] [--lookup-ms M] [--readdir-ms M]
-//          [--read-ms M] [--every-read] [--sigma S] [--tail P:LO:HI] [--tail-ops open,lookup,...]
+//          [--read-ms M] [--missing-lookup-ms M] [--every-read] [--sigma S] [--tail P:LO:HI]
+//          [--tail-ops open,lookup,...]
 //          [--slow NAME:SECONDS]... [--bandwidth-mbps B] [--entry-timeout S] [--attr-timeout S]
 //          [--negative-timeout S] [--seed N] [--threads N] [--max-background N] [--stats FILE]
 //
@@ -14,13 +15,22 @@
 // any number of requests may wait at once (as at a server, where waiting costs nothing), without a
 // thread per request; the latency a reader sees does not depend on how many others wait.
 //
-// The kernel caches names and attributes for --entry-timeout and --attr-timeout seconds (as NFS
-// caches them, acregmin 3 s by default); a name that does not exist is not cached unless
-// --negative-timeout > 0 (each lookup of a missing lock file is a round trip). Opens always reach
-// slowfs (NFS's close-to-open check is a round trip too). File data stays in the kernel's page
-// cache across opens (FOPEN_KEEP_CACHE): a warm epoch reads no data from slowfs, but still opens.
-// flock() is handled by the kernel, locally to this mount.
+// Lookups. The kernel sends the lookups of one folder to a FUSE file system one at a time (even
+// with FUSE_PARALLEL_DIROPS, on Linux 6.18: measured), so a lookup answered late would make every
+// reader of the folder queue behind it; no network file system does that (NFS looks names up in
+// parallel). So slowfs answers a lookup at once and emulates the client's cache itself: a file
+// found whose attributes the client does not know (none fetched within --attr-timeout seconds)
+// owes one lookup round trip, which its next attribute read (stat) or open pays; a stat within
+// --attr-timeout of the last round trip is free, as NFS serves it from its attribute cache (3 s
+// by default). Opens are always a round trip (NFS's close-to-open check), and bring the
+// attributes. A lookup of a name that does not exist (a lock file that is not there) waits
+// --missing-lookup-ms (0 by default: NFS answers repeated ones from its cache of negative
+// lookups; above 0 such lookups queue per folder, as said). Names stay in the kernel's cache for
+// --entry-timeout seconds, missing ones only with --negative-timeout > 0.
+// File data stays in the kernel's page cache across opens (FOPEN_KEEP_CACHE): a warm epoch reads
+// no data from slowfs, but still opens. flock() is handled by the kernel, locally to this mount.
 //
+// --latency-ms M sets the median of every class (lookup, open, readdir, read); the others set one.
 // Stats: SIGUSR1 writes the counters (per operation: calls, injected seconds; bytes read; replies
 // waiting now and at most) as JSON to --stats, atomically; SIGUSR2 resets them. Lifetime: the
 // process dies with its parent (PR_SET_PDEATHSIG) and unmounts on SIGTERM, SIGINT or SIGHUP; the
@@ -76,6 +86,7 @@ struct Options {
   double tail_low = 0, tail_high = 0;  // seconds
   std::array<bool, 4> tail_on{false, true, false, false};
   std::map<std::string, double> slow_names;  // basename -> seconds for its opens
+  double missing_lookup_ms = 0;              // lookups of names that do not exist
   double bandwidth = 0;                      // bytes per second; 0: none
   double entry_timeout = 1.0, attr_timeout = 1.0, negative_timeout = 0.0;
   std::uint64_t seed = 1;
@@ -87,6 +98,14 @@ struct Options {
 class LatencyModel {
  public:
   explicit LatencyModel(const Options& options) : options_(options), random_(options.seed) {}
+
+  // Seconds a lookup of a name that does not exist waits (--missing-lookup-ms, no tail).
+  double missing_lookup() {
+    const double median = options_.missing_lookup_ms / 1000.0;
+    if (median <= 0) return 0;
+    std::lock_guard lock(mutex_);
+    return median * std::exp(options_.sigma * normal_(random_));
+  }
 
   // Seconds to wait before answering an operation of class `op` (on a file named `name`).
   double draw(OpClass op, const std::string& name = {}) {
@@ -239,6 +258,10 @@ struct Inode {
   ino_t inode = 0;
   std::uint64_t lookups = 0;
   std::string name;  // the last name it was looked up by (for --slow)
+  // The emulated client's cache (see "Lookups" at the top): the round trip a lookup answered at
+  // once still owes, and until when the attributes count as known to the client.
+  double owed = 0;
+  Clock::time_point valid_until{};
 };
 
 struct OpenFile {
@@ -334,6 +357,34 @@ class SlowFs {
     return inode(ino).name;
   }
 
+  // A lookup that found `ino` (answered at once): unless the client knows its attributes still,
+  // it owes one lookup round trip, paid by the file's next getattr or open.
+  void looked_up(fuse_ino_t ino) {
+    const double owed = latency_.draw(OpClass::kLookup);
+    std::lock_guard lock(inodes_mutex_);
+    Inode& node = inode(ino);
+    if (Clock::now() >= node.valid_until && node.owed == 0) node.owed = owed;
+  }
+
+  // The delay of a request on `ino` that validates its attributes: what the client's cache makes
+  // free is free; otherwise `own` (the request's round trip, or none) plus what a lookup owes.
+  // Returns {delay, of which the lookup's}. The attributes then count as known until the reply
+  // plus the attribute timeout.
+  // `own_or_lookup`: the owed lookup replaces the request's own round trip (NFS's LOOKUP brings
+  // the attributes with it) instead of adding to it.
+  std::pair<double, double> validate(fuse_ino_t ino, double own, bool always, bool own_or_lookup) {
+    std::lock_guard lock(inodes_mutex_);
+    Inode& node = inode(ino);
+    const Clock::time_point now = Clock::now();
+    if (!always && now < node.valid_until) return {0.0, 0.0};
+    const double lookup = node.owed;
+    const double delay = own_or_lookup && lookup > 0 ? lookup : own + lookup;
+    node.owed = 0;
+    node.valid_until = now + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(delay + options_.attr_timeout));
+    return {delay, lookup};
+  }
+
   LatencyModel& latency() { return latency_; }
 
  private:
@@ -391,20 +442,34 @@ void op_init(void* /*userdata*/, fuse_conn_info* conn) {
   // of 12 background requests would be the bottleneck, not the latency being modelled).
   conn->max_background = static_cast<unsigned>(g_fs->options().max_background);
   conn->congestion_threshold = conn->max_background * 3 / 4;
+  // Lookups in one folder run in parallel (else the kernel holds the folder's lock through each
+  // round trip, and a network file system's lookups would queue behind one another).
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   conn->want &= ~FUSE_CAP_FLOCK_LOCKS;  // flock stays in the kernel
   conn->want &= ~FUSE_CAP_POSIX_LOCKS;
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  // Answered at once (see "Lookups" at the top): a found file owes the round trip to its next
+  // getattr or open; a missing name costs --missing-lookup-ms (0 by default).
   fuse_entry_param entry{};
   const int err = make_entry(parent, name, &entry);
+  g_fs->stats().count("lookup", 0);
+  if (err == 0) {
+    entry.attr_timeout = 0;  // the kernel asks for attributes; the emulated client answers
+    g_fs->looked_up(entry.ino);
+    fuse_reply_entry(req, &entry);
+    return;
+  }
+  const double delay =
+      err == ENOENT ? g_fs->latency().missing_lookup() : g_fs->latency().draw(OpClass::kLookup);
   if (err == ENOENT && g_fs->options().negative_timeout > 0) {
     std::memset(&entry, 0, sizeof(entry));
     entry.entry_timeout = g_fs->options().negative_timeout;  // ino 0: a cached "no such name"
-    reply_entry_later(req, "lookup", draw(OpClass::kLookup), 0, entry);
+    reply_entry_later(req, "missing_lookup", delay, 0, entry);
     return;
   }
-  reply_entry_later(req, "lookup", draw(OpClass::kLookup), err, entry);
+  reply_entry_later(req, "missing_lookup", delay, err, entry);
 }
 
 void op_forget(fuse_req_t req, fuse_ino_t ino, std::uint64_t nlookup) {
@@ -421,8 +486,12 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* /*fi*/) {
   struct stat st {};
   const int err =
       ::fstatat(g_fs->inode(ino).fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
-  const double timeout = g_fs->options().attr_timeout;
-  g_fs->later("getattr", draw(OpClass::kLookup), [req, err, st, timeout] {
+  // Free while the client knows the attributes; else one round trip (the owed lookup's, if any:
+  // NFS's LOOKUP brings the attributes with it).
+  const auto [delay, lookup] = g_fs->validate(ino, draw(OpClass::kLookup), false, true);
+  if (lookup > 0) g_fs->stats().count("lookup_paid", lookup);
+  const double timeout = 0;  // the kernel asks again; the emulated client decides
+  g_fs->later("getattr", delay, [req, err, st, timeout] {
     if (err != 0) {
       fuse_reply_err(req, err);
     } else {
@@ -525,7 +594,12 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const int fd = ::open(proc_path(g_fs->inode(ino).fd).c_str(),
                         (fi->flags & ~O_NOFOLLOW & ~O_CREAT) | O_CLOEXEC);
   const int err = fd < 0 ? errno : 0;
-  finish_open(req, "open", fd, err, nullptr, *fi, draw(OpClass::kOpen, g_fs->name_of(ino)));
+  // Always a round trip (close-to-open), plus a lookup's still owed; the reply brings the
+  // attributes (a fstat right after it is free).
+  const auto [delay, lookup] =
+      g_fs->validate(ino, draw(OpClass::kOpen, g_fs->name_of(ino)), true, false);
+  if (lookup > 0) g_fs->stats().count("lookup_paid", lookup);
+  finish_open(req, "open", fd, err, nullptr, *fi, delay);
 }
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -662,14 +736,16 @@ void op_statfs(fuse_req_t req, fuse_ino_t ino) {
 
 // ---------------------------------------------------------------- the command line
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "slowfs: %s\nusage: slowfs SOURCE MOUNTPOINT [--latency-ms M] [--open-ms M] "
-               "[--lookup-ms M] [--readdir-ms M] [--read-ms M] [--every-read] [--sigma S] "
-               "[--tail P:LO:HI] [--tail-ops open,lookup,readdir,read] [--slow NAME:SECONDS] "
-               "[--bandwidth-mbps B] [--entry-timeout S] [--attr-timeout S] "
-               "[--negative-timeout S] [--seed N] [--threads N] [--max-background N] "
-               "[--stats FILE]\n",
-               why);
+  std::fprintf(
+      stderr,
+      "slowfs: %s\nusage: slowfs SOURCE MOUNTPOINT [--latency-ms M] [--open-ms M] "
+      "[--lookup-ms M] [--missing-lookup-ms M] [--readdir-ms M] [--read-ms M] [--every-read] "
+      "[--sigma S] "
+      "[--tail P:LO:HI] [--tail-ops open,lookup,readdir,read] [--slow NAME:SECONDS] "
+      "[--bandwidth-mbps B] [--entry-timeout S] [--attr-timeout S] "
+      "[--negative-timeout S] [--seed N] [--threads N] [--max-background N] "
+      "[--stats FILE]\n",
+      why);
   std::exit(2);
 }
 
@@ -706,6 +782,8 @@ Options parse(int argc, char** argv) {
       set_class(OpClass::kReaddir);
     } else if (arg == "--read-ms") {
       set_class(OpClass::kRead);
+    } else if (arg == "--missing-lookup-ms") {
+      o.missing_lookup_ms = number(value(), arg);
     } else if (arg == "--every-read") {
       o.every_read = true;
     } else if (arg == "--sigma") {
