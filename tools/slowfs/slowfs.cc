@@ -599,7 +599,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const auto [delay, lookup] =
       g_fs->validate(ino, draw(OpClass::kOpen, g_fs->name_of(ino)), true, false);
   if (lookup > 0) g_fs->stats().count("lookup_paid", lookup);
-  finish_open(req, "open", fd, err, nullptr, *fi, delay);
+  g_fs->stats().count("open", delay - lookup);
+  finish_open(req, nullptr, fd, err, nullptr, *fi, delay);  // counted above
 }
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
