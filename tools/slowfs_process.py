@@ -139,7 +139,7 @@ def slowfs_unavailable() -> str | None:
                 os.mkdir(os.path.join(root, "mnt"))
                 with SlowFs(os.path.join(root, "src"), os.path.join(root, "mnt"), startup_timeout=30):
                     pass
-        except Exception as error:  # noqa: BLE001 - any failure is the reason to skip
+        except Exception as error:  # any failure is the reason to skip
             reason = f"slowfs cannot mount here: {error}"
     _unavailable["reason"] = reason
     return reason

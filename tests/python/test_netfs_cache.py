@@ -52,6 +52,7 @@ def epoch(load: draftfeed.Loader, number: int = 0) -> tuple[float, list[dict], l
     start = time.perf_counter()
     batches, times = [], []
     for batch in load:
+        assert batch is not None
         times.append(time.perf_counter() - start)
         batches.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
     return time.perf_counter() - start, batches, times
