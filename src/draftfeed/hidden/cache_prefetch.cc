@@ -1,8 +1,12 @@
 #include "draftfeed/hidden/cache_prefetch.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "draftfeed/common/file_readahead.h"
@@ -10,6 +14,11 @@
 namespace draftfeed {
 
 namespace {
+
+// How long after a fetch found its file not ready the prefetch still counts as caught up with
+// (the pacer may add threads): about the round trips of a slow file system, so that a fetch that
+// opened its file itself meanwhile does not end the ramp.
+constexpr std::chrono::milliseconds kStarvedFor{100};
 
 // The mapping of a prepared file worth reading (found, with its descriptor kept), else null.
 std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared& prepared) {
@@ -33,7 +42,8 @@ CachePrefetch::CachePrefetch(Opener opener, CachePrefetchOptions options)
     : opener_(std::move(opener)),
       options_(options),
       max_open_files_(options.max_open_files > 0 ? options.max_open_files
-                                                 : default_max_open_files()) {}
+                                                 : default_max_open_files()),
+      pacer_([this] { pace(); }) {}
 
 CachePrefetch::~CachePrefetch() {
   {
@@ -43,7 +53,9 @@ CachePrefetch::~CachePrefetch() {
   }
   work_.notify_all();
   ready_.notify_all();
-  // No thread starts once stopping_ is set (grow), so threads_ no longer changes.
+  paced_.notify_all();
+  // No thread starts once stopping_ is set, so threads_ no longer changes once the pacer is gone.
+  pacer_.join();
   for (std::thread& thread : threads_) thread.join();
 }
 
@@ -59,10 +71,11 @@ void CachePrefetch::plan(PrefetchPlan plan) {
     reached_early_.clear();
     ahead_bytes_ = 0;
     ++generation_;
-    grow();
+    start_threads();
   }
   work_.notify_all();
   ready_.notify_all();
+  paced_.notify_all();
   // `dropped` unmaps and closes its files here, outside the lock.
 }
 
@@ -78,18 +91,24 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   auto it = entries_.find(row);
   if (it == entries_.end()) {
     // Not opened yet: the caller opens it, and the prefetch skips it when it gets there.
-    if (batch_ < plan_.batches.size()) reached_early_.insert(row);
+    if (batch_ < plan_.batches.size()) {
+      reached_early_.insert(row);
+      starved();
+    }
     return std::nullopt;
   }
   if (it->second.state == State::kOpening || it->second.state == State::kReading) {
     ++stats_.waited;
+    starved();
     const std::uint64_t generation = generation_;
+    ++waiting_;
     ready_.wait(lock, [&] {
       if (stopping_ || generation != generation_) return true;
       it = entries_.find(row);
       return it == entries_.end() ||
              (it->second.state != State::kOpening && it->second.state != State::kReading);
     });
+    --waiting_;
     if (stopping_ || generation != generation_ || it == entries_.end()) return std::nullopt;
   }
   Entry& entry = it->second;
@@ -99,7 +118,6 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   std::optional<Prepared> prepared = std::move(entry.prepared);
   entries_.erase(it);
   ++stats_.taken;
-  grow();  // budgets were freed
   lock.unlock();
   work_.notify_all();
   if (read_here && prepared) {
@@ -124,11 +142,46 @@ bool CachePrefetch::can_read() const {
   return reading_room && ahead_room;
 }
 
-void CachePrefetch::grow() {
-  if (stopping_ || idle_ > 0 || static_cast<int>(threads_.size()) >= options_.max_threads) return;
-  if (!can_read() && !can_open()) return;
-  threads_.emplace_back([this] { run(); });
-  ++stats_.threads;
+void CachePrefetch::start_threads() {
+  const auto wanted = static_cast<std::size_t>(std::min(2, std::max(1, options_.max_threads)));
+  while (!stopping_ && threads_.size() < wanted && (can_read() || can_open())) {
+    threads_.emplace_back([this] { run(); });
+    ++stats_.threads;
+  }
+}
+
+void CachePrefetch::starved() {
+  starved_ = std::chrono::steady_clock::now();
+  if (pacer_idle_ && idle_ == 0) paced_.notify_one();
+}
+
+bool CachePrefetch::opens_are_slow() const {
+  const std::size_t timed = std::min(opens_timed_, open_times_.size());
+  if (timed < 2) return false;
+  std::array<std::chrono::steady_clock::duration, 32> times{};
+  std::copy_n(open_times_.begin(), timed, times.begin());
+  const auto quarter = times.begin() + static_cast<std::ptrdiff_t>(timed / 4);
+  std::nth_element(times.begin(), quarter, times.begin() + static_cast<std::ptrdiff_t>(timed));
+  return *quarter >= options_.grow_after;
+}
+
+void CachePrefetch::pace() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    const bool full = static_cast<int>(threads_.size()) >= options_.max_threads;
+    const bool catching_up =
+        waiting_ > 0 || std::chrono::steady_clock::now() - starved_ < kStarvedFor;
+    if (full || idle_ > 0 || !catching_up || !opens_are_slow() || !(can_read() || can_open())) {
+      pacer_idle_ = true;
+      paced_.wait(lock);
+      pacer_idle_ = false;
+      continue;
+    }
+    // The fetches wait on a file system that keeps each open waiting: one more call in flight.
+    threads_.emplace_back([this] { run(); });
+    ++stats_.threads;
+    paced_.wait_for(lock, options_.grow_after);
+  }
 }
 
 std::int64_t CachePrefetch::next_row() {
@@ -175,7 +228,7 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
   stats_.max_open_ahead =
       std::max(stats_.max_open_ahead, static_cast<std::int64_t>(entries_.size()));
   const std::uint64_t generation = generation_;
-  grow();
+  const auto began = std::chrono::steady_clock::now();
   lock.unlock();
 
   std::optional<Prepared> prepared;
@@ -192,6 +245,7 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
   const bool to_read = options_.read_data && mapping && !cached;
 
   lock.lock();
+  open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
   --opening_;
   ++stats_.opened;
   if (cached) ++stats_.cached;
@@ -208,7 +262,6 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
   if (to_read) {
     it->second.state = State::kOpened;
     to_read_.emplace(it->second.position, row);
-    grow();
     work_.notify_one();
   } else {
     it->second.state = State::kReady;
@@ -230,7 +283,6 @@ void CachePrefetch::read_one(std::unique_lock<std::mutex>& lock) {
   ++reading_;
   stats_.max_ahead = std::max(stats_.max_ahead, ahead_bytes_);
   const std::uint64_t generation = generation_;
-  grow();
   lock.unlock();
 
   const std::size_t read =
@@ -246,8 +298,7 @@ void CachePrefetch::read_one(std::unique_lock<std::mutex>& lock) {
     ++stats_.read;
     stats_.bytes += read;
   }
-  grow();  // reading room was freed
-  work_.notify_one();
+  work_.notify_one();  // reading room was freed
   ready_.notify_all();
 }
 

@@ -16,9 +16,19 @@
 //     `max_reading_bytes` being read at once and `max_ahead_bytes` read and not yet fetched.
 //     A file whose first and last pages are already cached is not read again (a warm epoch reads
 //     nothing and only opens).
-// Each open or read blocks a thread in the kernel; threads are started as work waits and no thread
-// is free, up to `max_threads` (a limit on blocked system calls, not the budget: a blocked thread
-// costs its stack, nothing else). On a local disk opens return in microseconds, so few are started.
+// Each open or read blocks a thread in the kernel. Two threads start with the first plan; a pacer
+// starts one more (at most one per `grow_after`, 1 ms, up to `max_threads`) while all of these
+// hold:
+//   * the fetches are catching up: a fetch waits for its file's open or read now, or found its
+//     file not ready (under way, or not started) within the last 100 ms;
+//   * work waits within the budgets and no thread is free;
+//   * the opens are slow: a quarter of the latest 32 took `grow_after` or more (on a network file
+//     system every open is a few round trips).
+// That is a file system that keeps each call waiting, where more calls must be in flight (by the
+// dozen): Little's law. A thread blocked in such a call costs its stack, nothing else. Where opens
+// are quick (a local disk, even one busy with other threads), none start: more threads would only
+// contend for the CPUs and for the process's memory map (every mmap and munmap takes it), and slow
+// each open down further.
 //
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or it reads it itself when its read has not started; a row the
@@ -28,7 +38,9 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -54,7 +66,8 @@ struct CachePrefetchOptions {
   // Files opened ahead and not yet fetched; 0: a quarter of the process's open-file limit
   // (RLIMIT_NOFILE), at most 4096 and at least 16.
   std::int64_t max_open_files = 0;
-  int max_threads = 256;    // blocked opens and reads at once, at most
+  int max_threads = 256;                       // blocked opens and reads at once, at most
+  std::chrono::microseconds grow_after{1000};  // a call under way this long: one more thread
   bool read_data = true;    // read files into the page cache (off: open ahead only)
   bool skip_cached = true;  // files already in the page cache are not read again
 };
@@ -116,11 +129,13 @@ class CachePrefetch {
   void run();
   bool can_open() const;
   bool can_read() const;
-  void grow();              // starts a thread when work waits and none is free (mutex_ held)
-  std::int64_t next_row();  // the plan's next row, or -1 (mutex_ held)
+  void start_threads();         // the first two threads, when there is work (mutex_ held)
+  void pace();                  // the pacer thread: one more worker while every call is slow
+  void starved();               // a fetch found its file not ready (mutex_ held)
+  bool opens_are_slow() const;  // see "the opens are slow" above (mutex_ held)
+  std::int64_t next_row();      // the plan's next row, or -1 (mutex_ held)
   void open_one(std::unique_lock<std::mutex>& lock);
   void read_one(std::unique_lock<std::mutex>& lock);
-  void release(Entry& entry);  // its budgets freed (mutex_ held)
 
   const Opener opener_;
   const CachePrefetchOptions options_;
@@ -141,10 +156,17 @@ class CachePrefetch {
   std::uint64_t ahead_bytes_ = 0;
   std::uint64_t generation_ = 0;  // bumped by clear(): work under way is then dropped
   int idle_ = 0;
+  std::array<std::chrono::steady_clock::duration, 32> open_times_{};  // the latest opens' times
+  std::size_t opens_timed_ = 0;
+  std::condition_variable paced_;                    // the pacer: work, a call started, or stopping
+  bool pacer_idle_ = false;                          // the pacer waits without a deadline (wake it)
+  std::chrono::steady_clock::time_point starved_{};  // a fetch last found its file not ready
+  int waiting_ = 0;                                  // fetches waiting for their file now
   bool stopping_ = false;
   std::atomic<bool> stop_reads_{false};  // read without the lock by reads under way
   CachePrefetchStats stats_;
   std::vector<std::thread> threads_;
+  std::thread pacer_;
 };
 
 // The default for max_open_files (see CachePrefetchOptions).
