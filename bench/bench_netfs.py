@@ -25,8 +25,11 @@ For each median latency:
     on a mount without latency (worker processes spawned, imports done), then the mount is replaced by
     a fresh slow one (a cold client: nothing cached) and the side runs epoch 1 (cold), then epoch 1
     again (warm: the same batches, its files in the client's page cache; opens still round trips).
-  * at --tail-latency (10 ms) only: draftfeed's whole epoch also without the tail, and delivering as
-    ready (dataloader_in_order=False) with and without it: what the tail costs.
+  * at --tail-latency (10 ms) only: what the tail costs draftfeed: its whole epoch with and without
+    the tail, delivered in order and as ready (dataloader_in_order=False), at --tail-bandwidth-mbps
+    (60): an epoch long enough (20 s) to compare with a 3 s tail. No epoch can end before its slowest
+    open returns; what the tail costs is what part of that wait the rest of the epoch cannot cover
+    (the read-ahead keeps the file system streaming while a batch waits for a stuck file).
 GB/s: bytes of the files an epoch reads over its seconds (the whole split's for the bound and the whole
 epoch); the K-batch comparison is in tokens/s (both sides deliver the same batches: checked).
 Written to OUT/netfs.json. Needs FUSE (/dev/fuse, libfuse3-dev); where it cannot mount, says why.
@@ -266,12 +269,13 @@ def tail_rows(results: dict) -> list[tuple]:
     for order in ("in order", "as ready"):
         for state in ("cold", "warm"):
             without, with_ = tail[order]["without"][state]["seconds"], tail[order]["with"][state]["seconds"]
-            rows.append((f"{tail['latency_ms']:g} ms", order, state, f"{without:.2f}", f"{with_:.2f}",
-                         f"{100 * (with_ - without) / without:+.0f}%"))
+            rows.append((f"{tail['latency_ms']:g} ms", f"{tail['bandwidth_mbps']:g}", order, state, f"{without:.2f}",
+                         f"{with_:.2f}", f"{100 * (with_ - without) / without:+.0f}%"))
     return rows
 
 
-TAIL_HEADERS = ("median latency", "delivery", "epoch", "epoch s without tail", "epoch s with tail", "tail's cost")
+TAIL_HEADERS = ("median latency", "MB/s", "delivery", "epoch", "epoch s without tail", "epoch s with tail",
+                "tail's cost")
 
 
 def criteria(results: dict) -> list[str]:
@@ -306,6 +310,7 @@ def main() -> None:
     p.add_argument("--bandwidth-mbps", type=float, default=200)
     p.add_argument("--tail", default="0.01:2:3", help="P:LOW:HIGH: a share P of opens takes LOW-HIGH seconds")
     p.add_argument("--tail-latency", type=float, default=10, help="median at which the tail's cost is measured")
+    p.add_argument("--tail-bandwidth-mbps", type=float, default=60, help="bandwidth of the tail's runs")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ref-batches", default="2:8,10:4,50:2", help="LATENCY:K: batches of the K-batch comparison")
     p.add_argument("--threads", type=int, default=512, help="threads of the bound's parallel read")
@@ -336,7 +341,7 @@ def main() -> None:
             print(json.dumps(result))
         return
     if args.quick:
-        args.rows, args.latencies, args.ref_batches = 300, "10", "10:1"
+        args.rows, args.latencies, args.ref_batches, args.tail_bandwidth_mbps = 300, "10", "10:1", 200
     latencies = [float(x) for x in args.latencies.split(",") if x]
     ref_batches = {float(k): int(v) for k, v in (item.split(":") for item in args.ref_batches.split(","))}
     probability, low, high = (float(x) for x in args.tail.split(":"))
@@ -345,12 +350,13 @@ def main() -> None:
     started = time.perf_counter()
     results: dict = dict(status="done", machine=machine(), command="python bench/bench_netfs.py " + " ".join(sys.argv[1:]),
                          config={k: v for k, v in config.items() if k != "names"}, workers=args.workers,
-                         bandwidth_mbps=args.bandwidth_mbps, tail=args.tail, latencies=[])
+                         bandwidth_mbps=args.bandwidth_mbps, tail=args.tail, tail_latency=args.tail_latency,
+                         latencies=[])
     print(f"netfs: {len(config['names'])} files, {config['file_bytes'] / 1e9:.2f} GB per epoch, "
           f"{args.bandwidth_mbps:g} MB/s, tail {args.tail}, {args.workers} workers", flush=True)
 
-    def slow(latency: float, tail: bool = True) -> dict:
-        s = dict(latency_ms=latency, bandwidth_mbps=args.bandwidth_mbps)
+    def slow(latency: float, tail: bool = True, bandwidth: float | None = None) -> dict:
+        s = dict(latency_ms=latency, bandwidth_mbps=bandwidth or args.bandwidth_mbps)
         if tail:
             s["tail"] = (probability, low, high)
         return s
@@ -376,15 +382,18 @@ def main() -> None:
                   f"{lat['reference_k']['cold']['seconds']:.1f} s / draftfeed {lat['draftfeed_k']['cold']['seconds']:.2f} s "
                   f"cold", flush=True)
             if latency == args.tail_latency:
-                tail: dict = dict(latency_ms=latency, tail=args.tail, **{"in order": {}, "as ready": {}})
-                tail["in order"]["with"] = lat["draftfeed"]
-                common_no_tail = dict(common, slow=slow(latency, tail=False))
-                tail["in order"]["without"] = side_run(mount, config, "draftfeed", batches=None, in_order=True,
-                                                       **common_no_tail)
-                tail["as ready"]["with"] = side_run(mount, config, "draftfeed", batches=None, in_order=False, **common)
-                tail["as ready"]["without"] = side_run(mount, config, "draftfeed", batches=None, in_order=False,
-                                                       **common_no_tail)
+                tail: dict = dict(latency_ms=latency, tail=args.tail, bandwidth_mbps=args.tail_bandwidth_mbps,
+                                  **{"in order": {}, "as ready": {}})
+                for order, in_order in (("in order", True), ("as ready", False)):
+                    for key, with_tail in (("without", False), ("with", True)):
+                        run = dict(common, slow=slow(latency, with_tail, args.tail_bandwidth_mbps))
+                        tail[order][key] = side_run(mount, config, "draftfeed", batches=None, in_order=in_order,
+                                                    **run)
                 results["tail"] = tail
+                print("[tail] " + "; ".join(
+                    f"{order}: {tail[order]['without']['cold']['seconds']:.1f} s without, "
+                    f"{tail[order]['with']['cold']['seconds']:.1f} s with" for order in ("in order", "as ready")),
+                    flush=True)
     finally:
         mount.close()
     results["seconds"] = time.perf_counter() - started
