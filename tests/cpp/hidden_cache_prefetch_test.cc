@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -183,8 +184,8 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
       {
         std::unique_lock lock(mutex_);
         opened_.insert(row);
-        released_.wait_for(lock, std::chrono::seconds(20),
-                           [&] { return !held_.count(row) || release_all_; });
+        const bool hold = held_.count(row) != 0 && !(hold_once_ && calls_[row]++ > 0);
+        released_.wait_for(lock, std::chrono::seconds(20), [&] { return !hold || release_all_; });
       }
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
       --opening_;
@@ -223,6 +224,8 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
   std::mutex mutex_;
   std::condition_variable released_;
   std::set<std::int64_t> held_;
+  bool hold_once_ = false;  // only the first open of a held row waits
+  std::map<std::int64_t, int> calls_;
   std::set<std::int64_t> opened_;
   bool release_all_ = false;
 };
@@ -294,7 +297,9 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
     std::lock_guard lock(mutex_);
     held_ = {1};
   }
-  CachePrefetch prefetch(opener());
+  CachePrefetchOptions options;
+  options.hedge = false;  // a file stuck for every open: hedging would wait as well
+  CachePrefetch prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
   for (int row = 0; row < kRows; ++row) {
@@ -315,6 +320,34 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
   fetch.join();
   EXPECT_TRUE(done.load());
   EXPECT_EQ(prefetch.stats().opened, kRows);
+}
+
+// A fetch waiting for an open far slower than the others asks again itself (a hedged request):
+// where the slowness was that one request's, the second answer comes at once.
+TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
+  {
+    std::lock_guard lock(mutex_);
+    held_ = {5};
+    hold_once_ = true;
+  }
+  CachePrefetchOptions options;
+  options.hedge_after = std::chrono::milliseconds(50);
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
+  const auto start = std::chrono::steady_clock::now();
+  auto taken = prefetch.take(5);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(taken.has_value()) << "hedged: the caller opens it";
+  EXPECT_GE(waited, std::chrono::milliseconds(40));  // the open began before take()
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  EXPECT_EQ(prefetch.stats().hedged, 1);
+  auto again = opener()(5);  // the caller's own open: answered at once
+  ASSERT_TRUE(again.ok() && again.value().has_value());
+  release();  // the first open's late answer is dropped
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
+  EXPECT_FALSE(prefetch.take(5).has_value());
+  for (int row = 6; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
 }
 
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {

@@ -91,7 +91,7 @@ struct Options {
   double entry_timeout = 1.0, attr_timeout = 1.0, negative_timeout = 0.0;
   std::uint64_t seed = 1;
   int threads = 8;
-  int max_background = 128;
+  int max_background = 1024;
   std::string stats_path;
 };
 

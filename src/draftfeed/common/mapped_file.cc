@@ -25,7 +25,7 @@ std::int64_t modified_ns(const struct stat& st) {
 }  // namespace
 
 Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path,
-                                                           bool keep_descriptor) {
+                                                           MapOptions options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return os_error("cannot open", path, errno);
   struct stat st {};
@@ -48,13 +48,14 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& pa
       return os_error("cannot mmap", path, err);
     }
     data = static_cast<const std::uint8_t*>(addr);
+    if (options.header_only) ::madvise(addr, size, MADV_RANDOM);
   }
   // The mapping keeps the file's pages; the descriptor is needed only to read ahead.
-  if (!keep_descriptor) ::close(fd);
+  if (!options.keep_descriptor) ::close(fd);
   const Identity identity{static_cast<std::uint64_t>(st.st_dev),
                           static_cast<std::uint64_t>(st.st_ino), modified_ns(st)};
   return std::shared_ptr<const MappedFile>(
-      new MappedFile(path, data, size, identity, keep_descriptor ? fd : -1));
+      new MappedFile(path, data, size, identity, options.keep_descriptor ? fd : -1));
 }
 
 std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& path) {
@@ -64,6 +65,10 @@ std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& p
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
   if (fd_ >= 0) ::close(fd_);
+}
+
+void MappedFile::advise_normal() const {
+  if (data_ != nullptr) ::madvise(const_cast<std::uint8_t*>(data_), size_, MADV_NORMAL);
 }
 
 void MappedFile::prefetch(std::size_t offset, std::size_t length) const {

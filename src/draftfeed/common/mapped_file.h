@@ -11,7 +11,11 @@
 // A mapping opened with `keep_descriptor` keeps its file open: a reader can then read the file
 // ahead through it (sendfile, without opening it again: on a network file system every open is a
 // round trip) and change_since_mapped() asks the open file instead of its path (no name lookup,
-// and the attributes the kernel has: no round trip either).
+// and the attributes the kernel has: no round trip either). One opened `header_only` reads, when a
+// page is first touched, that page alone (MADV_RANDOM: no read-around), until advise_normal(): for
+// a file whose header is read at once and whose bytes are read later through the descriptor, so
+// that touching the header does not read the megabyte around it (opening thousands of files ahead,
+// that read-around would take the bandwidth the next batch needs).
 // Thread safety: immutable after `open`; any number of threads may read.
 #pragma once
 
@@ -26,12 +30,18 @@
 
 namespace draftfeed {
 
+// How MappedFile::open maps a file (see above).
+struct MapOptions {
+  bool keep_descriptor = false;
+  bool header_only = false;
+};
+
 class MappedFile {
  public:
   // Maps `path` read-only. A missing file is ErrorKind::kNotFound; a folder or a file the OS will
   // not map is ErrorKind::kIo. An empty file maps to an empty span (no mmap call).
   static Result<std::shared_ptr<const MappedFile>> open(const std::string& path,
-                                                        bool keep_descriptor = false);
+                                                        MapOptions options = {});
 
   // Same, but throws the Error.
   static std::shared_ptr<const MappedFile> open_or_throw(const std::string& path);
@@ -46,6 +56,9 @@ class MappedFile {
   const std::string& path() const { return path_; }
   // The open file (keep_descriptor), else -1. Owned by the mapping: do not close it.
   int fd() const { return fd_; }
+
+  // Ends `header_only`: touched pages are read with the kernel's read-around again (MADV_NORMAL).
+  void advise_normal() const;
 
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
   void prefetch(std::size_t offset, std::size_t length) const;

@@ -15,11 +15,6 @@ namespace draftfeed {
 
 namespace {
 
-// How long after a fetch found its file not ready the prefetch still counts as caught up with
-// (the pacer may add threads): about the round trips of a slow file system, so that a fetch that
-// opened its file itself meanwhile does not end the ramp.
-constexpr std::chrono::milliseconds kStarvedFor{100};
-
 // The mapping of a prepared file worth reading (found, with its descriptor kept), else null.
 std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared& prepared) {
   if (!prepared.ok() || !prepared.value()) return nullptr;
@@ -28,6 +23,13 @@ std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared
 }
 
 }  // namespace
+
+void read_before_copy(const MappedFile& mapping) {
+  if (mapping.fd() < 0 || mapping.size() == 0) return;
+  if (!mapped_file_cached(mapping.data(), mapping.size())) {
+    read_open_file_into_page_cache(mapping.fd(), mapping.size());
+  }
+}
 
 std::int64_t default_max_open_files() {
   std::int64_t files = 4096;
@@ -91,24 +93,30 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   auto it = entries_.find(row);
   if (it == entries_.end()) {
     // Not opened yet: the caller opens it, and the prefetch skips it when it gets there.
-    if (batch_ < plan_.batches.size()) {
-      reached_early_.insert(row);
-      starved();
-    }
+    if (batch_ < plan_.batches.size()) reached_early_.insert(row);
     return std::nullopt;
   }
   if (it->second.state == State::kOpening || it->second.state == State::kReading) {
     ++stats_.waited;
-    starved();
     const std::uint64_t generation = generation_;
-    ++waiting_;
-    ready_.wait(lock, [&] {
+    const auto settled = [&] {
       if (stopping_ || generation != generation_) return true;
       it = entries_.find(row);
       return it == entries_.end() ||
              (it->second.state != State::kOpening && it->second.state != State::kReading);
-    });
-    --waiting_;
+    };
+    const bool opening = it->second.state == State::kOpening;
+    // Hedged once the usual open time is known (8 opens timed).
+    if (opening && options_.hedge && opens_timed_ >= 8 &&
+        !ready_.wait_until(lock, it->second.opened_at + hedge_delay(), settled) &&
+        it->second.state == State::kOpening) {
+      // Far slower than opens are: ask again (the caller opens it); this open's answer, when it
+      // comes, finds no entry and is dropped.
+      entries_.erase(it);
+      ++stats_.hedged;
+      return std::nullopt;
+    }
+    ready_.wait(lock, settled);
     if (stopping_ || generation != generation_ || it == entries_.end()) return std::nullopt;
   }
   Entry& entry = it->second;
@@ -120,11 +128,11 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   ++stats_.taken;
   lock.unlock();
   work_.notify_all();
-  if (read_here && prepared) {
-    // Wanted now: read it sequentially here rather than page by page in the copy.
-    if (const auto mapping = readable_mapping(*prepared)) {
-      read_open_file_into_page_cache(mapping->fd(), mapping->size());
-    }
+  if (const auto mapping = prepared ? readable_mapping(*prepared) : nullptr) {
+    // Wanted now: read sequentially here rather than page by page in the copy.
+    if (read_here) read_open_file_into_page_cache(mapping->fd(), mapping->size());
+    // Read (or found cached): any page the copy still finds missing comes with its read-around.
+    mapping->advise_normal();
   }
   return prepared;
 }
@@ -150,9 +158,19 @@ void CachePrefetch::start_threads() {
   }
 }
 
-void CachePrefetch::starved() {
-  starved_ = std::chrono::steady_clock::now();
-  if (pacer_idle_ && idle_ == 0) paced_.notify_one();
+std::chrono::steady_clock::duration CachePrefetch::hedge_delay() const {
+  const std::size_t timed = std::min(opens_timed_, open_times_.size());
+  std::chrono::steady_clock::duration median{};
+  if (timed > 0) {
+    std::array<std::chrono::steady_clock::duration, 32> times{};
+    std::copy_n(open_times_.begin(), timed, times.begin());
+    const auto middle = times.begin() + static_cast<std::ptrdiff_t>(timed / 2);
+    std::nth_element(times.begin(), middle, times.begin() + static_cast<std::ptrdiff_t>(timed));
+    median = *middle;
+  }
+  const auto scaled = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      median * options_.hedge_factor);
+  return std::max<std::chrono::steady_clock::duration>(scaled, options_.hedge_after);
 }
 
 bool CachePrefetch::opens_are_slow() const {
@@ -169,9 +187,7 @@ void CachePrefetch::pace() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const bool full = static_cast<int>(threads_.size()) >= options_.max_threads;
-    const bool catching_up =
-        waiting_ > 0 || std::chrono::steady_clock::now() - starved_ < kStarvedFor;
-    if (full || idle_ > 0 || !catching_up || !opens_are_slow() || !(can_read() || can_open())) {
+    if (full || idle_ > 0 || !slow_opens_ || !(can_read() || can_open())) {
       pacer_idle_ = true;
       paced_.wait(lock);
       pacer_idle_ = false;
@@ -223,12 +239,15 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
   if (entries_.count(row) != 0) return;  // planned twice: the first one serves both
   Entry& entry = entries_[row];
   entry.position = position_;
+  entry.opened_at = std::chrono::steady_clock::now();
   ++opening_;
   stats_.max_opening = std::max(stats_.max_opening, opening_);
   stats_.max_open_ahead =
       std::max(stats_.max_open_ahead, static_cast<std::int64_t>(entries_.size()));
   const std::uint64_t generation = generation_;
   const auto began = std::chrono::steady_clock::now();
+  // Every thread busy on a slow file system: the pacer may add one.
+  if (slow_opens_ && pacer_idle_ && idle_ == 0) paced_.notify_one();
   lock.unlock();
 
   std::optional<Prepared> prepared;
@@ -246,6 +265,7 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
 
   lock.lock();
   open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
+  slow_opens_ = opens_are_slow();
   --opening_;
   ++stats_.opened;
   if (cached) ++stats_.cached;

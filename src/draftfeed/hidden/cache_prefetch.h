@@ -17,23 +17,25 @@
 //     A file whose first and last pages are already cached is not read again (a warm epoch reads
 //     nothing and only opens).
 // Each open or read blocks a thread in the kernel. Two threads start with the first plan; a pacer
-// starts one more (at most one per `grow_after`, 1 ms, up to `max_threads`) while all of these
-// hold:
-//   * the fetches are catching up: a fetch waits for its file's open or read now, or found its
-//     file not ready (under way, or not started) within the last 100 ms;
-//   * work waits within the budgets and no thread is free;
-//   * the opens are slow: a quarter of the latest 32 took `grow_after` or more (on a network file
-//     system every open is a few round trips).
-// That is a file system that keeps each call waiting, where more calls must be in flight (by the
-// dozen): Little's law. A thread blocked in such a call costs its stack, nothing else. Where opens
-// are quick (a local disk, even one busy with other threads), none start: more threads would only
-// contend for the CPUs and for the process's memory map (every mmap and munmap takes it), and slow
-// each open down further.
+// starts one more (at most one per `grow_after`, 1 ms, up to `max_threads`) while work waits
+// within the budgets, no thread is free, and the opens are slow: a quarter of the latest 32 took
+// `grow_after` or more (on a network file system each open is a few round trips). That is a file
+// system that keeps each call waiting, where many calls must be in flight (Little's law: in flight
+// = rate x latency), and where opening far ahead of the fetches is what hides a slow open's tail:
+// its file is asked for long before its batch. A thread blocked in such a call costs its stack,
+// nothing else. Where opens are quick (a local disk, even one busy with other threads) none start:
+// more threads would only contend for the CPUs and for the process's memory map (every mmap and
+// munmap takes it), and slow each open down.
 //
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or it reads it itself when its read has not started; a row the
 // prefetch has not reached yet is left to the fetch (and skipped when the prefetch gets there).
-// Prepared files that no fetch takes (an epoch stopped) are dropped by clear().
+// A fetch that waits for an open taking far longer than opens usually do (4 x the median, at least
+// 50 ms: a network file system's tail) hedges it: it opens the file again itself and the first
+// answer wins (the late one is dropped). Where a tail is one request's bad luck (a server's queue,
+// a lost packet), the second ask seldom meets it; where the file itself is stuck, both wait, and
+// the fetch holds its batch as it would have. Prepared files that no fetch takes (an epoch stopped)
+// are dropped by clear().
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -68,6 +70,11 @@ struct CachePrefetchOptions {
   std::int64_t max_open_files = 0;
   int max_threads = 256;                       // blocked opens and reads at once, at most
   std::chrono::microseconds grow_after{1000};  // a call under way this long: one more thread
+  // A fetch waiting for its file's open hedges it after `hedge_factor` x the median open time (at
+  // least `hedge_after`): it opens the file again itself, and the first answer wins.
+  bool hedge = true;
+  double hedge_factor = 4;
+  std::chrono::milliseconds hedge_after{50};
   bool read_data = true;    // read files into the page cache (off: open ahead only)
   bool skip_cached = true;  // files already in the page cache are not read again
 };
@@ -79,6 +86,7 @@ struct CachePrefetchStats {
   std::uint64_t bytes = 0;          // their bytes
   std::int64_t taken = 0;           // prepared files a fetch took
   std::int64_t waited = 0;          // fetches that waited for their file's open or read under way
+  std::int64_t hedged = 0;          // opens a waiting fetch asked for again (see hedge)
   std::int64_t overtaken = 0;       // rows a fetch reached before the prefetch (left to the fetch)
   std::int64_t threads = 0;         // threads started so far
   std::int64_t max_opening = 0;     // the most opens under way at once
@@ -120,7 +128,8 @@ class CachePrefetch {
   enum class State : std::uint8_t { kOpening, kOpened, kReading, kReady };
   struct Entry {
     State state = State::kOpening;
-    std::int64_t position = 0;  // in the plan: reads go nearest first
+    std::int64_t position = 0;                          // in the plan: reads go nearest first
+    std::chrono::steady_clock::time_point opened_at{};  // when its open began
     std::optional<Prepared> prepared;
     std::uint64_t bytes = 0;     // the file's size, once opened
     bool counted_ahead = false;  // its bytes count in ahead_bytes_
@@ -131,9 +140,10 @@ class CachePrefetch {
   bool can_read() const;
   void start_threads();         // the first two threads, when there is work (mutex_ held)
   void pace();                  // the pacer thread: one more worker while every call is slow
-  void starved();               // a fetch found its file not ready (mutex_ held)
   bool opens_are_slow() const;  // see "the opens are slow" above (mutex_ held)
-  std::int64_t next_row();      // the plan's next row, or -1 (mutex_ held)
+  // How long a fetch waits for an open under way before hedging it (mutex_ held).
+  std::chrono::steady_clock::duration hedge_delay() const;
+  std::int64_t next_row();  // the plan's next row, or -1 (mutex_ held)
   void open_one(std::unique_lock<std::mutex>& lock);
   void read_one(std::unique_lock<std::mutex>& lock);
 
@@ -158,10 +168,9 @@ class CachePrefetch {
   int idle_ = 0;
   std::array<std::chrono::steady_clock::duration, 32> open_times_{};  // the latest opens' times
   std::size_t opens_timed_ = 0;
-  std::condition_variable paced_;                    // the pacer: work, a call started, or stopping
-  bool pacer_idle_ = false;                          // the pacer waits without a deadline (wake it)
-  std::chrono::steady_clock::time_point starved_{};  // a fetch last found its file not ready
-  int waiting_ = 0;                                  // fetches waiting for their file now
+  std::condition_variable paced_;  // the pacer: work, a call started, or stopping
+  bool pacer_idle_ = false;        // the pacer waits without a deadline (wake it)
+  bool slow_opens_ = false;        // opens_are_slow() as of the latest open
   bool stopping_ = false;
   std::atomic<bool> stop_reads_{false};  // read without the lock by reads under way
   CachePrefetchStats stats_;
@@ -171,5 +180,11 @@ class CachePrefetch {
 
 // The default for max_open_files (see CachePrefetchOptions).
 std::int64_t default_max_open_files();
+
+// Reads the file of `mapping` (opened with keep_descriptor) into the page cache through its
+// descriptor, sequentially, unless its first and last pages are cached already: what a fetch does
+// with a file it is about to copy that was not read ahead (page faults in the copy would read it a
+// read-around at a time, each a round trip on a network file system).
+void read_before_copy(const MappedFile& mapping);
 
 }  // namespace draftfeed

@@ -231,13 +231,14 @@ Result<std::string> CacheStore::confine(const std::string& path) const {
                                                 folders + ")");
 }
 
-Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::string& path) const {
+Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::string& path,
+                                                                    bool header_only) const {
   if (auto error = wait_for_lock(path + ".lock", options_.lock_timeout, options_.lock_poll,
                                  options_.lock_mode)) {
     return *error;
   }
   // The descriptor stays open with the mapping: the cache source reads the file ahead through it.
-  auto file = SafetensorsFile::open(path, /*keep_descriptor=*/true);
+  auto file = SafetensorsFile::open(path, {.keep_descriptor = true, .header_only = header_only});
   if (!file.ok()) {
     if (file.error().kind() == ErrorKind::kNotFound) return std::optional<HiddenStateSample>();
     return file.error();
@@ -247,12 +248,13 @@ Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::s
   return std::optional<HiddenStateSample>(std::move(sample).value());
 }
 
-Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row) const {
+Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row,
+                                                            bool header_only) const {
   const auto first = static_cast<CacheLayout>(found_in_.load(std::memory_order_relaxed));
   const CacheLayout second =
       first == CacheLayout::kFlat ? CacheLayout::kSharded : CacheLayout::kFlat;
   for (const CacheLayout layout : {first, second}) {
-    auto found = read_with_lock(cache_file_path(options_.root, row, layout));
+    auto found = read_with_lock(cache_file_path(options_.root, row, layout), header_only);
     if (!found.ok() || found.value()) {
       if (layout != first) {
         found_in_.store(static_cast<std::uint8_t>(layout), std::memory_order_relaxed);

@@ -84,8 +84,9 @@ class CacheStore {
   // the lock protocol), an error when the lock timed out (kTimeout), the file is corrupt or lacks a
   // key (kFormat), or the OS refused (kIo). Token ids, shapes and values are not checked here (see
   // validate.h). The sample's file keeps its descriptor open (MappedFile::fd) for a caller that
-  // reads it ahead.
-  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row) const;
+  // reads it ahead; `header_only` (MappedFile::Options): reading the header reads that page alone,
+  // for a caller that reads the file through its descriptor before anything else touches it.
+  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row, bool header_only = false) const;
 
   // Same for a file a server wrote (a generation handle): the lock protocol, then the file.
   // The path must lie inside the allowed folders (kInvalidArgument otherwise), since the lock
@@ -123,7 +124,8 @@ class CacheStore {
   Result<std::string> confine(const std::string& path) const;
 
  private:
-  Result<std::optional<HiddenStateSample>> read_with_lock(const std::string& path) const;
+  Result<std::optional<HiddenStateSample>> read_with_lock(const std::string& path,
+                                                          bool header_only = false) const;
 
   CacheStoreOptions options_;
   // The layout the latest file was found in: tried first by the next lookup.

@@ -474,8 +474,8 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
 }
 
 Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::string& path,
-                                                                     bool keep_descriptor) {
-  auto mapping = MappedFile::open(path, keep_descriptor);
+                                                                     MapOptions options) {
+  auto mapping = MappedFile::open(path, options);
   if (!mapping.ok()) return mapping.error();
   return from_mapping(std::move(mapping).value());
 }

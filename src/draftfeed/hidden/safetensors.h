@@ -67,9 +67,9 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
 class SafetensorsFile {
  public:
   // Maps and checks `path`. A missing file is kNotFound, an unreadable one kIo, a bad one kFormat.
-  // `keep_descriptor`: see MappedFile::open.
+  // `options`: see MappedFile::open.
   static Result<std::shared_ptr<const SafetensorsFile>> open(const std::string& path,
-                                                             bool keep_descriptor = false);
+                                                             MapOptions options = {});
   // Checks an existing mapping (the views keep it alive).
   static Result<std::shared_ptr<const SafetensorsFile>> from_mapping(
       std::shared_ptr<const MappedFile> mapping);

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "draftfeed/cuda/cuda_runtime.h"
 #include "draftfeed/cuda/device_worker.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/source/sample_source.h"
@@ -129,6 +131,9 @@ struct PipelineMetrics {
   std::size_t device_held_slot_bytes = 0;
   std::size_t device_bytes = 0;
   std::size_t device_peak_bytes = 0;
+  // The cache source's opening and reading ahead (hidden/cache_prefetch.h), when that is the
+  // source (filled by the Loader).
+  std::optional<CachePrefetchStats> prefetch;
 };
 
 // Where each tensor of a batch lies in its buffer (the layout's slots).

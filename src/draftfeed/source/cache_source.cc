@@ -38,7 +38,10 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, On
       on_missing_(on_missing),
       fp8_dequantize_(fp8_dequantize),
       prefetch_(std::make_unique<CachePrefetch>(
-          [store = store_](std::int64_t row) { return store->lookup(row); }, prefetch)) {
+          // Header only: its bytes are read through the descriptor (cache_prefetch.h), not around
+          // the header's page when thousands of files are opened ahead.
+          [store = store_](std::int64_t row) { return store->lookup(row, /*header_only=*/true); },
+          prefetch)) {
   require(fp8_dequantize != DType::kF8E4M3, ErrorKind::kInvalidArgument,
           "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
 }
@@ -46,7 +49,12 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, On
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   // Opened (and read) ahead, or, when the prefetch has not got there, opened now.
   std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
-  CachePrefetch::Prepared found = prepared ? std::move(*prepared) : store_->lookup(global_row);
+  if (!prepared) {
+    prepared.emplace(store_->lookup(global_row));
+    // Read ahead of the copy, sequentially, as the prefetch would have.
+    if (prepared->ok() && prepared->value()) read_before_copy(*prepared->value()->file->mapping());
+  }
+  CachePrefetch::Prepared found = std::move(*prepared);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  row_text(global_row) + ": " + found.error().what());
