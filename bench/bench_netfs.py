@@ -2,8 +2,8 @@
 open, lookup, listing and first read of a file answered late, with a heavy tail, and a bandwidth cap),
 the reference and draftfeed side by side, against the file system's own bandwidth bound.
 
-    python bench/bench_netfs.py [--latencies 2,10,50] [--rows 2000] [--bandwidth-mbps 200]
-                                [--tail 0.01:2:3] [--workers 2] [--ref-batches 2:8,10:4,50:2]
+    python bench/bench_netfs.py [--latencies 2,10,50] [--rows 1500] [--bandwidth-mbps 200]
+                                [--tail 0.01:2:3] [--workers 2] [--ref-batches 2:4,10:2,50:1]
                                 [--out DIR] [--json] [--quick]
 
 The data: a synthetic dataset of --rows rows (32-128 tokens) and its bf16 cache, H = --hidden-size
@@ -27,7 +27,7 @@ For each median latency:
     again (warm: the same batches, its files in the client's page cache; opens still round trips).
   * at --tail-latency (10 ms) only: what the tail costs draftfeed: its whole epoch with and without
     the tail, delivered in order and as ready (dataloader_in_order=False), at --tail-bandwidth-mbps
-    (60): an epoch long enough (20 s) to compare with a 3 s tail. No epoch can end before its slowest
+    (60): an epoch long enough (15 s) to compare with a 3 s tail. No epoch can end before its slowest
     open returns; what the tail costs is what part of that wait the rest of the epoch cannot cover
     (the read-ahead keeps the file system streaming while a batch waits for a stuck file).
 GB/s: bytes of the files an epoch reads over its seconds (the whole split's for the bound and the whole
@@ -305,14 +305,14 @@ def criteria(results: dict) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latencies", default="2,10,50", help="median latencies, ms")
-    p.add_argument("--rows", type=int, default=2000)
+    p.add_argument("--rows", type=int, default=1500)
     p.add_argument("--hidden-size", type=int, default=1024)
     p.add_argument("--bandwidth-mbps", type=float, default=200)
     p.add_argument("--tail", default="0.01:2:3", help="P:LOW:HIGH: a share P of opens takes LOW-HIGH seconds")
     p.add_argument("--tail-latency", type=float, default=10, help="median at which the tail's cost is measured")
     p.add_argument("--tail-bandwidth-mbps", type=float, default=60, help="bandwidth of the tail's runs")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--ref-batches", default="2:8,10:4,50:2", help="LATENCY:K: batches of the K-batch comparison")
+    p.add_argument("--ref-batches", default="2:4,10:2,50:1", help="LATENCY:K: batches of the K-batch comparison")
     p.add_argument("--threads", type=int, default=512, help="threads of the bound's parallel read")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that everything runs")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_netfs"))

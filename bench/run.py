@@ -441,7 +441,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cold-workers", type=int, default=2)
     p.add_argument("--cold-repeat", type=int, default=2)
     p.add_argument("--netfs-latencies", default="2,10,50", help="median latencies (ms) of the netfs section")
-    p.add_argument("--netfs-rows", type=int, default=2000)
+    p.add_argument("--netfs-rows", type=int, default=1500)
     p.add_argument("--netfs-bandwidth", type=float, default=200, help="MB/s of the netfs section's file system")
     p.add_argument("--netfs-workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each child process")

@@ -338,16 +338,36 @@ TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
   const auto start = std::chrono::steady_clock::now();
   auto taken = prefetch.take(5);
   const auto waited = std::chrono::steady_clock::now() - start;
-  EXPECT_FALSE(taken.has_value()) << "hedged: the caller opens it";
-  EXPECT_GE(waited, std::chrono::milliseconds(40));  // the open began before take()
+  // Hedged: told to open it itself (or, where a loaded machine made the opens look slow, given the
+  // prefetch's own second answer); either way not held until the first open's answer.
+  if (!taken) taken.emplace(opener()(5));  // the caller's own open: answered at once
+  ASSERT_TRUE(taken->ok() && taken->value().has_value());
   EXPECT_LT(waited, std::chrono::seconds(5));
-  EXPECT_EQ(prefetch.stats().hedged, 1);
-  auto again = opener()(5);  // the caller's own open: answered at once
-  ASSERT_TRUE(again.ok() && again.value().has_value());
+  EXPECT_GE(prefetch.stats().hedged, 1);
   release();  // the first open's late answer is dropped
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
   EXPECT_FALSE(prefetch.take(5).has_value());
   for (int row = 6; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
+}
+
+// On a slow file system (opens of 20 ms) an open that takes far longer is asked for again before
+// any fetch waits for it: the file is ready when its fetch comes, the late answer dropped.
+TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
+  {
+    std::lock_guard lock(mutex_);
+    held_ = {9};
+    hold_once_ = true;
+  }
+  delay_ = std::chrono::milliseconds(20);
+  CachePrefetch prefetch(opener());
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().hedged == 1; }));
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);
+    ASSERT_TRUE(taken.has_value() && taken->ok() && taken->value().has_value()) << row;
+  }
+  EXPECT_EQ(prefetch.stats().hedged, 1);  // the fetch of row 9 found it ready
+  release();
 }
 
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {

@@ -17,7 +17,7 @@
 //     A file whose first and last pages are already cached is not read again (a warm epoch reads
 //     nothing and only opens).
 // Each open or read blocks a thread in the kernel. Two threads start with the first plan; a pacer
-// starts one more (at most one per `grow_after`, 1 ms, up to `max_threads`) while work waits
+// starts more (an eighth more per `grow_after`, 1 ms, up to `max_threads`) while work waits
 // within the budgets, no thread is free, and the opens are slow: a quarter of the latest 32 took
 // `grow_after` or more (on a network file system each open is a few round trips). That is a file
 // system that keeps each call waiting, where many calls must be in flight (Little's law: in flight
@@ -30,12 +30,12 @@
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or it reads it itself when its read has not started; a row the
 // prefetch has not reached yet is left to the fetch (and skipped when the prefetch gets there).
-// A fetch that waits for an open taking far longer than opens usually do (4 x the median, at least
-// 50 ms: a network file system's tail) hedges it: it opens the file again itself and the first
-// answer wins (the late one is dropped). Where a tail is one request's bad luck (a server's queue,
+// An open taking far longer than opens usually do (4 x the median of the latest 32, at least 50
+// ms: a network file system's tail) is hedged: the pacer has a worker open the file again, and the
+// first answer wins (the late one is dropped); a fetch that finds itself waiting for such an open
+// that was not hedged asks again itself. Where a tail is one request's bad luck (a server's queue,
 // a lost packet), the second ask seldom meets it; where the file itself is stuck, both wait, and
-// the fetch holds its batch as it would have. Prepared files that no fetch takes (an epoch stopped)
-// are dropped by clear().
+// the fetch holds its batch as it would have.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -46,6 +46,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -130,6 +131,7 @@ class CachePrefetch {
     State state = State::kOpening;
     std::int64_t position = 0;                          // in the plan: reads go nearest first
     std::chrono::steady_clock::time_point opened_at{};  // when its open began
+    bool hedged = false;                                // asked for a second time
     std::optional<Prepared> prepared;
     std::uint64_t bytes = 0;     // the file's size, once opened
     bool counted_ahead = false;  // its bytes count in ahead_bytes_
@@ -143,8 +145,10 @@ class CachePrefetch {
   bool opens_are_slow() const;  // see "the opens are slow" above (mutex_ held)
   // How long a fetch waits for an open under way before hedging it (mutex_ held).
   std::chrono::steady_clock::duration hedge_delay() const;
-  std::int64_t next_row();  // the plan's next row, or -1 (mutex_ held)
-  void open_one(std::unique_lock<std::mutex>& lock);
+  std::int64_t next_row();                            // the plan's next row, or -1 (mutex_ held)
+  void open_one(std::unique_lock<std::mutex>& lock);  // the plan's next row
+  // Opens `row` (its entry made): the first open, or a hedge of one under way (mutex_ held).
+  void open_row(std::unique_lock<std::mutex>& lock, std::int64_t row, bool hedge);
   void read_one(std::unique_lock<std::mutex>& lock);
 
   const Opener opener_;
@@ -170,7 +174,9 @@ class CachePrefetch {
   std::size_t opens_timed_ = 0;
   std::condition_variable paced_;  // the pacer: work, a call started, or stopping
   bool pacer_idle_ = false;        // the pacer waits without a deadline (wake it)
-  bool slow_opens_ = false;        // opens_are_slow() as of the latest open
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::int64_t>> opens_started_;
+  std::deque<std::int64_t> to_hedge_;  // opens to ask for again, by a worker
+  bool slow_opens_ = false;            // opens_are_slow() as of the latest open
   bool stopping_ = false;
   std::atomic<bool> stop_reads_{false};  // read without the lock by reads under way
   CachePrefetchStats stats_;
