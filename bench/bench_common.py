@@ -134,11 +134,13 @@ def _tree_pss_bytes(pid: int) -> int:
 
 class TreeMemory:
     """Samples the memory of this process tree every 50 ms: `peak` is the largest RSS sum seen (the
-    lead's original figure), `peak_pss` the largest PSS sum (shared pages counted once)."""
+    lead's original figure), `peak_pss` the largest PSS sum (shared pages counted once), `start_pss` the
+    PSS when entered (what the process held before: what a loader adds is peak_pss - start_pss)."""
 
     def __init__(self) -> None:
         self.peak = 0
         self.peak_pss = 0
+        self.start_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -152,6 +154,7 @@ class TreeMemory:
             self._stop.wait(0.05)
 
     def __enter__(self) -> TreeMemory:
+        self.start_pss = _tree_pss_bytes(os.getpid())
         self._sample()
         self._thread.start()
         return self

@@ -79,6 +79,7 @@ def run_side(name: str, make, epochs: int = 1) -> dict:
     result["cpu_seconds"] = cpu_total
     result["peak_tree_rss"] = memory.peak
     result["peak_tree_pss"] = memory.peak_pss
+    result["start_tree_pss"] = memory.start_pss
     result["epochs"] = per_epoch
     result["name"] = name
     return result

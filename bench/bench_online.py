@@ -95,7 +95,7 @@ def reference_epoch(args, data: str, url: str, cache: str, in_order: bool = True
     train, _ = create_train_val_loaders(**{k: v for k, v in options.items() if k in accepted})
     if not in_order:
         # The same dataset, sampler, collate function and worker set-up, delivered as ready
-        # (torch's DataLoader(in_order=False), which SPEC §6 names for heavy-tailed fetches).
+        # (torch's DataLoader(in_order=False), which suits heavy-tailed fetches).
         from torch.utils.data import DataLoader
 
         train = DataLoader(

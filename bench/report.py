@@ -305,13 +305,72 @@ def online_tables(results: dict) -> list[dict]:
     return out
 
 
+def unfinished(title: str, section: dict) -> list[dict] | None:
+    """A section that did not run to the end (pending, skipped, failed): one row saying why."""
+    if section.get("status") == "done":
+        return None
+    return [table(title, ("status", "reason"), [(section.get("status"), section.get("reason", ""))])]
+
+
+def copy_bound_table(results: dict) -> list[dict]:
+    c = results.get("copy_bound")
+    if not c:
+        return []
+    title = "End to end against the machine's copy bounds (warm epochs, page-cache resident)"
+    if (why := unfinished(title, c)) is not None:
+        return why
+    rows = []
+    for r in c["results"]:
+        g = r["gb_per_s"]
+        rows.append((r["hidden_size"], f"{g['draftfeed']:.2f}", f"{g['draftfeed+noise']:.2f}", f"{g['memcpy']:.2f}",
+                     f"{g['pread']:.2f}", f"{g['draftfeed'] / g['memcpy']:.0%} / {g['draftfeed+noise'] / g['memcpy']:.0%}",
+                     f"{g['draftfeed'] / g['pread']:.0%} / {g['draftfeed+noise'] / g['pread']:.0%}"))
+    return [table(
+        f"{title}: drop-in, {c['rows']} rows, num_workers {c['workers']}, total_seq_len 8192, 3 layers + the "
+        f"last, bf16; medians of {c['repeat']} turns",
+        ("H", "draftfeed GB/s", "+uniform noise GB/s", "plain memcpy GB/s", "file-read bound GB/s",
+         "of memcpy (plain / noise)", "of the read bound (plain / noise)"), rows,
+        "`bench/bench_copy_bound.py`. The plain memcpy is a torch copy of 1 GiB of resident bf16 on 2 threads in "
+        "the loader's process (anonymous memory; no file). The file-read bound is `draftfeed verify --baseline "
+        "pread --threads 2`: every cache file read through its descriptor into a 64 MiB ring, the kernel's copy "
+        "out of the page cache, which is how the loader reads cache files (a mapping costs more: page faults and "
+        "TLB shootdowns, see src/draftfeed/pipeline/file_rows_copy.h). Both bound different things: the read "
+        "bound is the most any reader of page-cache files reaches; memcpy is what memory allows.")]
+
+
+def memory_table(results: dict) -> list[dict]:
+    m = results.get("memory")
+    if not m:
+        return []
+    by = {(r["side"], r["workers"]): r for r in m["runs"]}
+    rows = []
+    for workers in sorted({r["workers"] for r in m["runs"]}):
+        ref, ours = by.get(("reference", workers)), by.get(("draftfeed", workers))
+        if not ref or not ours:
+            continue
+        ref_add = ref["peak_tree_pss"] - ref["start_tree_pss"]
+        our_add = ours["peak_tree_pss"] - ours["start_tree_pss"]
+        rows.append((workers, f"{ref['peak_tree_pss'] / 1e9:.2f}", f"{ref_add / 1e9:.2f}",
+                     f"{ours['peak_tree_pss'] / 1e9:.2f}", f"{our_add / 1e9:.2f}",
+                     f"{ref['peak_tree_pss'] / ours['peak_tree_pss']:.1f}x", f"{our_add / ref_add:.0%}"))
+    return [table(
+        f"Peak memory of the process tree over two epochs (drop-in vs reference, H={m['hidden_size']}, "
+        f"{m['rows']} rows, bf16, total_seq_len 8192, reference defaults otherwise)",
+        ("num_workers", "reference peak PSS GB", "reference adds GB", "draftfeed peak PSS GB", "draftfeed adds GB",
+         "peak: reference / draftfeed", "draftfeed adds, of the reference's"), rows,
+        "Each side in its own process (`bench/bench_engine.py --side`), sampled every 50 ms; \"adds\" is the peak "
+        "less the PSS of the process before it made its loaders (torch and speculators imported). draftfeed's "
+        "batch memory is (prefetch_factor + extra) buffers x batch bytes (README, Memory); the reference keeps "
+        "num_workers x prefetch_factor batches in its worker processes, each a Python process with torch.")]
+
+
 def mooncake_table(results: dict) -> list[dict]:
     m = results.get("mooncake")
     if not m:
         return []
     title = "Mooncake Store (online epochs through a real Mooncake Store)"
-    if m.get("status") != "done":
-        return [table(title, ("status", "reason"), [(m.get("status"), m.get("reason", ""))])]
+    if (why := unfinished(title, m)) is not None:
+        return why
     a, runs = m["args"], m["runs"]
     rows = []
     for epoch, (r, d) in enumerate(zip(runs["reference"], runs["draftfeed"])):
@@ -337,8 +396,8 @@ def cold_table(results: dict) -> list[dict]:
     if not cold:
         return []
     title = "FP8 and evicted (cold) cache reads"
-    if cold.get("status") != "done":
-        return [table(title, ("status", "reason"), [(cold.get("status"), cold.get("reason", ""))])]
+    if (why := unfinished(title, cold)) is not None:
+        return why
     try:
         rows = bench_cold.summarize(cold)
         targets = bench_cold.criteria(cold)
@@ -393,7 +452,8 @@ def netfs_tables(results: dict) -> list[dict]:
 
 
 def tables(results: dict) -> list[dict]:
-    return (engine_tables(results) + scaling_table(results) + kernels_table(results) + store_table(results) + planner_table(results)
+    return (engine_tables(results) + copy_bound_table(results) + memory_table(results) + scaling_table(results)
+            + kernels_table(results) + store_table(results) + planner_table(results)
             + trainer_table(results) + online_tables(results) + mooncake_table(results) + cold_table(results)
             + netfs_tables(results))
 

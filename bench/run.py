@@ -21,10 +21,19 @@ processes or engine threads, same noise, same call), and each bound is named for
   memcpy   the copy bound: `draftfeed verify --baseline memcpy --threads N` (a memcpy of every cache
            file's bytes; median of 3 after a warm-up): no loader, which copies each byte into its batch,
            beats it at N threads.
+  copy_bound
+           bench_copy_bound.py: the drop-in's warm epochs (num_workers 2, no noise and uniform noise)
+           at H in --copy-hidden-sizes (500 rows, page-cache resident) in turns with a plain resident
+           memcpy (a torch copy of 1 GiB of bf16 on 2 threads: what memory allows when nothing but a
+           copy runs) and the file-read bound (`verify --baseline pread --threads 2`: every cache file
+           read through its descriptor, the kernel's copy out of the page cache, which is how the
+           loader reads cache files: the most a page-cache reader reaches).
+  memory   peak PSS of each side's process tree over two epochs (bench_engine.py --side, H=1024, 500
+           rows) at num_workers in --memory-workers, with what each adds to the process it starts in.
   kernels  `draftfeed kernels --threads N`: the batch copy's kernels (every source dtype, batch dtype and
            noise the engine copies) against memcpy of the same rows, interleaved repeat by repeat in one
            process, at each N of --workers; memcpy copies the rows in the wider of the two dtypes, so it
-           bounds both what a kernel writes and what it reads. The goals are issue 14's.
+           bounds both what a kernel writes and what it reads. Each kernel's goal is in its row.
   store    the cache scan at equal parallelism (bench_store.py): the reference's FileTransfer +
            check_hidden_states over N processes against `draftfeed verify` with N threads, and the
            read-only bound (`verify --baseline read`: every byte read once, no copy) at N threads.
@@ -81,8 +90,8 @@ import report  # noqa: E402
 from bench_common import cli_path, make_cached_dataset, warm_page_cache  # noqa: E402
 from plot import plot_results, warm_epoch  # noqa: E402
 
-SECTIONS = ("engine", "memcpy", "kernels", "store", "planner", "trainer", "online", "online_defaults", "mooncake", "cold",
-            "netfs")
+SECTIONS = ("engine", "memcpy", "copy_bound", "memory", "kernels", "store", "planner", "trainer", "online",
+            "online_defaults", "mooncake", "cold", "netfs")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these (report.py only renders the results' JSON into tables).
@@ -356,6 +365,38 @@ def print_online(report_: dict) -> None:
               + ", ".join(f"{r['name']} {r['seconds']:.1f} s" for r in report_["runs"]), flush=True)
 
 
+def copy_bound_section(args, cli: str, results: dict) -> None:
+    """The drop-in's warm epochs against a plain resident memcpy and the file-read bound, per H."""
+    argv = ["--hidden-sizes", ",".join(map(str, args.copy_hidden_sizes)), "--rows", str(args.copy_rows),
+            "--workers", "2", "--repeat", str(args.copy_repeat), "--cli", cli,
+            "--data", os.path.join(args.data, "copy_bound")]
+    results["copy_bound"] = script_section("copy_bound", "bench_copy_bound.py", argv, "copy_bound.json",
+                                           4 * args.timeout, "bench/bench_copy_bound.py is missing")
+    for r in results["copy_bound"].get("results", []):
+        g = r["gb_per_s"]
+        print(f"  H={r['hidden_size']}: draftfeed {g['draftfeed']:.2f} GB/s, +noise {g['draftfeed+noise']:.2f}, "
+              f"memcpy {g['memcpy']:.2f}, read bound {g['pread']:.2f}", flush=True)
+
+
+def memory_section(args, results: dict) -> None:
+    """Peak PSS of each side's process tree over two epochs, at each worker count (H=1024 data)."""
+    data = os.path.join(args.data, "memory_h1024")
+    make_cached_dataset(data, rows=args.memory_rows, hidden_size=1024)
+    runs = results.setdefault("memory", {"hidden_size": 1024, "rows": args.memory_rows, "runs": []})["runs"]
+    for workers in args.memory_workers:
+        warm_page_cache(data)
+        for side in ("reference", "draftfeed"):
+            out = run_child([sys.executable, str(HERE / "bench_engine.py"), "--side", side, "--data", data,
+                             "--hidden-size", "1024", "--workers", str(workers), "--epochs", "2"],
+                            args.timeout, f"memory {side} workers={workers}")
+            r = last_json(out)
+            runs.append(dict(side=side, workers=workers, peak_tree_pss=r["peak_tree_pss"],
+                             start_tree_pss=r["start_tree_pss"], seconds=sum(e["seconds"] for e in r["epochs"]),
+                             batches=r["batches"], tokens=r["tokens"]))
+            print(f"  {side:9s} workers={workers:2d}: peak PSS {r['peak_tree_pss'] / 1e9:.2f} GB, adds "
+                  f"{(r['peak_tree_pss'] - r['start_tree_pss']) / 1e9:.2f} GB", flush=True)
+
+
 def mooncake_section(args, results: dict) -> None:
     from mooncake_master_process import private_network_unavailable
 
@@ -436,6 +477,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mooncake-rows", type=int, default=128)
     p.add_argument("--mooncake-workers", type=int, default=2)
     p.add_argument("--mooncake-epochs", type=int, default=3)
+    p.add_argument("--copy-hidden-sizes", type=ints, default=[1024, 2048, 4096])
+    p.add_argument("--copy-rows", type=int, default=500, help="rows of each copy_bound dataset")
+    p.add_argument("--copy-repeat", type=int, default=3)
+    p.add_argument("--memory-workers", type=ints, default=[1, 2, 4, 12])
+    p.add_argument("--memory-rows", type=int, default=500)
     p.add_argument("--cold-hidden", type=int, default=2048)
     p.add_argument("--cold-row-sizes", default="small,medium,large")
     p.add_argument("--cold-workers", type=int, default=2)
@@ -463,6 +509,8 @@ def parse_args() -> argparse.Namespace:
         args.defaults_rows, args.defaults_workers = 24, 3
         args.mooncake_rows, args.mooncake_epochs = 24, 2
         args.cold_row_sizes, args.cold_repeat = "small", 1
+        args.copy_hidden_sizes, args.copy_rows, args.copy_repeat = [1024], 24, 1
+        args.memory_workers, args.memory_rows = [1, 2], 24
     args.name = args.name or ("quick" if args.quick else "latest")
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]
@@ -526,6 +574,8 @@ def main() -> int:
         print(f"data: {args.rows} rows per dataset, H in {args.hidden_sizes}, under {args.data}", flush=True)
 
     steps = [("engine", lambda: engine_section(args, cli, results)),
+             ("copy_bound", lambda: copy_bound_section(args, cli, results)),
+             ("memory", lambda: memory_section(args, results)),
              ("kernels", lambda: kernels_section(args, cli, results)),
              ("store", lambda: store_section(args, results)),
              ("planner", lambda: planner_section(args, results)),

@@ -7,6 +7,7 @@ packages=(
   g++ clang clang-format libclang-rt-14-dev   # compilers; clang for libFuzzer and the sanitizers
   clang-tidy                                 # the static checks (.clang-tidy), with run-clang-tidy
   cmake ninja-build pkg-config
+  ccache                                     # scripts/build_wheel.sh and CI compile the core once
   libgtest-dev libgmock-dev                  # the C++ test suite
   libcurl4-openssl-dev                       # the vLLM client
   nlohmann-json3-dev                         # JSON (safetensors headers, state.json, HTTP bodies)
@@ -16,6 +17,8 @@ packages=(
                                              # even for TCP: tests/python/test_mooncake_store.py
   fuse3 libfuse3-dev                         # tools/slowfs, the slow file system of the network
                                              # file system tests and bench/bench_netfs.py
+  iproute2 procps                            # ip netns / veth and sysctl: the two hosts of
+                                             # tests/python/test_two_hosts.py
 )
 
 missing=()

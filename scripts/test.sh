@@ -6,8 +6,11 @@
 #   3. the pipeline tests under ThreadSanitizer
 #   4. every libFuzzer target from its seed corpus for a bounded time (FUZZ_SECONDS, default 60
 #      each; scripts/fuzz.sh --long runs each to 10^7 executions)
-#   5. the type stubs of draftfeed._core (up to date), mypy on the package and its tests, ruff
-#   6. the Python suite (pytest) against the installed package and the reference packages
+#   5. the self-contained wheel (scripts/build_wheel.sh, this interpreter's) installed into a fresh
+#      virtual environment and run with no toolchain and the machine's libcurl hidden
+#      (tests/wheel/wheel_test.sh)
+#   6. the type stubs of draftfeed._core (up to date), mypy on the package and its tests, ruff
+#   7. the Python suite (pytest) against the installed package and the reference packages
 # Every stage runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +32,21 @@ stage() {  # stage NAME COMMAND...
   echo "=== $name: $result ($((SECONDS - start)) s) ==="
   # Kept for the end: the suite's budget (about 20 minutes on 2 cores) is watched stage by stage.
   timings+=("$(printf '%5d s  %s' $((SECONDS - start)) "$name")")
+}
+
+with_ccache() {  # with_ccache COMMAND...
+  # `pip install .`, the Release test build and the wheel build compile the core library and the
+  # program with the same flags: through ccache (build/ccache) they compile once.
+  (
+    if command -v ccache >/dev/null; then
+      export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+      export CCACHE_DIR=$PWD/build/ccache
+      # ccache keys on the compiler's name: scikit-build-core would otherwise name Python's own
+      # (sysconfig's CXX, e.g. g++) and CMake c++, one compiler.
+      export CC=${CC:-cc} CXX=${CXX:-c++}
+    fi
+    "$@"
+  )
 }
 
 configure_and_build() {  # configure_and_build DIR [CMAKE ARGS...]
@@ -72,8 +90,18 @@ tidy_check() {
   return "${PIPESTATUS[0]}"
 }
 
+wheel_test() {
+  # Only this interpreter's wheel (scripts/build_wheel.sh alone builds every supported version).
+  local version out=build/wheel/ci
+  version=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  rm -rf "$out"
+  scripts/build_wheel.sh --python "$version" --out "$out" &&
+    PYTHON=python3 tests/wheel/wheel_test.sh "$out"/draftfeed-*.whl build/wheel/raw-"$version"/draftfeed-*.whl
+}
+
 python_tests() {
-  python3 -m pytest -q -p no:cacheprovider "$@"
+  # -rs: every skip with its reason; --durations: the slowest tests, for the suite's time budget.
+  python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "$@"
 }
 
 types_check() {
@@ -89,10 +117,10 @@ types_check() {
 }
 
 stage "install: system packages" scripts/install-system.sh
-stage "install: python packages and draftfeed" scripts/install-python.sh --test
+stage "install: python packages and draftfeed" with_ccache scripts/install-python.sh --test
 stage "style: clang-format" format_check
 stage "static: clang-tidy" tidy_check
-stage "build: C++ tests (Release)" configure_and_build build/tests -DCMAKE_BUILD_TYPE=Release
+stage "build: C++ tests (Release)" with_ccache configure_and_build build/tests -DCMAKE_BUILD_TYPE=Release
 stage "ctest: C++ tests" cpp_tests build/tests
 stage "build: C++ tests (ASan+UBSan)" configure_and_build build/asan -DCMAKE_BUILD_TYPE=Debug \
   -DDRAFTFEED_SANITIZE=address,undefined
@@ -101,6 +129,7 @@ stage "build: C++ tests (TSan)" configure_and_build build/tsan -DCMAKE_BUILD_TYP
   -DDRAFTFEED_SANITIZE=thread
 stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent|Lookahead" --no-tests=ignore
 stage "fuzz: every parser for ${fuzz_seconds}s" run_fuzzers
+stage "wheel: build, install without a toolchain, run" with_ccache wheel_test
 stage "static: stubs, mypy, ruff" types_check
 stage "pytest: Python suite" python_tests
 

@@ -2,7 +2,8 @@
 benchmarks, and the private network namespace it and its clients run in.
 
 The master is started on 127.0.0.1 (`-rpc_address=127.0.0.1`, its metrics/admin HTTP server on
-127.0.0.1 too), but every store client (`MooncakeDistributedStore.setup`, TCP transport,
+127.0.0.1 too; `host=` puts its RPC service on another address, inside a test's own network
+namespace: tests/python/two_hosts.py), but every store client (`MooncakeDistributedStore.setup`, TCP transport,
 metadata_server "P2PHANDSHAKE") listens on all interfaces (its handshake and transfer ports bind
 0.0.0.0): so whatever starts clients runs inside a private network namespace holding only the
 loopback interface, where "all interfaces" is 127.0.0.1.
@@ -155,12 +156,12 @@ def _die_with_parent() -> None:
 class MooncakeMasterProcess:
     def __init__(self, *, port: int | None = None, metrics_port: int | None = None,
                  extra_args: list[str] | None = None, startup_timeout: float = 30.0,
-                 log_path: str | os.PathLike | None = None):
+                 log_path: str | os.PathLike | None = None, host: str = "127.0.0.1"):
         self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         self.metrics = f"http://127.0.0.1:{self.metrics_port}"
         self.args = [
-            master_binary(), "-rpc_address=127.0.0.1", f"-rpc_port={self.port}",
+            master_binary(), f"-rpc_address={host}", f"-rpc_port={self.port}",
             "-metrics_host=127.0.0.1", f"-metrics_port={self.metrics_port}",
             "-enable_http_metadata_server=false", *(extra_args or []),
         ]

@@ -9,6 +9,9 @@
     # network namespace: see tools/mooncake_master_process.py)
     with SimServerProcess(server_dir, mooncake_master="127.0.0.1:PORT") as sim: ...
 
+    # Listening on another address of this machine (inside a test's own network namespace)
+    with SimServerProcess(server_dir, host="10.201.0.1") as sim: ...
+
 Start-up waits for the port file (bounded); stop() terminates, then kills, the process.
 """
 
@@ -61,13 +64,15 @@ class SimServerProcess:
         mooncake_buffer_mib: int | None = None,
         mooncake_writer_threads: int | None = None,
         memo_mib: int | None = None,
+        host: str = "127.0.0.1",
+        mooncake_local_hostname: str | None = None,
     ):
         self.server_dir = Path(server_dir)
         self.model = model
         args = [
             sys.executable, str(SERVER), "--server-dir", str(server_dir), "--model", model,
             "--layers", str(layers), "--hidden", str(hidden), "--dtype", dtype, "--seed", str(seed),
-            "--handle-key", handle_key, "--write", write,
+            "--handle-key", handle_key, "--write", write, "--host", host,
         ]
         if remove_lock:
             args.append("--remove-lock")
@@ -82,7 +87,8 @@ class SimServerProcess:
             for flag, value in (("--mooncake-segment-mib", mooncake_segment_mib),
                                 ("--mooncake-buffer-mib", mooncake_buffer_mib),
                                 ("--mooncake-writer-threads", mooncake_writer_threads),
-                                ("--memo-mib", memo_mib)):
+                                ("--memo-mib", memo_mib),
+                                ("--mooncake-local-hostname", mooncake_local_hostname)):
                 if value is not None:
                     args += [flag, str(value)]
         self._tmp = tempfile.TemporaryDirectory(prefix="sim_vllm_")
@@ -101,7 +107,7 @@ class SimServerProcess:
             time.sleep(0.02)
         with open(port_file) as f:
             self.port = int(f.read())
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"http://{host}:{self.port}"
         self.url = self.base + "/v1"
 
     def log_text(self) -> str:

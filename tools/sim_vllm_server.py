@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A simulated vLLM server for hidden-state generation (tests, demos, benchmarks).
 
-It speaks the part of vLLM's OpenAI API that speculators' online training uses (SPEC §2):
+It speaks the part of vLLM's OpenAI API that speculators' online training uses (docs/protocol.md):
 
   GET  /v1/models             {"object": "list", "data": [{"id": MODEL, ...}]}
   POST /v1/completions        {"model", "prompt": [ids], "max_tokens": 1, "return_token_ids": true}
@@ -82,8 +82,9 @@ Store (a running `mooncake_master`) by hs-connectors' own `MooncakeHiddenStatesC
 listens on every interface: run it inside a private network namespace (tools/mooncake_master_process.py).
 `/admin/stats` then also has "mooncake": {"writes", "writes_failed", "not_written"}.
 
-Listens on 127.0.0.1 only. --port 0 picks a free port; the port is printed
-("listening on http://127.0.0.1:PORT/v1") and written to --port-file if given.
+Listens on 127.0.0.1 only, unless --host names another of this machine's addresses (a test's own
+network namespace: tests/python/two_hosts.py). --port 0 picks a free port; the port is printed
+("listening on http://HOST:PORT/v1") and written to --port-file if given.
 """
 
 from __future__ import annotations
@@ -105,7 +106,6 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-HOST = "127.0.0.1"
 FAULT_ORDER = [
     "drop",
     "stall",
@@ -653,14 +653,14 @@ async def serve(args: argparse.Namespace) -> None:
         sim.stats["connections"] += 1
         return handler_factory()
 
-    server = await loop.create_server(protocol, HOST, args.port, reuse_address=True)
+    server = await loop.create_server(protocol, args.host, args.port, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, args.port_file)
-    print(f"listening on http://{HOST}:{port}/v1", flush=True)
+    print(f"listening on http://{args.host}:{port}/v1", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -676,6 +676,9 @@ async def serve(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server-dir", required=True, help="folder the hidden-state files go to")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (another than the loopback only inside a test's"
+                   " own network namespace)")
     p.add_argument("--port", type=int, default=0, help="0: pick a free port")
     p.add_argument("--port-file", help="write the port here once listening")
     p.add_argument("--model", default="sim/verifier-model")

@@ -1,20 +1,23 @@
-// Python bindings of the engine: `_core.Engine` runs the pipeline over planned batches and hands
-// out
-// `_core.Batch` objects whose tensors view the batch buffer without copying (DLPack). The Python
-// loader classes (python/draftfeed/loader.py) build on these.
+// Python bindings of the engine: `_core.Loader` (the C++ Loader: a split, planned per epoch, run
+// through the pipeline) hands out `_core.Batch` objects whose tensors view the batch buffer
+// without copying (DLPack); `_core.LoaderOptions` are its options. The Python loader classes
+// (python/draftfeed/loader.py) build on these.
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
+#include "cache_options.h"
 #include "dlpack_dtype.h"
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/fp8_dequantize.h"
@@ -24,37 +27,12 @@
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "draftfeed/source/cache_source.h"
+#include "options_init.h"
 #include "plans.h"
 #include "sample_source.h"
 
 namespace draftfeed::python {
 namespace {
-
-DType parse_batch_dtype(const std::string& text) {
-  if (text == "bfloat16" || text == "bf16") return DType::kBF16;
-  if (text == "float32" || text == "f32" || text == "float") return DType::kF32;
-  if (text == "float16" || text == "f16" || text == "half") return DType::kF16;  // refused later
-  throw Error(ErrorKind::kInvalidArgument,
-              "hidden_states_dtype must be bfloat16 or float32, got '" + text + "'");
-}
-
-Preprocess parse_preprocess(const std::string& text) {
-  if (text == "none" || text.empty()) return Preprocess::kNone;
-  if (text == "eagle3" || text == "peagle" || text == "shift") return Preprocess::kEagle3Shift;
-  if (text == "mtp") return Preprocess::kMtp;
-  if (text == "custom") return Preprocess::kCustom;
-  throw Error(
-      ErrorKind::kInvalidArgument,
-      "preprocess must be 'none', 'eagle3', 'peagle', 'mtp' or 'custom', got '" + text + "'");
-}
-
-NoiseKind parse_noise(const std::string& text) {
-  if (text == "uniform") return NoiseKind::kUniform;
-  if (text == "gaussian" || text == "normal") return NoiseKind::kGaussian;
-  if (text == "none") return NoiseKind::kNone;
-  throw Error(ErrorKind::kInvalidArgument,
-              "noise must be 'uniform', 'gaussian' or 'none', got '" + text + "'");
-}
 
 // {reason name: samples dropped}.
 nb::dict drop_counts(const DropCounts& counts) {
@@ -279,38 +257,26 @@ struct PyLoader {
   }
 };
 
-std::string preprocess_name(Preprocess preprocess) {
-  switch (preprocess) {
-    case Preprocess::kNone:
-      return "none";
-    case Preprocess::kEagle3Shift:
-      return "eagle3";
-    case Preprocess::kMtp:
-      return "mtp";
-    case Preprocess::kCustom:
-      return "custom";
-  }
-  return "none";
-}
-
-std::string noise_name(NoiseKind kind) {
-  return kind == NoiseKind::kUniform    ? "uniform"
-         : kind == NoiseKind::kGaussian ? "gaussian"
-                                        : "none";
-}
-
-// The loader's options under the Python Loader's flat names (one place: what Python sets is what
-// C++ reads; unknown names are refused by nanobind).
+// The loader's options under the Python Loader's flat names: the one list of them in Python
+// (what Python sets is what C++ reads; conversions happen here, once). Built from keywords
+// (options_init.h).
 void bind_loader_options(nb::module_& m) {
   using O = LoaderOptions;
-  nb::class_<O>(m, "LoaderOptions",
-                "Options of one loader (C++ LoaderOptions), under the Python Loader's names. "
-                "validation() gives the validation loader's options of a training run.")
-      .def(nb::init<>())
+  nb::class_<O> cls(m, "LoaderOptions",
+                    "Options of one loader (C++ LoaderOptions), under the Python Loader's names; "
+                    "LoaderOptions(name=value, ...) sets them by name, the others keep C++'s "
+                    "defaults. validate() checks them; validation() gives the validation loader's "
+                    "options of a training run.");
+  cls.def("__init__", &init_from_kwargs<O>)
+      .def("validate", &O::validate, "raises ValueError naming the first bad field")
       .def("validation", &O::validation)
-      .def_rw("data_path", &O::data_path)
-      .def_rw("hidden_states_path", &O::hidden_states_path, "empty: <data_path>/hidden_states")
-      .def_rw("split", &O::split, "'train', 'val' or 'all'")
+      .def_prop_rw(
+          "data_path", [](const O& o) { return o.data_path; },
+          [](O& o, const std::filesystem::path& v) { o.data_path = v.string(); },
+          "a save_to_disk folder")
+      .def_prop_rw(
+          "split", [](const O& o) { return std::string(split_name(o.split)); },
+          [](O& o, const std::string& v) { o.split = parse_split(v); }, "'train', 'val' or 'all'")
       .def_rw("train_ratio", &O::train_ratio)
       .def_rw("rank", &O::rank, "data-parallel rank")
       .def_prop_rw(
@@ -328,19 +294,21 @@ void bind_loader_options(nb::module_& m) {
       .def_prop_rw(
           "hidden_states_dtype",
           [](const O& o) { return std::string(torch_dtype_name(o.batch.dtype)); },
-          [](O& o, const std::string& v) { o.batch.dtype = parse_batch_dtype(v); },
-          "'bfloat16' or 'float32'")
+          [](O& o, nb::handle v) {
+            o.batch.dtype = parse_torch_dtype(nb::str(v).c_str(), "hidden_states_dtype");
+          },
+          "'bfloat16' or 'float32' (or the torch dtype)")
       .def_prop_rw(
-          "preprocess", [](const O& o) { return preprocess_name(o.batch.preprocess); },
+          "preprocess", [](const O& o) { return std::string(preprocess_name(o.batch.preprocess)); },
           [](O& o, const std::string& v) { o.batch.preprocess = parse_preprocess(v); },
           "'none', 'eagle3' (or 'peagle'), 'mtp', or 'custom' (a callable run in Python)")
       .def_prop_rw(
-          "noise", [](const O& o) { return noise_name(o.batch.noise.kind); },
-          [](O& o, const std::string& v) { o.batch.noise.kind = parse_noise(v); },
+          "noise", [](const O& o) { return std::string(noise_kind_name(o.batch.noise.kind)); },
+          [](O& o, const std::string& v) { o.batch.noise.kind = parse_noise_kind(v); },
           "'uniform', 'gaussian' or 'none' (training split only)")
       .def_prop_rw(
           "noise_std", [](const O& o) { return o.batch.noise.std; },
-          [](O& o, double v) { o.batch.noise.std = v; })
+          [](O& o, double v) { o.batch.noise.std = v; }, "0: no noise")
       .def_prop_rw(
           "seed", [](const O& o) { return o.batch.noise.seed; },
           [](O& o, std::uint64_t v) { o.batch.noise.seed = v; }, "of the plan and the noise")
@@ -349,10 +317,12 @@ void bind_loader_options(nb::module_& m) {
           [](O& o, bool v) { o.plan.truncate = v; }, "clip long samples (else drop them)")
       .def_prop_rw(
           "max_batches", [](const O& o) { return o.plan.max_batches; },
-          [](O& o, std::optional<std::int64_t> v) { o.plan.max_batches = v; })
+          [](O& o, std::optional<std::int64_t> v) { o.plan.max_batches = v; },
+          nb::arg("value").none())
       .def_prop_rw(
           "num_threads", [](const O& o) { return o.pipeline.num_threads; },
-          [](O& o, int v) { o.pipeline.num_threads = v; })
+          [](O& o, int v) { o.pipeline.num_threads = v; },
+          "fetch and assembly threads (an online source's requests get their own)")
       .def_prop_rw(
           "prefetch", [](const O& o) { return o.pipeline.prefetch; },
           [](O& o, int v) { o.pipeline.prefetch = v; }, "batch buffers")
@@ -380,16 +350,13 @@ void bind_loader_options(nb::module_& m) {
       .def_prop_rw(
           "fatal_failures_in_batch", [](const O& o) { return o.pipeline.fatal_failures_in_batch; },
           [](O& o, bool v) { o.pipeline.fatal_failures_in_batch = v; })
-      .def_rw("on_missing", &O::on_missing, "'skip', 'warn' or 'raise' (the cache source)")
-      .def_rw("lock_timeout", &O::lock_timeout)
-      .def_rw("fp8_dequantize", &O::fp8_dequantize,
-              "FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32'")
       .def_prop_rw(
           "source", [](const O&) { return nb::none(); },
           [](O& o, const PySampleSource* source) {
             o.source = source != nullptr ? source->source : nullptr;
           },
           nb::arg("source").none(), "where hidden states come from (write-only; None: the cache)");
+  bind_cache_options(cls);
 }
 
 }  // namespace
@@ -398,7 +365,7 @@ void init_engine(nb::module_& m) {
   nb::class_<PySampleSource>(
       m, "SampleSource",
       "Where the engine gets hidden states (the cache by default; an online source from "
-      "draftfeed.online). Pass one as Engine(source=...).")
+      "draftfeed.online). Pass one as Loader(..., source=...).")
       .def_ro("description", &PySampleSource::description)
       .def(
           "fetch_native",
@@ -439,7 +406,7 @@ void init_engine(nb::module_& m) {
       .def_prop_ro("failure_count", [](const PyBatch& b) { return b.lease->failure_count; })
       .def_prop_ro(
           "fatal", [](const PyBatch& b) { return b.lease->fatal; },
-          "a fatal generation failure (Engine(fatal_failures_in_batch=True)): the run must stop")
+          "a fatal generation failure (LoaderOptions.fatal_failures_in_batch): the run must stop")
       .def_prop_ro("fatal_message", [](const PyBatch& b) { return b.lease->fatal_message; })
       .def_prop_ro("dropped", &PyBatch::dropped, "samples dropped from this batch, by reason")
       .def_prop_ro(
@@ -509,6 +476,10 @@ void init_engine(nb::module_& m) {
            })
       .def("metrics", &PyLoader::metrics)
       .def_prop_ro("options", [](const PyLoader& l) { return l.loader->options(); })
+      .def_prop_ro(
+          "pinning", [](const PyLoader& l) { return l.loader->pinning_detail(); },
+          "where batch buffers are: page-locked for which device through which CUDA runtime, or "
+          "why they are pageable")
       .def_prop_ro(
           "cuda_device", [](const PyLoader& l) { return l.loader->cuda_device(); },
           "the CUDA device the buffers are pinned on or copied to; -1: none")

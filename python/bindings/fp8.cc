@@ -30,7 +30,6 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/hidden/safetensors.h"
-#include "draftfeed/source/cache_source.h"
 
 namespace draftfeed::python {
 
@@ -50,26 +49,29 @@ nb::ndarray<nb::numpy, T> owned_array(std::vector<T> values) {
   return nb::ndarray<nb::numpy, T>(heap->data(), 1, shape, owner);
 }
 
+// The kernels' dtypes: a batch's (bf16 or f32), a file's (BF16, F16 or F32, safetensors names),
+// FP8Transfer's dequantize dtype (bf16, f16 or f32).
 DType batch_dtype(const std::string& name) {
-  if (name == "bfloat16") return DType::kBF16;
-  if (name == "float32") return DType::kF32;
-  throw Error(ErrorKind::kInvalidArgument,
-              "out_dtype must be 'bfloat16' or 'float32', got '" + name + "'");
+  const DType dtype = parse_torch_dtype(name, "out_dtype");
+  require(dtype == DType::kBF16 || dtype == DType::kF32, ErrorKind::kInvalidArgument,
+          "out_dtype must be 'bfloat16' or 'float32', got '" + name + "'");
+  return dtype;
 }
 
 DType source_dtype(const std::string& name) {
-  if (name == "BF16") return DType::kBF16;
-  if (name == "F16") return DType::kF16;
-  if (name == "F32") return DType::kF32;
-  throw Error(ErrorKind::kInvalidArgument, "dtype must be BF16, F16 or F32, got '" + name + "'");
+  const std::optional<DType> dtype = dtype_from_name(name);
+  require(dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32,
+          ErrorKind::kInvalidArgument, "dtype must be BF16, F16 or F32, got '" + name + "'");
+  return *dtype;
 }
 
-NoiseKind noise_kind(const std::string& name) {
-  if (name == "none") return NoiseKind::kNone;
-  if (name == "uniform") return NoiseKind::kUniform;
-  if (name == "gaussian") return NoiseKind::kGaussian;
-  throw Error(ErrorKind::kInvalidArgument,
-              "noise must be 'none', 'uniform' or 'gaussian', got '" + name + "'");
+DType dequantize_dtype(const std::string& name) {
+  const DType dtype = parse_torch_dtype(name, "dequantize");
+  require(is_fp8_dequantize_dtype(dtype), ErrorKind::kInvalidArgument,
+          "FP8 values dequantize into bfloat16, float16 or float32 (FP8Transfer's "
+          "dequantize_dtype), got '" +
+              name + "'");
+  return dtype;
 }
 
 nb::object copy_rows(const Input<std::uint8_t>& codes, const Input<float>& scales,
@@ -84,11 +86,11 @@ nb::object copy_rows(const Input<std::uint8_t>& codes, const Input<float>& scale
   job.width = static_cast<std::int64_t>(codes.shape(0)) / rows;
   job.src_row_stride = job.width;
   job.src_scales = reinterpret_cast<const std::uint8_t*>(scales.data());
-  job.dequantize = parse_fp8_dequantize(dequantize);
+  job.dequantize = dequantize_dtype(dequantize);
   job.dst_dtype = batch_dtype(out_dtype);
   job.dst_row_stride = job.width;
   job.rows = rows;
-  job.noise = noise_kind(noise);
+  job.noise = parse_noise_kind(noise);
   job.noise_std = static_cast<float>(noise_std);
   job.noise_sample_key = noise_key;
   const std::size_t count = codes.shape(0);
@@ -164,7 +166,7 @@ void init_fp8(nb::module_& m) {
         const auto tokens = static_cast<std::int64_t>(scales.shape(0));
         require(tokens > 0 ? codes.shape(0) % scales.shape(0) == 0 : codes.shape(0) == 0,
                 ErrorKind::kInvalidArgument, "codes must hold tokens x per_token values");
-        const DType type = parse_fp8_dequantize(dequantize);
+        const DType type = dequantize_dtype(dequantize);
         const std::int64_t per_token =
             tokens > 0 ? static_cast<std::int64_t>(codes.shape(0)) / tokens : 0;
         const std::vector<std::uint8_t> values = dequantize_fp8_tensor(

@@ -21,13 +21,6 @@ std::shared_ptr<const void> hold(nb::object object) {
   });
 }
 
-std::optional<DType> hidden_dtype_of(const std::string& name) {
-  if (name == "torch.bfloat16") return DType::kBF16;
-  if (name == "torch.float16") return DType::kF16;
-  if (name == "torch.float32") return DType::kF32;
-  return std::nullopt;
-}
-
 // str(object), as Python prints it.
 std::string text_of(const nb::handle& object) { return nb::str(object).c_str(); }
 
@@ -79,9 +72,10 @@ Result<FetchedSample> sample_from(const nb::object& result, const RowIds& ids,
     }
   }
   hs = hs.attr("to")(cpu).attr("contiguous")();
-  const auto dtype = hidden_dtype_of(text_of(hs.attr("dtype")));
+  const auto dtype = dtype_from_torch_name(text_of(hs.attr("dtype")));
   const auto shape = nb::cast<std::vector<std::int64_t>>(nb::list(hs.attr("shape")));
-  if (!dtype || shape.size() != 3 || shape[0] != tokens) {
+  if ((dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) ||
+      shape.size() != 3 || shape[0] != tokens) {
     return Error(ErrorKind::kFormat, where +
                                          ": hidden_states from the transfer must be bf16/f16/f32 "
                                          "[T, L, H] with T = " +

@@ -1,5 +1,5 @@
-// A sample source made by one binding area (the online client, a Python transfer) and handed to
-// `Engine(source=...)` by Python code: the engines' sources are pluggable without the engine
+// A sample source made by one binding area (the online source, a Python transfer) and handed to
+// `Loader(..., source=...)` by Python code: the loader's sources are pluggable without the loader
 // binding knowing them.
 #pragma once
 

@@ -1,6 +1,7 @@
 """draftfeed's C++ core"""
 
 from collections.abc import Mapping, Sequence
+import os
 from typing import Annotated, overload
 
 import numpy
@@ -188,7 +189,7 @@ def hidden_convert_bits(bits: Annotated[NDArray[numpy.uint32], dict(shape=(None,
 
 class SampleSource:
     """
-    Where the engine gets hidden states (the cache by default; an online source from draftfeed.online). Pass one as Engine(source=...).
+    Where the engine gets hidden states (the cache by default; an online source from draftfeed.online). Pass one as Loader(..., source=...).
     """
 
     @property
@@ -224,7 +225,7 @@ class Batch:
     @property
     def fatal(self) -> bool:
         """
-        a fatal generation failure (Engine(fatal_failures_in_batch=True)): the run must stop
+        a fatal generation failure (LoaderOptions.fatal_failures_in_batch): the run must stop
         """
 
     @property
@@ -273,25 +274,22 @@ class Batch:
 
 class LoaderOptions:
     """
-    Options of one loader (C++ LoaderOptions), under the Python Loader's names. validation() gives the validation loader's options of a training run.
+    Options of one loader (C++ LoaderOptions), under the Python Loader's names; LoaderOptions(name=value, ...) sets them by name, the others keep C++'s defaults. validate() checks them; validation() gives the validation loader's options of a training run.
     """
 
-    def __init__(self) -> None: ...
+    def __init__(self, **kwargs) -> None: ...
+
+    def validate(self) -> None:
+        """raises ValueError naming the first bad field"""
 
     def validation(self) -> LoaderOptions: ...
 
     @property
-    def data_path(self) -> str: ...
+    def data_path(self) -> str:
+        """a save_to_disk folder"""
 
     @data_path.setter
-    def data_path(self, arg: str, /) -> None: ...
-
-    @property
-    def hidden_states_path(self) -> str:
-        """empty: <data_path>/hidden_states"""
-
-    @hidden_states_path.setter
-    def hidden_states_path(self, arg: str, /) -> None: ...
+    def data_path(self, arg: str | os.PathLike, /) -> None: ...
 
     @property
     def split(self) -> str:
@@ -340,10 +338,10 @@ class LoaderOptions:
 
     @property
     def hidden_states_dtype(self) -> str:
-        """'bfloat16' or 'float32'"""
+        """'bfloat16' or 'float32' (or the torch dtype)"""
 
     @hidden_states_dtype.setter
-    def hidden_states_dtype(self, arg: str, /) -> None: ...
+    def hidden_states_dtype(self, arg: object, /) -> None: ...
 
     @property
     def preprocess(self) -> str:
@@ -362,7 +360,8 @@ class LoaderOptions:
     def noise(self, arg: str, /) -> None: ...
 
     @property
-    def noise_std(self) -> float: ...
+    def noise_std(self) -> float:
+        """0: no noise"""
 
     @noise_std.setter
     def noise_std(self, arg: float, /) -> None: ...
@@ -385,10 +384,11 @@ class LoaderOptions:
     def max_batches(self) -> int | None: ...
 
     @max_batches.setter
-    def max_batches(self, arg: int | None, /) -> None: ...
+    def max_batches(self, value: int | None) -> None: ...
 
     @property
-    def num_threads(self) -> int: ...
+    def num_threads(self) -> int:
+        """fetch and assembly threads (an online source's requests get their own)"""
 
     @num_threads.setter
     def num_threads(self, arg: int, /) -> None: ...
@@ -448,33 +448,50 @@ class LoaderOptions:
     def fatal_failures_in_batch(self, arg: bool, /) -> None: ...
 
     @property
-    def on_missing(self) -> str:
-        """'skip', 'warn' or 'raise' (the cache source)"""
-
-    @on_missing.setter
-    def on_missing(self, arg: str, /) -> None: ...
-
-    @property
-    def lock_timeout(self) -> float: ...
-
-    @lock_timeout.setter
-    def lock_timeout(self, arg: float, /) -> None: ...
-
-    @property
-    def fp8_dequantize(self) -> str:
-        """
-        FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32'
-        """
-
-    @fp8_dequantize.setter
-    def fp8_dequantize(self, arg: str, /) -> None: ...
-
-    @property
     def source(self) -> None:
         """where hidden states come from (write-only; None: the cache)"""
 
     @source.setter
     def source(self, source: SampleSource | None) -> None: ...
+
+    @property
+    def hidden_states_path(self) -> str:
+        """the cache folder; None or empty: <data_path>/hidden_states"""
+
+    @hidden_states_path.setter
+    def hidden_states_path(self, value: str | os.PathLike | None) -> None: ...
+
+    @property
+    def on_missing(self) -> str:
+        """
+        a row without a cached file: 'generate' (the online source), 'skip', 'warn' or 'raise'
+        """
+
+    @on_missing.setter
+    def on_missing(self, arg: str, /) -> None: ...
+
+    @property
+    def lock_timeout(self) -> float:
+        """seconds a writer's lock is waited for"""
+
+    @lock_timeout.setter
+    def lock_timeout(self, arg: float, /) -> None: ...
+
+    @property
+    def lock_poll(self) -> float:
+        """seconds between two tries of a writer's lock"""
+
+    @lock_poll.setter
+    def lock_poll(self, arg: float, /) -> None: ...
+
+    @property
+    def fp8_dequantize_dtype(self) -> str:
+        """
+        FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32' (or the torch dtype)
+        """
+
+    @fp8_dequantize_dtype.setter
+    def fp8_dequantize_dtype(self, arg: object, /) -> None: ...
 
 class Loader:
     """
@@ -504,6 +521,12 @@ class Loader:
 
     @property
     def options(self) -> LoaderOptions: ...
+
+    @property
+    def pinning(self) -> str:
+        """
+        where batch buffers are: page-locked for which device through which CUDA runtime, or why they are pageable
+        """
 
     @property
     def cuda_device(self) -> int:
@@ -538,130 +561,101 @@ def python_transfer_source(transfer: object, on_missing: str = 'skip') -> Sample
     A SampleSource calling transfer.get_cached(file_idx) (hs-connectors interface) per sample.
     """
 
-class VllmClient:
-    """
-    The vLLM hidden-state client alone: /models check, completions or chat request, response checks, retries, endpoints.
-    """
-
-    def __init__(self, endpoints: Sequence[str], model: str = '', request_timeout: float = 120.0, max_retries: int = 3, retry_backoff: float = 2.0, concurrency: int = 8, keepalive: bool = True, max_response_bytes: int = 1048576) -> None: ...
-
-    def generate(self, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict: ...
-
-    def generate_chat(self, messages_json: str, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict: ...
-
-    def stats(self) -> dict: ...
-
-    def cancel(self) -> None: ...
-
 class OnlineSourceOptions:
     """
-    Options of the online source (C++ OnlineSourceOptions and its client's), under draftfeed.online.OnlineSource's names.
+    Options of the online source (C++ OnlineSourceOptions and its client's), under draftfeed.online.OnlineSource's names; OnlineSourceOptions(name=value, ...) sets them by name, the others keep C++'s defaults. validate() checks them.
     """
 
-    def __init__(self) -> None: ...
+    def __init__(self, **kwargs) -> None: ...
 
-    @property
-    def hidden_states_path(self) -> str:
-        """the cache folder"""
-
-    @hidden_states_path.setter
-    def hidden_states_path(self, arg: str, /) -> None: ...
+    def validate(self) -> None:
+        """raises ValueError naming the first bad field"""
 
     @property
     def vllm_endpoint(self) -> list[str]:
-        """the servers' URLs (.../v1)"""
+        """the servers' URLs (.../v1): one or several"""
 
     @vllm_endpoint.setter
-    def vllm_endpoint(self, arg: Sequence[str], /) -> None: ...
+    def vllm_endpoint(self, arg: object, /) -> None: ...
 
     @property
-    def on_missing(self) -> str:
-        """generate | skip | warn | raise"""
-
-    @on_missing.setter
-    def on_missing(self, arg: str, /) -> None: ...
-
-    @property
-    def on_generate(self) -> str: ...
+    def on_generate(self) -> str:
+        """delete (the reference's) | cache: move a generated file into the cache"""
 
     @on_generate.setter
     def on_generate(self, arg: str, /) -> None: ...
 
     @property
     def verifier_name_or_path(self) -> str:
-        """the model the servers must serve (empty: any)"""
+        """the model the servers must serve (None or empty: any)"""
 
     @verifier_name_or_path.setter
-    def verifier_name_or_path(self, arg: str, /) -> None: ...
+    def verifier_name_or_path(self, value: str | None) -> None: ...
 
     @property
     def request_timeout(self) -> float:
-        """seconds; 0: none"""
+        """seconds per attempt; None or 0: no limit"""
 
     @request_timeout.setter
-    def request_timeout(self, arg: float, /) -> None: ...
+    def request_timeout(self, value: float | None) -> None: ...
 
     @property
-    def max_retries(self) -> int: ...
+    def max_retries(self) -> int:
+        """extra attempts after transport errors, timeouts and HTTP 5xx"""
 
     @max_retries.setter
     def max_retries(self, arg: int, /) -> None: ...
 
     @property
-    def retry_backoff(self) -> float: ...
+    def retry_backoff(self) -> float:
+        """seconds before the first retry, doubling"""
 
     @retry_backoff.setter
     def retry_backoff(self, arg: float, /) -> None: ...
 
     @property
-    def generation_validation_retries(self) -> int: ...
+    def generation_validation_retries(self) -> int:
+        """extra generate-load-validate round trips after a bad file"""
 
     @generation_validation_retries.setter
     def generation_validation_retries(self, arg: int, /) -> None: ...
 
     @property
-    def max_consecutive_generation_failures(self) -> int: ...
+    def max_consecutive_generation_failures(self) -> int:
+        """rows failing in a row before the run stops"""
 
     @max_consecutive_generation_failures.setter
     def max_consecutive_generation_failures(self, arg: int, /) -> None: ...
 
     @property
-    def fail_on_hidden_state_error(self) -> bool: ...
+    def fail_on_hidden_state_error(self) -> bool:
+        """stop the run at the first row that fails"""
 
     @fail_on_hidden_state_error.setter
     def fail_on_hidden_state_error(self, arg: bool, /) -> None: ...
 
     @property
     def fetch_threads(self) -> int:
-        """requests in flight at most"""
+        """requests in flight at most (the engine runs one thread per request)"""
 
     @fetch_threads.setter
     def fetch_threads(self, arg: int, /) -> None: ...
 
     @property
-    def vllm_http_keepalive(self) -> bool: ...
+    def vllm_http_keepalive(self) -> bool:
+        """reuse connections"""
 
     @vllm_http_keepalive.setter
     def vllm_http_keepalive(self, arg: bool, /) -> None: ...
 
     @property
     def server_dir(self) -> str:
-        """where the servers write (empty: anywhere)"""
+        """
+        the folder the servers write into: handles elsewhere are refused (None: anywhere)
+        """
 
     @server_dir.setter
-    def server_dir(self, arg: str, /) -> None: ...
-
-    @property
-    def lock_timeout(self) -> float: ...
-
-    @lock_timeout.setter
-    def lock_timeout(self, arg: float, /) -> None: ...
-
-    @property
-    def lock_poll(self) -> float: ...
-
-    @lock_poll.setter
-    def lock_poll(self, arg: float, /) -> None: ...
+    def server_dir(self, value: str | os.PathLike | None) -> None: ...
 
     @property
     def max_response_bytes(self) -> int: ...
@@ -676,13 +670,15 @@ class OnlineSourceOptions:
     def max_file_bytes(self, arg: int, /) -> None: ...
 
     @property
-    def rest_after_failures(self) -> int: ...
+    def rest_after_failures(self) -> int:
+        """failures in a row that rest a server"""
 
     @rest_after_failures.setter
     def rest_after_failures(self, arg: int, /) -> None: ...
 
     @property
-    def rest_time(self) -> float: ...
+    def rest_time(self) -> float:
+        """seconds a failing server is rested"""
 
     @rest_time.setter
     def rest_time(self, arg: float, /) -> None: ...
@@ -694,20 +690,69 @@ class OnlineSourceOptions:
     def log_failures(self, arg: bool, /) -> None: ...
 
     @property
-    def fp8_dequantize(self) -> str:
+    def hidden_states_path(self) -> str:
+        """the cache folder; None or empty: <data_path>/hidden_states"""
+
+    @hidden_states_path.setter
+    def hidden_states_path(self, value: str | os.PathLike | None) -> None: ...
+
+    @property
+    def on_missing(self) -> str:
         """
-        FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32'
+        a row without a cached file: 'generate' (the online source), 'skip', 'warn' or 'raise'
         """
 
-    @fp8_dequantize.setter
-    def fp8_dequantize(self, arg: str, /) -> None: ...
+    @on_missing.setter
+    def on_missing(self, arg: str, /) -> None: ...
+
+    @property
+    def lock_timeout(self) -> float:
+        """seconds a writer's lock is waited for"""
+
+    @lock_timeout.setter
+    def lock_timeout(self, arg: float, /) -> None: ...
+
+    @property
+    def lock_poll(self) -> float:
+        """seconds between two tries of a writer's lock"""
+
+    @lock_poll.setter
+    def lock_poll(self, arg: float, /) -> None: ...
+
+    @property
+    def fp8_dequantize_dtype(self) -> str:
+        """
+        FP8 files' dequantize dtype, as FP8Transfer's: 'bfloat16', 'float16' or 'float32' (or the torch dtype)
+        """
+
+    @fp8_dequantize_dtype.setter
+    def fp8_dequantize_dtype(self, arg: object, /) -> None: ...
+
+class VllmClient:
+    """
+    The vLLM hidden-state client alone: /models check, completions or chat request, response checks, retries, endpoints.
+    """
+
+    def __init__(self, options: OnlineSourceOptions) -> None:
+        """the client of an online source with these options"""
+
+    def generate(self, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict: ...
+
+    def generate_chat(self, messages_json: str, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict: ...
+
+    def stats(self) -> dict: ...
+
+    def cancel(self) -> None: ...
 
 class OnlineSource(SampleSource):
     """
-    Hidden states from the cache, else generated by vLLM servers on demand (SPEC §2). A SampleSource: pass it as Loader(..., source=...). Build it with draftfeed.online.OnlineSource(...).
+    Hidden states from the cache, else generated by vLLM servers on demand (docs/protocol.md). A SampleSource: pass it as Loader(..., source=...). Build it with draftfeed.online.OnlineSource(...).
     """
 
-    def __init__(self, options: OnlineSourceOptions, data_path: str = '', lookahead: int = 0, transfer: object | None = None) -> None: ...
+    def __init__(self, options: OnlineSourceOptions, data_path: str | os.PathLike | None = None, lookahead: int | None = None, transfer: object | None = None) -> None:
+        """
+        options: OnlineSourceOptions; data_path: the dataset (multimodal rows' messages, the lookahead, the cache folder's default <data_path>/hidden_states); lookahead: rows fetched ahead at most (None: 4 x fetch_threads with data_path, else 0)
+        """
 
     def stats(self) -> dict: ...
 
@@ -737,10 +782,8 @@ class OnlineSource(SampleSource):
         """end transfers and backoff sleeps now; later fetches fail fast"""
 
     @property
-    def fetch_threads(self) -> int: ...
-
-    @property
-    def hidden_states_path(self) -> str: ...
+    def options(self) -> OnlineSourceOptions:
+        """the options it was built with (a copy)"""
 
     def fetch(self, row: int, input_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> dict:
         """

@@ -149,16 +149,11 @@ def _consumer_stream(device: int) -> int:
     return int(cuda.current_stream(device).cuda_stream)
 
 
-def _dtype_name(dtype: Any) -> str:
-    """Accepts torch dtypes and strings."""
-    text = str(dtype).replace("torch.", "")
-    return {"bf16": "bfloat16", "half": "float16", "float": "float32", "fp32": "float32"}.get(text, text)
-
-
 class Loader:
     """Batches of one split of a dataset, packed, assembled and delivered by the C++ engine.
 
-    Iterating yields `dict[str, torch.Tensor]` with the reference's keys, shapes and dtypes (SPEC §5).
+    Iterating yields `dict[str, torch.Tensor]` with the reference's keys, shapes and dtypes
+    (docs/formats.md, "One batch").
 
     The cache may hold bf16, f16 or f32 files and hs-connectors' FP8 files (F8_E4M3 hidden states with
     per-token `hidden_states_scales`), mixed: FP8 values are dequantized in the batch copy exactly as
@@ -178,15 +173,10 @@ class Loader:
         device: Any = None,
         **options: Any,
     ) -> None:
-        """`options` are `_core.LoaderOptions`' fields, with its defaults: total_seq_len (8192),
-        split ("train", "val" or "all"), train_ratio (0.9), hidden_states_path (default
-        <data_path>/hidden_states), num_target_layers (3), hidden_states_dtype ("bfloat16" or a
-        torch dtype), noise ("uniform") and noise_std (0: none), seed (0, of the plan and the noise),
-        num_threads (2), prefetch (4 buffers), in_order (True), max_batches, truncate (True),
-        on_missing ("skip"), pin_memory (True), lock_timeout (10 s), chunk_bytes,
-        fatal_failures_in_batch (False), fp8_dequantize_dtype ("bfloat16", FP8Transfer's
-        dequantize_dtype for FP8 files: a string or torch dtype), device_buffers (2). An unknown
-        name is a TypeError.
+        """`options` are `_core.LoaderOptions`' fields by name: its properties say each one's
+        meaning, and its C++ defaults apply to the others. An unknown name is a TypeError. `rank`
+        and `world_size` are global (default: the torchrun environment); the loader plans by
+        data-parallel rank.
 
         `device` ("cuda:N", "cuda" for the rank's LOCAL_RANK device, an int or a torch.device):
         the device stage. Batches are then CUDA tensors on that device, copied from the page-locked
@@ -194,28 +184,16 @@ class Loader:
         batches in device memory); the consumer's stream waits for each batch's copy on the device.
         None (default): batches in host memory, page-locked when `pin_memory` and CUDA is present."""
         topology = Topology.resolve(rank, world_size, sp_size)
-        core = _core.LoaderOptions()
-        core.data_path = os.fspath(data_path)
-        core.hidden_size = hidden_size
-        core.rank, core.world_size = topology.dp_rank, topology.dp_size
-        core.preprocess = "custom" if callable(preprocess) else preprocess
-        core.cuda_device = _torch_cuda_device()
-        if device is not None:
-            core.device_stage = True
-            core.cuda_device = _cuda_device_index(device)
-        for name, value in options.items():
-            if name == "fp8_dequantize_dtype":  # FP8Transfer's name for it
-                name, value = "fp8_dequantize", _dtype_name(value)
-            if name.startswith("_") or not hasattr(core, name) or name in (
-                "data_path", "source", "device_stage", "cuda_device"):
+        for name in ("data_path", "source", "device_stage", "cuda_device"):
+            if name in options:  # set from the arguments above
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
-            if name == "hidden_states_dtype":
-                value = _dtype_name(value)
-            elif name == "hidden_states_path":
-                value = os.fspath(value) if value is not None else ""
-            setattr(core, name, value)
-        if source is not None:
-            core.source = source
+        core = _core.LoaderOptions(
+            data_path=data_path, hidden_size=hidden_size,
+            preprocess="custom" if callable(preprocess) else preprocess,
+            rank=topology.dp_rank, world_size=topology.dp_size, source=source,
+            device_stage=device is not None,
+            cuda_device=_torch_cuda_device() if device is None else _cuda_device_index(device),
+            **options)
         self._setup(core, topology, source, preprocess if callable(preprocess) else None)
         if source is not None and getattr(source, "reads_messages", True) is False and (
             "messages" in self._core.columns
@@ -231,27 +209,15 @@ class Loader:
                preprocess_fn: Callable[[dict[str, Any]], dict[str, Any]] | None) -> None:
         self._core = _core.Loader(options)
         _LIVE_ENGINES.add(self._core)
-        options = self._core.options
-        self._options = options
+        # The options as the engine completed them (the cache folder's default; no noise outside
+        # the training split): the one place Python reads settings from.
+        self.options = options = self._core.options
         self.topology = topology
         self._source = source
         # A callable the engine does not know runs in Python on each sample the engine validated,
         # cast and noised; the engine packs what it returns (see _tensors).
         self._preprocess_fn = preprocess_fn
-        self.split = options.split
         self.split_begin, self.split_end = self._core.split_begin, self._core.split_end
-        self.data_path = options.data_path
-        self.hidden_states_path = options.hidden_states_path
-        self.hidden_size = options.hidden_size
-        self.num_target_layers = options.num_target_layers
-        self.total_seq_len = options.total_seq_len
-        self.hidden_states_dtype = options.hidden_states_dtype
-        self.noise = options.noise
-        self.noise_std = options.noise_std if options.split == "train" else 0.0
-        self.seed = options.seed
-        self.on_missing = options.on_missing
-        self.num_threads = options.num_threads
-        self.pin_memory = options.pin_memory
         # The CUDA device the engine's buffers are pinned on or copied to (-1: no CUDA in use):
         # the consumer's stream on it is asked for at each batch.
         self.cuda_device = self._core.cuda_device
@@ -268,7 +234,7 @@ class Loader:
         command line and Python): the val split, no noise, every batch, planned with seed 0 so that
         runs with different seeds are validated on the same batches (speculators 0.9.0)."""
         val = object.__new__(type(self))
-        val._setup(self._options.validation(), self.topology, self._source, self._preprocess_fn)
+        val._setup(self.options.validation(), self.topology, self._source, self._preprocess_fn)
         return val
 
     # -- the DataLoader surface the reference trainer uses --
@@ -344,9 +310,9 @@ class Loader:
             if isinstance(s, dict) else s
             for s in samples
         ]
-        return _core.pack_samples(samples, self.total_seq_len, self.hidden_states_dtype,
-                                  self.pin_memory, _consumer_stream(self.cuda_device),
-                                  self.cuda_device)
+        return _core.pack_samples(samples, self.options.total_seq_len,
+                                  self.options.hidden_states_dtype, self.options.pin_memory,
+                                  _consumer_stream(self.cuda_device), self.cuda_device)
 
     # -- what went wrong, said once (rate-limited: see reporting.py) --
     def _report_drops(self, batch: _core.Batch) -> None:
@@ -366,7 +332,7 @@ class Loader:
                 self._reporter.report(reason, message, count=1 + max(0, extra))
 
     def _silent_drops(self) -> tuple[str, ...]:
-        silent: tuple[str, ...] = ("missing",) if self.on_missing == "skip" else ()
+        silent: tuple[str, ...] = ("missing",) if self.options.on_missing == "skip" else ()
         if hasattr(self._source, "take_messages"):
             silent += ("generation_failed",)
         return silent

@@ -8,7 +8,8 @@ with
 
     from draftfeed.speculators import create_train_val_loaders
 
-and the trainer gets loaders that yield the same batches (keys, shapes, dtypes, values; SPEC §5), with
+and the trainer gets loaders that yield the same batches (keys, shapes, dtypes, values; see
+docs/formats.md, "One batch"), with
 the same sampler surface (`batch_sampler.set_epoch`, `_generate_batches`, `_cached_generated_batches`
 for the mid-epoch fast-skip), from one process with threads instead of worker processes.
 
@@ -27,7 +28,8 @@ How the reference's arguments map:
   from C++ per sample (slower: it holds the GIL per call): `get_cached` offline, and with
   `on_missing="generate"` also `setup`, `get_generated` after each request, then `cache` (when it has one
   and on_generate="cache") or `delete`.
-- the online arguments are validated here; `on_missing="generate"` needs the online source.
+- every argument is checked by the engine's options (a ValueError naming it), the online ones
+  whether or not rows are generated; `on_missing="generate"` builds the online source.
 - `pin_memory` (the reference's DataLoader pins whenever CUDA is available): with CUDA the batches are
   CUDA tensors on cuda:$LOCAL_RANK, copied ahead of the trainer by the device stage (its `.to()` is then
   a no-op); `DRAFTFEED_DEVICE_STAGE=0` keeps them in page-locked host memory (docs/device_stage.md).
@@ -51,9 +53,6 @@ from .loader import Loader, Topology
 logger = logging.getLogger(__name__)
 
 BatchType = dict[str, Any]
-
-_ON_MISSING = ("generate", "skip", "warn", "raise")
-_ON_GENERATE = ("cache", "delete")
 
 
 def _recovery_metadata(failure_count: int, locally_empty: bool, fatal: bool, error: str):
@@ -191,15 +190,6 @@ def _device_stage(native_preprocess: str | None) -> str | None:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
-def _check_dtype(hidden_states_dtype: Any) -> str:
-    name = str(hidden_states_dtype).replace("torch.", "")
-    if name not in ("bfloat16", "float32"):
-        raise ValueError(
-            f"hidden_states_dtype must be torch.bfloat16 or torch.float32 for training, got {hidden_states_dtype}"
-        )
-    return name
-
-
 def create_train_val_loaders(
     *,
     data_path: str,
@@ -229,60 +219,44 @@ def create_train_val_loaders(
     seed: int = 0,
 ) -> tuple[SpeculatorsLoader, SpeculatorsLoader]:
     """Create the training and validation loaders (see the module docstring)."""
-    if not (0.0 < train_data_ratio < 1.0):
-        raise ValueError(f"train_data_ratio must be in (0, 1), got {train_data_ratio}")
-    if on_missing not in _ON_MISSING:
-        raise ValueError(f"on_missing must be one of {_ON_MISSING}, got {on_missing!r}")
-    if on_generate not in _ON_GENERATE:
-        raise ValueError(f"on_generate must be one of {_ON_GENERATE}, got {on_generate!r}")
+    # The reference's checks of its own arguments that map to no engine option (every other
+    # argument is checked by the engine's options, once: a ValueError naming it).
     if not dataloader_in_order and num_workers <= 0:
         raise ValueError("in_order=False requires num_workers > 0")
-    if noise_std < 0:
-        raise ValueError(f"noise_std must be >= 0, got {noise_std}")
-    if max_retries < 0 or generation_validation_retries < 0:
-        raise ValueError("max_retries and generation_validation_retries must be >= 0")
-    if max_consecutive_generation_failures <= 0:
-        raise ValueError("max_consecutive_failures must be > 0")
-    if request_timeout is not None and request_timeout <= 0:
-        raise ValueError(f"request_timeout must be positive or None, got {request_timeout}")
-    if fetch_threads < 1:
-        raise ValueError(f"fetch_threads must be >= 1, got {fetch_threads}")
     if prefetch_factor is not None and prefetch_factor < 0:
         raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
-    dtype = _check_dtype(hidden_states_dtype)
-    if max_train_batches is not None and max_train_batches < 0:
-        raise ValueError(f"max_train_batches must be >= 0, got {max_train_batches}")
 
     hidden_states_path, python_transfer, fp8_dequantize = _hidden_states_path(data_path, transfer)
     native = _native_preprocess(preprocess)
     topology = _topology()
 
+    # The one mapping of the reference's arguments onto the engine's options: the online source's,
+    # checked whether or not rows are generated (as the reference checks them), then the loader's.
+    online = _core.OnlineSourceOptions(
+        vllm_endpoint=vllm_endpoint,
+        hidden_states_path=hidden_states_path,
+        on_missing=on_missing,
+        on_generate=on_generate,
+        verifier_name_or_path=verifier_name_or_path,
+        request_timeout=request_timeout,
+        max_retries=max_retries,
+        generation_validation_retries=generation_validation_retries,
+        max_consecutive_generation_failures=max_consecutive_generation_failures,
+        fail_on_hidden_state_error=fail_on_hidden_state_error,
+        # Each of the reference's workers holds its own copy of the dataset and of its
+        # fetch_threads pool: num_workers x fetch_threads requests are in flight.
+        fetch_threads=max(1, num_workers) * fetch_threads,
+        vllm_http_keepalive=vllm_http_keepalive,
+        # Not in the reference's signature: where the servers write, as a stricter confinement
+        # (handles elsewhere are refused).
+        server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
+        fp8_dequantize_dtype=fp8_dequantize,
+    )
+    online.validate()
     source: _core.SampleSource | None = None
     if on_missing == "generate":
-        from . import online
-
-        source = online.OnlineSource(
-            vllm_endpoint,
-            hidden_states_path=hidden_states_path,
-            data_path=data_path,  # enables the lookahead: the epoch's rows are fetched ahead
-            on_missing="generate",
-            on_generate=on_generate,
-            verifier_name_or_path=verifier_name_or_path,
-            request_timeout=request_timeout,
-            max_retries=max_retries,
-            generation_validation_retries=generation_validation_retries,
-            max_consecutive_generation_failures=max_consecutive_generation_failures,
-            fail_on_hidden_state_error=fail_on_hidden_state_error,
-            # Each of the reference's workers holds its own copy of the dataset and of its
-            # fetch_threads pool: num_workers x fetch_threads requests are in flight.
-            fetch_threads=max(1, num_workers) * fetch_threads,
-            vllm_http_keepalive=vllm_http_keepalive,
-            transfer=python_transfer,
-            # Not in the reference's signature: where the servers write, as a stricter confinement
-            # (handles elsewhere are refused).
-            server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
-            fp8_dequantize_dtype=fp8_dequantize,
-        )
+        # data_path enables the lookahead: the epoch's rows are fetched ahead of the buffers.
+        source = _core.OnlineSource(online, data_path=data_path, transfer=python_transfer)
     elif python_transfer is not None:
         source = _core.python_transfer_source(python_transfer, on_missing)
 
@@ -297,7 +271,7 @@ def create_train_val_loaders(
         train_ratio=train_data_ratio,
         hidden_states_path=hidden_states_path,
         num_target_layers=num_target_layers,
-        hidden_states_dtype=dtype,
+        hidden_states_dtype=hidden_states_dtype,
         noise_std=noise_std,
         seed=seed,
         # The seed's loaders plan by data-parallel rank and every rank of a sequence-parallel

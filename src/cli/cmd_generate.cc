@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,13 +18,14 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/validate.h"
 #include "draftfeed/source/online_source.h"
+#include "online_flags.h"
 #include "row_range.h"
 
 namespace draftfeed::cli {
 namespace {
 
-constexpr const char* kUsage =
-    R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
+std::string usage() {
+  return R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
 
 Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors, or sharded: --layout) from vLLM servers running the
 hidden-states connector, for every row without a valid file (a missing, corrupt, mismatched or
@@ -33,20 +35,9 @@ have list content) are sent as chat requests with their messages, others as toke
 file is checked (token ids, shape, finite values) and moved into the cache atomically.
 
 options:
-  --endpoint URL                      a server's OpenAI API base, e.g. http://host:8000/v1 (repeat)
   --hidden-states DIR                 cache folder (default DATA/hidden_states)
-  --server-dir DIR                    folder the servers write into: handles elsewhere are refused
-  --concurrency N                     requests in flight (default 8)
-  --model NAME                        the model the servers must serve
-  --request-timeout S                 seconds per attempt (default 120)
-  --max-retries N                     extra attempts after transport errors/timeouts/5xx (default 3)
-  --retry-backoff S                   sleep before the first retry, doubling (default 2)
-  --generation-validation-retries N   extra round trips after a bad file (default 2)
-  --max-consecutive-failures N        stop after N rows failing in a row (default 20)
-  --fail-on-error                     stop at the first row that fails
-  --rows A:B                          only rows A..B-1 (either side may be left out)
-  --lock-timeout S                    wait for a writer's lock at most S seconds (default 10)
-  --no-keepalive                      open a new connection per request
+)" + online_flags_usage(34) +
+         R"(  --rows A:B                          only rows A..B-1 (either side may be left out)
   --fp8                               store each generated file as hs-connectors' FP8 file
                                       (float8_e4m3fn + per-token scales, about half the bytes;
                                       files already valid are kept as they are: see quantize)
@@ -59,6 +50,7 @@ options:
 
 Exit status: 0 when every row of the range has a valid file, 1 when some remain unfilled,
 2 for bad arguments.)";
+}
 
 // True when the row's cached file exists and passes every check.
 bool has_valid_file(const CacheStore& store, const TokenDataset& dataset, std::int64_t row) {
@@ -99,40 +91,21 @@ void draw(const Progress& p, std::int64_t total, double seconds, std::int64_t in
 }
 
 int run_generate(const std::vector<std::string>& argv) {
-  const Args args(
-      argv,
-      {"endpoint", "hidden-states", "server-dir", "concurrency", "model", "request-timeout",
-       "max-retries", "retry-backoff", "generation-validation-retries", "max-consecutive-failures",
-       "rows", "lock-timeout", "layout"},
-      {"fail-on-error", "no-keepalive", "no-progress", "json", "fp8"});
+  std::set<std::string> value_flags = {"hidden-states", "rows", "layout"};
+  value_flags.insert(online_value_flags().begin(), online_value_flags().end());
+  std::set<std::string> switch_flags = {"no-progress", "json", "fp8"};
+  switch_flags.insert(online_switch_flags().begin(), online_switch_flags().end());
+  const Args args(argv, value_flags, switch_flags);
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
-  const std::vector<std::string> endpoints = args.all("endpoint");
-  require(!endpoints.empty(), ErrorKind::kInvalidArgument,
+  require(args.has("endpoint"), ErrorKind::kInvalidArgument,
           "generate needs at least one --endpoint URL");
-  const std::int64_t concurrency = args.integer("concurrency", 8);
-  require(concurrency >= 1 && concurrency <= 4096, ErrorKind::kInvalidArgument,
-          "--concurrency must be between 1 and 4096, got " + std::to_string(concurrency));
 
-  OnlineSourceOptions options;
-  options.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
-  options.server_dir = args.str("server-dir", "");
+  OnlineSourceOptions options = online_options_from(args);
+  options.cache.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
   options.on_generate = OnGenerate::kCache;
   options.cache_fp8 = args.has("fp8");
   options.cache_layout = parse_cache_layout(args.str("layout", "flat"));
-  options.client.endpoints = endpoints;
-  options.client.model = args.str("model", "");
-  options.client.request_timeout = std::chrono::duration<double>(args.real("request-timeout", 120));
-  options.client.max_retries = static_cast<int>(args.integer("max-retries", 3));
-  options.client.retry_backoff = std::chrono::duration<double>(args.real("retry-backoff", 2.0));
-  options.client.concurrency = static_cast<int>(concurrency);
-  options.client.keep_alive = !args.has("no-keepalive");
-  options.generation_validation_retries =
-      static_cast<int>(args.integer("generation-validation-retries", 2));
-  options.max_consecutive_generation_failures =
-      static_cast<int>(args.integer("max-consecutive-failures", 20));
-  options.fail_on_hidden_state_error = args.has("fail-on-error");
-  options.lock_timeout = std::chrono::duration<double>(args.real("lock-timeout", 10.0));
   const bool json = args.has("json");
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
 
@@ -180,7 +153,7 @@ int run_generate(const std::vector<std::string>& argv) {
   };
   std::vector<std::thread> threads;
   const std::int64_t n_threads =
-      std::min<std::int64_t>(concurrency, std::max<std::int64_t>(total, 1));
+      std::min<std::int64_t>(options.client.fetch_threads, std::max<std::int64_t>(total, 1));
   for (std::int64_t t = 0; t < n_threads; ++t) threads.emplace_back(worker);
   if (progress) {
     while (p.done.load() < total && !p.stop.load()) {
@@ -274,7 +247,7 @@ int run_generate(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration registration({"generate", "fill the hidden-state cache from vLLM servers",
-                                        kUsage, run_generate});
+                                        usage(), run_generate});
 
 }  // namespace
 }  // namespace draftfeed::cli

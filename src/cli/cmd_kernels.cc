@@ -53,7 +53,7 @@ struct Case {
   DType src;
   DType dst;
   NoiseKind noise;
-  const char* goal;  // what the kernel should reach, as a share of memcpy (issue 14)
+  const char* goal;  // what the kernel should reach, as a share of memcpy
   double goal_share;
   // True: the case's AVX2 kernel with the AVX-512 ones forbidden, timed beside the AVX-512 one
   // the dispatch takes (listed only where the CPU has them).

@@ -16,7 +16,7 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: draftfeed verify DATA [--hidden-states DIR] [--json] [--threads N] [--examples K]
-                        [--baseline memcpy|read]
+                        [--baseline memcpy|read|pread]
 
 Checks DATA's cached hidden states (DIR/hs_<row>.safetensors, default DATA/hidden_states, or
 hs-connectors' sharded layout DIR/<row // 1000, 4 digits>/hs_<row>.safetensors: each row's file is
@@ -33,6 +33,9 @@ its data file checked).
                      for anything that copies every byte once, as a loader does)
   --baseline read    measure a read-only pass over every byte of every file instead (the bound
                      for anything that reads every byte once without copying, as verify does)
+  --baseline pread   measure a read of every file through its descriptor into a 64 MiB ring of
+                     destinations (the kernel's copy out of the page cache: the bound for the
+                     loader's batch copy, which reads cache files so)
 
 Exit status: 0 when every file is ok or missing, 1 otherwise (2 for bad arguments).)";
 
@@ -54,9 +57,9 @@ int run_verify(const std::vector<std::string>& argv) {
           "--threads must be between 0 and 4096, got " + std::to_string(threads));
   require(examples >= 0, ErrorKind::kInvalidArgument,
           "--examples must be >= 0, got " + std::to_string(examples));
-  require(baseline.empty() || baseline == "memcpy" || baseline == "read",
+  require(baseline.empty() || baseline == "memcpy" || baseline == "read" || baseline == "pread",
           ErrorKind::kInvalidArgument,
-          "--baseline must be 'memcpy' or 'read', got '" + baseline + "'");
+          "--baseline must be 'memcpy', 'read' or 'pread', got '" + baseline + "'");
 
   const auto dataset = TokenDataset::open(data);
   CacheStoreOptions store_options;
@@ -69,6 +72,7 @@ int run_verify(const std::vector<std::string>& argv) {
   options.max_examples = static_cast<std::size_t>(examples);
   options.mode = baseline.empty()       ? ScanMode::kValidate
                  : baseline == "memcpy" ? ScanMode::kMemcpy
+                 : baseline == "pread"  ? ScanMode::kPread
                                         : ScanMode::kRead;
   const CacheScanReport report = scan_cache(
       store, dataset->num_rows(),

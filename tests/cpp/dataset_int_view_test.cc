@@ -57,11 +57,25 @@ TEST(DatasetIntArrayView, Uint64WrapsPastInt64Max) {
   EXPECT_EQ(view[1], -1);  // documented: token ids and lengths never get there
 }
 
-TEST(DatasetIntArrayView, EmptyView) {
-  const IntArrayView view{nullptr, 0, 4, true};
-  EXPECT_EQ(view.size(), 0);
-  EXPECT_TRUE(view.equals({}));
-  view.copy_to(nullptr);
+// A view of no elements, over real bytes and over none (an empty row of an empty batch): it equals
+// only the empty list, whatever its bytes hold, and widening it writes nothing.
+TEST(DatasetIntArrayView, EmptyViewEqualsOnlyTheEmptyListAndWritesNothing) {
+  const std::vector<std::int64_t> first{42};
+  const auto bytes = unaligned_bytes(std::vector<std::int64_t>{42, 43});
+  for (const std::uint8_t width : {1, 2, 4, 8}) {
+    for (const std::uint8_t* data : {static_cast<const std::uint8_t*>(nullptr), bytes.data() + 1}) {
+      const IntArrayView view{data, 0, width, true};
+      EXPECT_EQ(view.size(), 0);
+      EXPECT_TRUE(view.equals({}));
+      EXPECT_FALSE(view.equals(first)) << "width " << int{width};
+      std::vector<std::int64_t> out{-7, -7};
+      view.copy_to(out.data());
+      EXPECT_EQ(out, (std::vector<std::int64_t>{-7, -7})) << "width " << int{width};
+    }
+  }
+  const IntArrayView one{bytes.data() + 1, 1, 8, true};
+  EXPECT_FALSE(one.equals({})) << "a non-empty view is not the empty list";
+  EXPECT_TRUE(one.equals(first));
 }
 
 }  // namespace

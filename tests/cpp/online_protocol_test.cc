@@ -1,5 +1,5 @@
 // The vLLM protocol's pure functions: request bodies (parsed back with nlohmann and compared field
-// by field with SPEC §2) and every way a response can be refused.
+// by field with docs/protocol.md) and every way a response can be refused.
 #include <gtest/gtest.h>
 
 #include <cstdint>

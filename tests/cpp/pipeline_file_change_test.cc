@@ -102,11 +102,12 @@ class PipelineFileChangeTest : public TempFolderTest {
     }
     writer.finish();
     dataset_ = TokenDataset::open((dir_ / "data").string());
-    CacheStoreOptions options;
-    options.root = (dir_ / "cache").string();
-    store_ = std::make_shared<const CacheStore>(options);
-    source_ = std::make_shared<ChangingSource>(
-        std::make_shared<CacheSampleSource>(store_, OnMissing::kWarn), store_);
+    CacheSourceOptions options;
+    options.hidden_states_path = (dir_ / "cache").string();
+    options.on_missing = OnMissing::kWarn;
+    store_ = std::make_shared<const CacheStore>(options.store());
+    source_ = std::make_shared<ChangingSource>(std::make_shared<CacheSampleSource>(store_, options),
+                                               store_);
   }
 
   // Batches of 3 rows in row order, with room for all three.
@@ -176,7 +177,10 @@ TEST_F(PipelineFileChangeTest, TruncatedRewrittenAndDeletedFilesNeverCrashTheEpo
   ASSERT_EQ(drops.size(), 3u) << ::testing::PrintToString(drops);
   EXPECT_TRUE(any_contains(drops, "hs_1.safetensors", "shrank while being copied"))
       << ::testing::PrintToString(drops);
-  EXPECT_TRUE(any_contains(drops, "hs_4.safetensors", "changed size from"))
+  // A tail cut off: the read of the rows comes up short, or (rows before the cut) the check
+  // after the copy sees the new size.
+  EXPECT_TRUE(any_contains(drops, "hs_4.safetensors", "shrank while being copied") ||
+              any_contains(drops, "hs_4.safetensors", "changed size from"))
       << ::testing::PrintToString(drops);
   EXPECT_TRUE(any_contains(drops, "hs_7.safetensors", "was modified while being read"))
       << ::testing::PrintToString(drops);

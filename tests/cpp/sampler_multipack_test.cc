@@ -128,9 +128,9 @@ TEST(SamplerMultipack, ZeroLengthsAndTiesPackIntoOneBatch) {
   EXPECT_EQ(plan.counts.planned, 100);
 }
 
-// SPEC §4 written the plain way (a std::priority_queue of (fill, slot), a stable sort), with the
-// planner's documented tie rule. The planner's fast LPT must give exactly this, ties included,
-// which the Python oracle cannot check (the reference orders ties by an unstable sort).
+// docs/sampler.md written the plain way (a std::priority_queue of (fill, slot), a stable sort),
+// with the planner's documented tie rule. The planner's fast LPT must give exactly this, ties
+// included, which the Python oracle cannot check (the reference orders ties by an unstable sort).
 std::vector<std::vector<std::vector<std::int64_t>>> textbook_plan(
     const std::vector<std::int64_t>& shuffled_lengths, const std::vector<std::int64_t>& shuffled,
     std::int64_t max_len, int world) {

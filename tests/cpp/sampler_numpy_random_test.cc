@@ -1,5 +1,6 @@
-// numpy's permutation: the SPEC's published vectors, plus properties that hold for any seed. The
-// thorough bit-for-bit comparison with numpy itself is tests/python/test_sampler_permutation.py.
+// numpy's permutation: numpy's own outputs for small seeds (docs/sampler.md), plus properties that
+// hold for any seed. The thorough bit-for-bit comparison with numpy itself is
+// tests/python/test_sampler_permutation.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +14,7 @@ namespace draftfeed {
 namespace {
 
 TEST(SamplerNumpyRandom, SpecVectors) {
-  // SPEC §4: default_rng(seed).permutation(10) for seeds 0, 1, 42.
+  // numpy's default_rng(seed).permutation(10) for seeds 0, 1, 42.
   EXPECT_EQ(numpy_permutation(0, 10), (std::vector<std::int64_t>{4, 6, 2, 7, 3, 5, 9, 0, 8, 1}));
   EXPECT_EQ(numpy_permutation(1, 10), (std::vector<std::int64_t>{8, 4, 7, 0, 1, 2, 5, 9, 6, 3}));
   EXPECT_EQ(numpy_permutation(42, 10), (std::vector<std::int64_t>{5, 6, 0, 7, 3, 2, 4, 9, 1, 8}));
@@ -59,12 +60,36 @@ TEST(SamplerNumpyRandom, Next32UsesBothHalvesOfOneNext64) {
   EXPECT_EQ(narrow.next64(), wide.next64());
 }
 
-TEST(SamplerNumpyRandom, IntervalStaysInRange) {
+// interval(max) against its definition, drawn from a twin generator: the first raw draw (a 32-bit
+// half while max fits in 32 bits, a whole 64-bit output beyond) masked to the smallest all-ones
+// value >= max that is <= max. So max = 0 draws nothing, and max = 2^64 - 1 takes one 64-bit
+// output as it is; a wrong mask, width or rejection shows as a different value or a twin out of
+// step.
+TEST(SamplerNumpyRandom, IntervalIsTheFirstMaskedDrawInRange) {
   Pcg64 rng(seed_sequence_state(seed_words(11)));
-  for (const std::uint64_t max :
-       {0ULL, 1ULL, 2ULL, 5ULL, 0xFFFFFFFFULL, 0x100000000ULL, 0xFFFFFFFFFFFFFFFFULL}) {
-    for (int i = 0; i < 200; ++i) EXPECT_LE(rng.interval(max), max);
+  Pcg64 twin(seed_sequence_state(seed_words(11)));
+  for (const std::uint64_t max : {0ULL, 1ULL, 2ULL, 5ULL, 0xFFFFFFFFULL, 0x100000000ULL,
+                                  0x8000000000000001ULL, 0xFFFFFFFFFFFFFFFFULL}) {
+    std::uint64_t mask = 0;
+    while (mask < max) mask = (mask << 1) | 1;
+    for (int i = 0; i < 200; ++i) {
+      std::uint64_t expected = 0;
+      if (max != 0) {
+        do {
+          expected = (max <= 0xFFFFFFFFULL ? twin.next32() : twin.next64()) & mask;
+        } while (expected > max);
+      }
+      ASSERT_EQ(rng.interval(max), expected) << "max " << max << ", draw " << i;
+    }
   }
+  EXPECT_EQ(rng.next64(), twin.next64()) << "the same number of raw draws";
+}
+
+TEST(SamplerNumpyRandom, IntervalReachesEveryValueOfASmallRange) {
+  Pcg64 rng(seed_sequence_state(seed_words(3)));
+  std::vector<int> seen(6, 0);
+  for (int i = 0; i < 600; ++i) ++seen.at(static_cast<std::size_t>(rng.interval(5)));
+  for (std::size_t v = 0; v < seen.size(); ++v) EXPECT_GT(seen[v], 50) << "value " << v;
 }
 
 TEST(SamplerNumpyRandom, NegativeSizeIsRefused) {

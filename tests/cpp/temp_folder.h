@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <initializer_list>
 #include <string>
@@ -15,9 +16,12 @@ class TempFolderTest : public ::testing::Test {
  protected:
   void make_temp_folder(const std::string& prefix,
                         std::initializer_list<const char*> subfolders = {}) {
+    // A parameterised test's name has a '/' ("Name/3"): one folder, not a folder in a folder that
+    // TearDown would leave behind.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
     dir_ = std::filesystem::temp_directory_path() /
-           ("draftfeed_" + prefix + "_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("draftfeed_" + prefix + "_" + std::to_string(::getpid()) + "_" + name);
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     for (const char* sub : subfolders) std::filesystem::create_directories(dir_ / sub);

@@ -224,7 +224,7 @@ def safetensors_seeds() -> dict[str, bytes]:
     seeds["torch_empty_and_scalar.safetensors"] = save_torch(
         {"empty": torch.zeros(0, 4), "scalar": torch.tensor(3.5), "none": torch.zeros(2, 0, 3)})
 
-    # A hidden-state sample as the cache holds it (SPEC §1.2) and as a vLLM server writes it.
+    # A hidden-state sample as the cache holds it (docs/formats.md) and as a vLLM server writes it.
     tokens, layers, hidden = 3, 4, 8
     ids = torch.tensor([11, 12, 13], dtype=torch.int64)
     states = torch.randn(tokens, layers, hidden, generator=torch.Generator().manual_seed(1))

@@ -67,6 +67,15 @@ def topology():
             os.environ[key] = value
 
 
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory) -> dict:
+    """The tiny random Llama verifier and the dataset with its cache that speculators' trainer runs on
+    (trainer_harness.py prepare), made once for every trainer test of the session."""
+    from test_speculators_trainer import prepare
+
+    return prepare(tmp_path_factory.mktemp("trainer_fixture"))
+
+
 @pytest.fixture(params=["native", "python"])
 def both_paths(request):
     """Runs a drop-in test on the native path and on the Python-preprocess path (dropin_helpers)."""

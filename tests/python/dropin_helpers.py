@@ -23,8 +23,8 @@ SPECULATORS_090_CALL = (
     "max_consecutive_generation_failures", "hidden_size", "num_target_layers", "num_workers",
     "prefetch_factor", "preprocess", "train_data_ratio", "seed",
 )
-# The newest entry point (speculators' main branch, src/speculators/train/dataloader.py, as
-# ../shared/seeds/ holds it): its trainer passes every parameter.
+# The newest entry point (speculators' main branch, src/speculators/train/dataloader.py): its
+# trainer passes every parameter.
 SEED_CALL = (
     "data_path", "total_seq_len", "hidden_states_dtype", "noise_std", "transfer", "vllm_endpoint",
     "on_missing", "on_generate", "verifier_name_or_path", "request_timeout", "max_retries",

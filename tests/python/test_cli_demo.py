@@ -30,7 +30,7 @@ def test_demo_streams_an_epoch_and_summarises(run_cli, tmp_path):
 def test_demo_runs_an_online_epoch_through_the_simulated_server(run_cli, tmp_path):
     out = tmp_path / "demo"
     proc = run_cli("demo", "--out", out, "--rows", "20", "--hidden-size", "32", "--total-seq-len", "512",
-                   "--epochs", "1", "--python", sys.executable, "--concurrency", "4", timeout=240)
+                   "--epochs", "1", "--python", sys.executable, "--fetch-threads", "4", timeout=240)
     text = proc.stdout
     assert "5. online" in text and "skipped" not in text, text
     assert re.search(r"server    http://127\.0\.0\.1:\d+/v1", text)

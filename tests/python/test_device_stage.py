@@ -215,3 +215,22 @@ def test_the_device_stage_resumes_exactly(data, fake_cudart):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["seen"]) == 7
     assert sorted(out["seen"] + out["rest"]) == list(range(out["total"]))
+
+
+def test_the_drop_in_turns_the_device_stage_on_wherever_the_reference_would_pin(monkeypatch):
+    # The reference's DataLoader pins whenever CUDA is available; the drop-in then delivers on
+    # cuda:$LOCAL_RANK, unless told not to or unless a Python preprocess needs host memory.
+    import torch
+
+    from draftfeed import speculators
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert speculators._device_stage("eagle3") == "cuda:3"
+    assert speculators._device_stage("none") == "cuda:3"
+    assert speculators._device_stage(None) is None  # a callable the engine does not know
+    monkeypatch.setenv("DRAFTFEED_DEVICE_STAGE", "0")
+    assert speculators._device_stage("eagle3") is None
+    monkeypatch.delenv("DRAFTFEED_DEVICE_STAGE")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert speculators._device_stage("eagle3") is None

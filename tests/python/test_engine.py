@@ -134,10 +134,25 @@ def test_noise_only_on_training_hidden_states(fixture):
     assert abs(float(d.mean())) < 0.002
     assert float(d.abs().mean()) > 0.02  # uniform on [-0.05, 0.05): mean |d| = 0.025
 
-    # Validation never gets noise.
-    clean_val, noisy_val = _noisy_and_clean(fixture, split="val")
-    for c, n in zip(clean_val, noisy_val):
-        assert torch.equal(c["hidden_states"], n["hidden_states"])
+    # Validation never gets noise: asked for it, the val split gives the same batches bit for bit
+    # (real rows, not padding), and its options say it has none; so does the validation loader
+    # of a noisy training loader.
+    clean_val, noisy_val = _noisy_and_clean(fixture, split="val", hidden_states_dtype=torch.float32)
+    assert len(noisy_val) == len(clean_val) > 0
+    for c, n in zip(clean_val, noisy_val, strict=True):
+        assert c.keys() == n.keys()
+        assert bool((c["document_ids"][0] >= 0).any())
+        for key in c:
+            assert torch.equal(c[key], n[key]), key
+    noisy_train = make_loader(fixture, noise_std=0.05, seed=3, hidden_states_dtype=torch.float32)
+    val = noisy_train.validation()
+    assert val.options.noise_std == 0.0 and val.options.noise == "none"
+    quiet_val = make_loader(fixture, split="val", seed=0, hidden_states_dtype=torch.float32)
+    got = [b["hidden_states"].clone() for b in val]
+    want = [b["hidden_states"].clone() for b in quiet_val]
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
 
 
 def test_noise_is_deterministic_across_threads_and_orders(fixture):

@@ -82,7 +82,7 @@ def test_disk_full_while_caching_names_the_file_and_leaves_no_partial_file(tmp_p
                 return subprocess.run(
                     [cli_path(), "generate", str(data), "--endpoint", sim.url, "--hidden-states",
                      str(cache), "--server-dir", str(sim.server_dir), "--rows", rows,
-                     "--concurrency", "2", "--retry-backoff", "0.05", "--json"],
+                     "--fetch-threads", "2", "--retry-backoff", "0.05", "--json"],
                     capture_output=True, text=True, timeout=120, preexec_fn=preexec)
 
             first = generate("0:4")

@@ -94,7 +94,7 @@ def test_generate_killed_at_random_points_loses_nothing_and_reruns_complete(tmp_
             def generate(sim: SimServerProcess) -> list[str]:
                 return [cli_path(), "generate", str(data), "--endpoint", sim.url,
                         "--hidden-states", str(cache), "--server-dir", str(sim.server_dir),
-                        "--concurrency", "2", "--request-timeout", "20", "--retry-backoff", "0.05",
+                        "--fetch-threads", "2", "--request-timeout", "20", "--retry-backoff", "0.05",
                         "--lock-timeout", "5", "--json"]
 
             for run in range(RUNS):

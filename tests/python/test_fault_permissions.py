@@ -145,7 +145,7 @@ def _generate(data: Path, cache: Path, sim, rows: str = "0:") -> tuple[subproces
     start = time.monotonic()
     done = subprocess.run(
         [cli_path(), "generate", str(data), "--endpoint", sim.url, "--hidden-states", str(cache),
-         "--server-dir", str(sim.server_dir), "--rows", rows, "--concurrency", "2",
+         "--server-dir", str(sim.server_dir), "--rows", rows, "--fetch-threads", "2",
          "--retry-backoff", "0.01", "--max-retries", "1", "--generation-validation-retries", "1",
          "--lock-timeout", "2", "--request-timeout", "10", "--json"],
         capture_output=True, text=True, timeout=120, preexec_fn=without_permission_bypass())

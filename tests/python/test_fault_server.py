@@ -50,7 +50,7 @@ def _generate(data, cache, sim) -> tuple[dict, float, bool]:
     try:
         done = subprocess.run(
             [cli_path(), "generate", str(data), "--endpoint", sim.url, "--hidden-states", str(cache),
-             "--server-dir", str(sim.server_dir), "--concurrency", "2",
+             "--server-dir", str(sim.server_dir), "--fetch-threads", "2",
              "--request-timeout", str(TIMEOUT), "--max-retries", str(K), "--retry-backoff", "0.01",
              "--generation-validation-retries", str(K), "--json"],
             capture_output=True, text=True, timeout=120)

@@ -188,7 +188,7 @@ def test_generate_fp8_caches_what_the_connector_would_write(tmp_path, run_cli):
     draftfeed.write_synthetic_dataset(str(data), 12, seed=5, min_len=4, max_len=24, vocab=5000)
     with SimServerProcess(tmp_path / "server", layers=4, hidden=16, seed=3) as sim:
         proc = run_cli("generate", data, "--endpoint", sim.url, "--server-dir", tmp_path / "server",
-                       "--fp8", "--no-progress", "--concurrency", "3")
+                       "--fp8", "--no-progress", "--fetch-threads", "3")
         assert "12 generated" in proc.stdout, proc.stdout
         # The same rows generated as bf16, for the comparison.
         run_cli("generate", data, "--endpoint", sim.url, "--server-dir", tmp_path / "server",

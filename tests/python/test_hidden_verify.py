@@ -50,10 +50,18 @@ def test_clean_cache_exits_zero(tmp_path, rows, run_cli, run_cli_json):
     draftfeed.write_synthetic_hidden_states(str(tmp_path / "data" / "hidden_states"), rows, seed=2,
                                             hidden_size=16, layers=4, dtype="BF16")
     (tmp_path / "data" / "hidden_states" / "hs_11.safetensors").unlink()  # missing is not an error
+    start = time.monotonic()
     report = run_cli_json("verify", tmp_path / "data")
+    wall = time.monotonic() - start
     assert {k: report[k] for k in ("rows", "ok", "missing", "corrupt", "mismatched", "nonfinite", "locked")} == {
         "rows": 12, "ok": 11, "missing": 1, "corrupt": 0, "mismatched": 0, "nonfinite": 0, "locked": 0}
-    assert report["bytes"] > 0 and report["seconds"] >= 0 and report["gb_per_s"] >= 0
+    # The throughput figures: the bytes of the 11 files read, a scan time inside the command's own
+    # wall time, and the rate those two give.
+    files = sorted((tmp_path / "data" / "hidden_states").glob("hs_*.safetensors"))
+    assert len(files) == 11
+    assert report["bytes"] == sum(f.stat().st_size for f in files)
+    assert 0 < report["seconds"] < wall
+    assert report["gb_per_s"] == pytest.approx(report["bytes"] / 1e9 / report["seconds"], rel=1e-9)
     text = run_cli("verify", tmp_path / "data", "--threads", "1").stdout
     assert "ok         11" in text and "GB/s" in text
 
@@ -130,8 +138,12 @@ def test_memcpy_baseline_and_bad_arguments(tmp_path, rows, run_cli, run_cli_json
         report = run_cli_json("verify", tmp_path / "data", "--baseline", "read", "--threads", threads)
         assert report["mode"] == "read" and report["ok"] == 12 and report["bytes"] == total
         assert report["read_checksum"] == expected
+    # The file-read baseline: every file read whole through its descriptor, as the loader reads them.
+    for threads in ("1", "3"):
+        report = run_cli_json("verify", tmp_path / "data", "--baseline", "pread", "--threads", threads)
+        assert report["mode"] == "pread" and report["ok"] == 12 and report["bytes"] == total
     proc = run_cli("verify", tmp_path / "data", "--baseline", "copy", check=False)
-    assert proc.returncode == 2 and "--baseline must be 'memcpy' or 'read', got 'copy'" in proc.stderr
+    assert proc.returncode == 2 and "--baseline must be 'memcpy', 'read' or 'pread', got 'copy'" in proc.stderr
     proc = run_cli("verify", tmp_path / "data", "--threads", "-1", check=False)
     assert proc.returncode == 2 and "--threads must be between 0 and 4096, got -1" in proc.stderr
     proc = run_cli("verify", tmp_path / "nope", check=False)

@@ -140,7 +140,7 @@ def test_text_only_messages_go_as_token_ids(tmp_path, sim, topology, monkeypatch
 def test_generate_command_uses_the_chat_request(tmp_path, sim, run_cli):
     data = write_dataset(tmp_path / "data", multimodal_turns)
     proc = run_cli("generate", str(data), "--endpoint", sim.url, "--server-dir", str(sim.server_dir),
-                   "--concurrency", "4", "--json", timeout=120)
+                   "--fetch-threads", "4", "--json", timeout=120)
     report = json.loads(proc.stdout)
     assert report["generated"] == ROWS == report["chat_rows"] and report["unfilled"] == 0
     assert sim.stats()["chat"] == ROWS and sim.stats()["completions"] == 0

@@ -49,7 +49,7 @@ def clean_sim(sim):
 
 def generate(run_cli, data, sim_or_urls, cache, *extra, check=True):
     urls = sim_or_urls if isinstance(sim_or_urls, list) else [sim_or_urls.url]
-    args = ["generate", str(data), "--hidden-states", str(cache), "--concurrency", "6",
+    args = ["generate", str(data), "--hidden-states", str(cache), "--fetch-threads", "6",
             "--retry-backoff", "0.01", "--request-timeout", "5", "--json"]
     for url in urls:
         args += ["--endpoint", url]
@@ -94,7 +94,7 @@ def test_generate_reports_failures_by_reason_and_exits_non_zero(run_cli, data, c
     cache = tmp_path / "cache"
     clean_sim.set_faults({"nan": {"first": 4}, "http_503": {"first": 3}})
     status, report = generate(run_cli, data, clean_sim, cache, "--generation-validation-retries",
-                              "0", "--max-retries", "0", "--concurrency", "1", check=False)
+                              "0", "--max-retries", "0", "--fetch-threads", "1", check=False)
     injected = clean_sim.stats()["injected"]
     assert status == 1
     assert report["failed"] == 7 and report["unfilled"] == 7 and report["generated"] == ROWS - 7
@@ -215,7 +215,7 @@ def test_bench_command_runs_online(run_cli_json, data, clean_sim, tmp_path):
     report = run_cli_json("bench", str(data), "--endpoint", clean_sim.url, "--hidden-states",
                           str(tmp_path / "cache"), "--server-dir", str(clean_sim.server_dir),
                           "--hidden-size", str(HIDDEN), "--layers", str(LAYERS), "--max-len", "256",
-                          "--concurrency", "4", "--noise-std", "0")
+                          "--fetch-threads", "4", "--noise-std", "0")
     # The training epoch and the validation pass together fetch every row once.
     assert report["online"]["generated"] == ROWS and report["online"]["exhausted"] == 0
     assert report["online"]["max_in_flight"] <= 4

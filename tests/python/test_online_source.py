@@ -527,7 +527,8 @@ def test_chat_request_round_trip(sim, tmp_path):
                                              {"type": "text", "text": "hi"}]},
                 {"role": "assistant", "content": "ok!"}]
     ids = np.array([ord(c) for c in "hiok!"], dtype=np.int64)  # the simulated server's tokenizer
-    client = draftfeed._core.VllmClient([sim.url], retry_backoff=0.01)
+    client = draftfeed._core.VllmClient(
+        draftfeed._core.OnlineSourceOptions(vllm_endpoint=sim.url, retry_backoff=0.01))
     result = client.generate_chat(json.dumps(messages), ids)
     assert result["ok"], result["message"]
     assert os.path.dirname(result["handle"]) == str(sim.server_dir)
@@ -542,14 +543,16 @@ def test_chat_request_round_trip(sim, tmp_path):
 
 def test_client_retries_with_exponential_backoff(sim):
     sim.set_faults({"http_503": {"first": 3}})
-    client = draftfeed._core.VllmClient([sim.url], retry_backoff=0.1, max_retries=3)
+    client = draftfeed._core.VllmClient(
+        draftfeed._core.OnlineSourceOptions(vllm_endpoint=sim.url, retry_backoff=0.1, max_retries=3))
     start = time.monotonic()
     result = client.generate(np.arange(1, 5, dtype=np.int64))
     elapsed = time.monotonic() - start
     assert result["ok"] and result["attempts"] == 4
     assert 0.7 <= elapsed < 5, "sleeps of 0.1, 0.2 and 0.4 s before the retries"
     sim.set_faults({"http_503": {"first": 2}})
-    short = draftfeed._core.VllmClient([sim.url], retry_backoff=0.01, max_retries=1)
+    short = draftfeed._core.VllmClient(
+        draftfeed._core.OnlineSourceOptions(vllm_endpoint=sim.url, retry_backoff=0.01, max_retries=1))
     failed = short.generate(np.arange(1, 5, dtype=np.int64))
     assert failed["failure"] == "retries exhausted" and failed["attempts"] == 2
     assert "HTTP 503" in failed["message"]

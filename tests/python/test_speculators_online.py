@@ -368,5 +368,5 @@ def test_requests_in_flight_are_workers_times_fetch_threads(tmp_path, sim, topol
                                 fetch_threads=fetch_threads))
     iterate(train)
     expected = num_workers * fetch_threads
-    assert train._source.fetch_threads == expected
+    assert train._source.options.fetch_threads == expected
     assert sim.stats()["max_in_flight"] == expected

@@ -1,4 +1,4 @@
-"""speculators 0.9.0's own trainer as the oracle for the drop-in (issue 12, item 2).
+"""speculators 0.9.0's own trainer as the oracle for the drop-in.
 
 The code behind `speculators train` (`speculators.train.cli.main` with a `TrainConfig` resolved from
 command-line flags) trains a tiny EAGLE-3 draft on CPU, once with its own loaders and once with the one
@@ -55,7 +55,7 @@ TOTAL_SEQ_LEN = 256
 LOADERS = ("reference", "draftfeed")
 
 
-def trainer_flags(prepared: dict, save_path: Path, *, num_workers: int) -> list[str]:
+def trainer_flags(prepared: dict, save_path: Path, *, num_workers: int, checkpoint_freq: float = 0.25) -> list[str]:
     """The `speculators train` command line, the same for both loaders."""
     return [
         "--verifier-name-or-path", prepared["verifier"],
@@ -73,7 +73,7 @@ def trainer_flags(prepared: dict, save_path: Path, *, num_workers: int) -> list[
         "--mask-token-id", "0",
         "--target-layer-ids", "0", "1", "2",
         # Mid-epoch checkpoints (every quarter epoch): the resume case restarts from the first one.
-        "--checkpoint-freq", "0.25",
+        "--checkpoint-freq", str(checkpoint_freq),
         "--log-freq", "1",
         "--lr", "1e-3",
     ]
@@ -104,16 +104,18 @@ def _free_port() -> int:
 
 class Run:
     """One bounded training subprocess (in its own process group, so that the reference's DataLoader
-    workers and torchrun's children go with it)."""
+    workers and torchrun's children go with it). `host`: started there (two_hosts.Host), with `env`."""
 
-    def __init__(self, name: str, workdir: Path, cmd: list[str], timeout: float, loader: str):
+    def __init__(self, name: str, workdir: Path, cmd: list[str], timeout: float, loader: str,
+                 env: dict | None = None, host: Any = None):
         self.name, self.workdir, self.timeout, self.loader = name, workdir, timeout, loader
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
         self.log = open(self.log_path, "w")
         self.start = time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd, cwd=workdir, env=_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        popen = host.popen if host is not None else subprocess.Popen
+        self.proc = popen(
+            cmd, cwd=workdir, env=env or _env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def wait(self) -> int:
@@ -302,20 +304,21 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prepared(workdir) -> dict:
+def rows(prepared) -> Rows:
+    return Rows(prepared["data"])
+
+
+def prepare(folder: Path) -> dict:
+    """The harness's tiny verifier and dataset with its cache, in `folder`; returns their description.
+    (The `prepared` fixture, made once per session, is in conftest.py.)"""
     proc = subprocess.run(
-        [sys.executable, str(HARNESS), "prepare", str(workdir / "fixture")],
+        [sys.executable, str(HARNESS), "prepare", str(folder)],
         env=_env(), capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["distinct_lengths"] < info["rows"] // 10, "the data must have many equal lengths"
     return info
-
-
-@pytest.fixture(scope="module")
-def rows(prepared) -> Rows:
-    return Rows(prepared["data"])
 
 
 @pytest.fixture(scope="module")

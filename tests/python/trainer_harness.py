@@ -2,12 +2,14 @@
 """Runs speculators 0.9.0's own training entry point on CPU (or, with --gpu, on the GPU it was written
 for), with its loaders or with draftfeed's.
 
-Used by `test_speculators_trainer.py` as a subprocess (plain `python`, or `torchrun` for world size 2).
+Used by `test_speculators_trainer.py` as a subprocess (plain `python`, or `torchrun` for world size 2) and
+by `test_two_hosts.py` (`torchrun --nnodes 2` across two network namespaces).
 
     trainer_harness.py prepare OUT          a tiny random Llama verifier (OUT/verifier) and a small
                                             dataset with its hidden-state cache (OUT/data)
     trainer_harness.py train --loader {reference,draftfeed} --metrics FILE [--kill-after-mid-epoch-checkpoint]
-                             [--gpu] -- TRAINER FLAGS...
+                             [--gpu] [--hold-after-step N --hold-dir DIR] [--pg-timeout SECONDS]
+                             -- TRAINER FLAGS...
                                             `speculators train` with TRAINER FLAGS (the same flags for both
                                             loaders), the per-step metric records written to FILE.<rank>.jsonl
     trainer_harness.py summary FILE...      median fetch_ms / step_ms and the data-wait share of metric files
@@ -28,6 +30,14 @@ What `train` does, and nothing else:
 - `--kill-after-mid-epoch-checkpoint`: when the trainer logs "Checkpoint saved to ..." for a checkpoint
   whose training_state.json has local_step > 0 (a mid-epoch checkpoint), the process SIGKILLs itself:
   a crash right after the first mid-epoch checkpoint, at the same step for both loaders.
+- `--hold-after-step N --hold-dir DIR` (the two-host tests' lost host): once this rank has logged the
+  metrics of training step N it creates DIR/held.<rank> and waits, inside the trainer's step, while
+  DIR/hold exists (at most 600 s, then it goes on): the other ranks wait for it in their next
+  collective, at a step the test chose, until the test kills this host or cuts its network and
+  removes DIR/hold.
+- `--pg-timeout SECONDS`: the process group's timeout (`init_process_group(timeout=...)`). speculators
+  0.9.0 passes none, so gloo's default (30 minutes) bounds a collective whose peer went silent; the
+  line a user adds to `maybe_setup_distributed` to bound it sooner. The same for both loaders.
 
 Nothing from speculators is copied here: it is imported and patched at run time.
 """
@@ -48,7 +58,7 @@ from pathlib import Path
 VOCAB = 512
 HIDDEN = 64
 VERIFIER_LAYERS = 2
-CAPTURED_LAYERS = 4  # three target layers, then the last layer (SPEC 1.2)
+CAPTURED_LAYERS = 4  # three target layers, then the last layer (docs/formats.md)
 ROWS = 160
 # Few distinct lengths: many ties, as real tokenized data has. The reference orders ties with numpy's
 # unstable argsort, so which rank gets which row depends on it.
@@ -163,15 +173,33 @@ def _cpu_patches() -> None:
     dist.init_process_group = init_process_group
 
 
+def _process_group_timeout(seconds: float) -> None:
+    """--pg-timeout: the line a user adds to speculators' `maybe_setup_distributed` (which passes no
+    timeout, so torch's default bounds a collective whose peer went silent: 30 minutes for gloo)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    real_init = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        kwargs["timeout"] = timedelta(seconds=seconds)
+        return real_init(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+
+
 class _MetricRecorder(logging.Handler):
     """Writes the trainer's metric records (dict messages of `speculators.metrics`) as JSON lines.
     Optionally SIGKILLs the process right after the first mid-epoch checkpoint has been written."""
 
-    def __init__(self, path: str, kill_after_mid_epoch_checkpoint: bool, rank: int):
+    def __init__(self, path: str, kill_after_mid_epoch_checkpoint: bool, rank: int,
+                 hold_after_step: int | None = None, hold_dir: str | None = None):
         super().__init__(logging.INFO)
         self.rank = rank
         self.file = open(path, "w", buffering=1)
         self.kill = kill_after_mid_epoch_checkpoint
+        self.hold_after_step, self.hold_dir = hold_after_step, hold_dir
         self.pending_batches: list[list] = []  # what the model saw since the last metric record
 
     def observe_batch(self, kwargs: dict) -> None:
@@ -199,6 +227,18 @@ class _MetricRecorder(logging.Handler):
             return {"f": value, "hex": value.hex()}
         return value
 
+    def _hold(self) -> None:
+        """--hold-after-step: waits while HOLD_DIR/hold exists (bounded), having said so."""
+        import time
+
+        assert self.hold_dir is not None
+        hold = Path(self.hold_dir) / "hold"
+        os.fsync(self.file.fileno())
+        (Path(self.hold_dir) / f"held.{self.rank}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 600
+        while hold.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def emit(self, record: logging.LogRecord) -> None:
         if record.name == "speculators.metrics" and isinstance(record.msg, Mapping):
             if getattr(record, "hparams", False):
@@ -209,6 +249,8 @@ class _MetricRecorder(logging.Handler):
             out["batches"], self.pending_batches = self.pending_batches, []
             self.file.write(json.dumps(out) + "\n")
             self.file.flush()
+            if kind == "train" and out["step"] == self.hold_after_step:
+                self._hold()
             return
         text = record.getMessage()
         # training_state.json is written by rank 0 only (other ranks may log before it exists).
@@ -237,12 +279,15 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
         torch.backends.cudnn.benchmark = False
     else:
         _cpu_patches()
+    if args.pg_timeout is not None:
+        _process_group_timeout(args.pg_timeout)
 
     import speculators.train.cli as cli
     from speculators.train.config import TrainConfig
 
     rank = int(os.environ.get("RANK", "0"))
-    recorder = _MetricRecorder(f"{args.metrics}.{rank}.jsonl", args.kill_after_mid_epoch_checkpoint, rank)
+    recorder = _MetricRecorder(f"{args.metrics}.{rank}.jsonl", args.kill_after_mid_epoch_checkpoint, rank,
+                               args.hold_after_step, args.hold_dir)
     # On the root logger: speculators' setup_metric_logger (dictConfig) replaces the handlers of
     # `speculators.metrics` and `speculators` but leaves the root's alone; their records propagate here.
     # (A root handler also makes setup_root_logger's basicConfig a no-op: no rich console output.)
@@ -321,6 +366,9 @@ def main() -> None:
     t.add_argument("--metrics", required=True, help="metric records go to METRICS.<rank>.jsonl")
     t.add_argument("--kill-after-mid-epoch-checkpoint", action="store_true")
     t.add_argument("--gpu", action="store_true", help="train on the GPU (no CPU patches)")
+    t.add_argument("--hold-after-step", type=int, help="wait after this training step (see above)")
+    t.add_argument("--hold-dir", help="where --hold-after-step's files are")
+    t.add_argument("--pg-timeout", type=float, help="the process group's timeout, seconds")
     s = sub.add_parser("summary")
     s.add_argument("files", nargs="+")
 

@@ -21,6 +21,18 @@ std::int64_t shift_of(Preprocess preprocess) {
 
 }  // namespace
 
+std::int64_t copy_row_lookahead(const BatchSpec& spec) { return shift_of(spec.preprocess); }
+
+void set_target_noise(RowCopy& job, const BatchSpec& spec, const NoiseContext& noise,
+                      std::int64_t global_row, std::int64_t first) {
+  if (!noise.enabled || !spec.noise.enabled()) return;
+  job.noise = spec.noise.kind;
+  job.noise_std = static_cast<float>(spec.noise.std);
+  job.noise_sample_key =
+      noise_sample_key(spec.noise.seed, noise.epoch, static_cast<std::uint64_t>(global_row));
+  job.first_token = first;
+}
+
 std::int64_t sample_rows_after_preprocess(Preprocess preprocess, std::int64_t tokens) {
   return preprocess == Preprocess::kEagle3Shift ? std::max<std::int64_t>(tokens - 1, 0) : tokens;
 }
@@ -60,11 +72,10 @@ BatchPlacement place_unpacked(const std::vector<std::int64_t>& rows,
 }
 
 std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batch,
-                              const SamplePlacement& placement, const FetchedSample& sample,
+                              const SamplePlacement& placement, const HiddenStatesView& hs,
                               std::int64_t global_row, const NoiseContext& noise,
-                              std::int64_t first, std::int64_t last) {
+                              std::int64_t first, std::int64_t last, std::int64_t view_first) {
   const BatchSpec& spec = layout.spec;
-  const HiddenStatesView& hs = sample.hidden;
   const std::int64_t rows = last - first;
   if (rows <= 0) return 0;
   const std::size_t src_elem = dtype_size(hs.dtype);
@@ -76,14 +87,16 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   std::int64_t nonfinite = 0;
 
   auto source_at = [&](std::int64_t token, std::int64_t layer) {
-    return hs.data + (static_cast<std::size_t>(token) * static_cast<std::size_t>(src_stride) +
-                      static_cast<std::size_t>(layer * hs.hidden)) *
-                         src_elem;
+    return hs.data +
+           (static_cast<std::size_t>(token - view_first) * static_cast<std::size_t>(src_stride) +
+            static_cast<std::size_t>(layer * hs.hidden)) *
+               src_elem;
   };
 
   // FP8: the float32 scale of `token`, one per token.
   auto scale_at = [&](std::int64_t token) {
-    return hs.scales == nullptr ? nullptr : hs.scales + static_cast<std::size_t>(token) * 4;
+    return hs.scales == nullptr ? nullptr
+                                : hs.scales + static_cast<std::size_t>(token - view_first) * 4;
   };
 
   RowCopy job;
@@ -110,13 +123,7 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   job.width = (hs.layers - 1) * hs.hidden;
   job.dst_row_stride = job.width;
   job.dst = target + static_cast<std::size_t>(dst_row * job.width) * dst_elem;
-  if (noise.enabled && spec.noise.kind != NoiseKind::kNone && spec.noise.std > 0.0) {
-    job.noise = spec.noise.kind;
-    job.noise_std = static_cast<float>(spec.noise.std);
-    job.noise_sample_key =
-        noise_sample_key(spec.noise.seed, noise.epoch, static_cast<std::uint64_t>(global_row));
-    job.first_token = first;
-  }
+  set_target_noise(job, spec, noise, global_row, first);
   nonfinite += copy_hidden_rows(job);
 
   // The verifier's last layer, shifted by one token under EAGLE-3.

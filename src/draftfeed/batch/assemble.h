@@ -1,4 +1,5 @@
-// Assembly of one batch (SPEC §5) into its preallocated buffer, in three steps the pipeline runs:
+// Assembly of one batch (docs/formats.md, "One batch") into its preallocated buffer, in three steps
+// the pipeline runs:
 //   1. `place_samples` (serial, cheap): after fetching, decide where each usable sample's rows go,
 //      exactly as the reference collate packs them (dropped samples leave no gap; the sample
 //      crossing `max_len` is truncated; later ones are left out);
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/source/sample_source.h"
 
@@ -49,17 +51,29 @@ BatchPlacement place_unpacked(const std::vector<std::int64_t>& rows,
                               const std::vector<std::uint8_t>& usable);
 
 struct NoiseContext {
-  bool enabled = false;  // training split with noise on
+  bool enabled = false;  // the pipeline applies the spec's noise (PipelineOptions::noise)
   std::uint64_t epoch = 0;
 };
 
-// Copies rows [first, last) (relative to the placement) of the sample's hidden states into the
-// batch `batch` laid out by `layout`; `global_row` keys the noise. Returns non-finite
-// elements seen.
+// Copies rows [first, last) (relative to the placement) of a sample's hidden states `hs` into the
+// batch `batch` laid out by `layout`; `global_row` keys the noise. `hs` may hold only part of the
+// sample's tokens, from token `view_first` on (a chunk read from its file into a staging buffer):
+// it must then hold tokens [first, last + the preprocess's shift), or up to the sample's end.
+// Returns non-finite elements seen.
 std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batch,
-                              const SamplePlacement& placement, const FetchedSample& sample,
+                              const SamplePlacement& placement, const HiddenStatesView& hs,
                               std::int64_t global_row, const NoiseContext& noise,
-                              std::int64_t first, std::int64_t last);
+                              std::int64_t first, std::int64_t last, std::int64_t view_first = 0);
+
+// Sets the training noise of a sample's target-layer rows from token `first` on in `job`
+// (nothing when this batch is not noised): the noise is keyed by seed, epoch, `global_row` and
+// token, so the same sample gets the same noise whichever way its rows are copied.
+void set_target_noise(RowCopy& job, const BatchSpec& spec, const NoiseContext& noise,
+                      std::int64_t global_row, std::int64_t first);
+
+// Tokens the EAGLE-3 preprocess reads past a copied row (the verifier's last layer is shifted by
+// one token), 0 otherwise.
+std::int64_t copy_row_lookahead(const BatchSpec& spec);
 
 // Writes the integer tensors of every placed sample, document ids, and zeros every tensor's rows
 // past `used_rows`. `ids[i]`/`masks[i]` are sample i's dataset row views (plan order). Under

@@ -34,19 +34,7 @@ std::uint8_t* slot_data(const BatchLayout& layout, const BatchMemory& memory, co
 }
 
 BatchLayout make_batch_layout(const BatchSpec& spec) {
-  require(spec.max_len > 0, ErrorKind::kInvalidArgument,
-          "total_seq_len must be positive, got " + std::to_string(spec.max_len));
-  require(spec.hidden_size > 0, ErrorKind::kInvalidArgument,
-          "hidden_size must be positive, got " + std::to_string(spec.hidden_size));
-  require(spec.num_target_layers > 0, ErrorKind::kInvalidArgument,
-          "num_target_layers must be positive, got " + std::to_string(spec.num_target_layers));
-  require(spec.dtype != DType::kF16, ErrorKind::kInvalidArgument,
-          "hidden_states_dtype float16 is not supported for training (use bfloat16 or float32)");
-  require(spec.dtype != DType::kF8E4M3, ErrorKind::kInvalidArgument,
-          "hidden_states_dtype float8_e4m3fn is a file type, not a batch type (use bfloat16 or "
-          "float32)");
-  require(spec.noise.std >= 0.0, ErrorKind::kInvalidArgument,
-          "noise std must be >= 0, got " + std::to_string(spec.noise.std));
+  spec.validate();
 
   const DType hidden = spec.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   const std::int64_t n = spec.max_len;

@@ -1,11 +1,12 @@
-// What one batch looks like (SPEC §5): its tensors, their order, dtypes and shapes, and where each
-// lives inside the batch's single buffer. Setup-time only: sizes are known before any sample is
-// read, so the buffer pool can allocate every batch ahead.
+// What one batch looks like (docs/formats.md, "One batch"): its tensors, their order, dtypes and
+// shapes, and where each lives inside the batch's single buffer. Setup-time only: sizes are known
+// before any sample is read, so the buffer pool can allocate every batch ahead.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "draftfeed/common/dtype.h"
@@ -21,13 +22,22 @@ enum class Preprocess : std::uint8_t {
   kCustom,       // a callable the engine does not know (run in Python): each sample is delivered
             // unpacked, with all its rows (cast, noised, checked), and packed after it (pack.h)
 };
+// "none", "eagle3" (also "peagle", "shift"), "mtp", "custom"; throws kInvalidArgument naming the
+// choices.
+Preprocess parse_preprocess(std::string_view text);
+const char* preprocess_name(Preprocess preprocess);
 
 enum class NoiseKind : std::uint8_t { kNone, kUniform, kGaussian };
+// "uniform", "gaussian" (also "normal"), "none"; throws kInvalidArgument naming the choices.
+NoiseKind parse_noise_kind(std::string_view text);
+const char* noise_kind_name(NoiseKind kind);
 
 struct NoiseSpec {
   NoiseKind kind = NoiseKind::kNone;
   double std = 0.0;  // uniform: x + (2u - 1) * std; gaussian: x + std * n
   std::uint64_t seed = 0;
+  // Whether noise is added at all: a kind, and a positive std.
+  bool enabled() const { return kind != NoiseKind::kNone && std > 0.0; }
 };
 
 struct BatchSpec {
@@ -39,6 +49,11 @@ struct BatchSpec {
   DType dtype = DType::kBF16;
   Preprocess preprocess = Preprocess::kNone;
   NoiseSpec noise;  // applied only where the pipeline says (the training split)
+
+  // The only check of these fields: positive sizes, bf16 or f32 hidden states (f16 refused, as
+  // the reference refuses it for training), a finite noise std >= 0. Throws Error
+  // (kInvalidArgument) naming the field by the reference's name.
+  void validate() const;
 };
 
 struct TensorSlot {
@@ -70,8 +85,7 @@ BatchMemory contiguous_memory(const BatchLayout& layout, std::uint8_t* base);
 // The slot of the tensor `name` (which the layout must have).
 std::uint8_t* slot_data(const BatchLayout& layout, const BatchMemory& memory, const char* name);
 
-// Validates the spec (positive sizes, fp16 refused as the reference refuses it for training) and
-// lays out the tensors. Throws Error(kInvalidArgument) naming the bad field.
+// Lays out the tensors of a batch of `spec` (spec.validate() first).
 BatchLayout make_batch_layout(const BatchSpec& spec);
 
 }  // namespace draftfeed

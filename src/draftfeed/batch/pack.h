@@ -1,5 +1,5 @@
-// Packing samples that a user's own preprocess returned (speculators' collate, SPEC §5) into one
-// batch row, natively.
+// Packing samples that a user's own preprocess returned (speculators' collate, docs/formats.md)
+// into one batch row, natively.
 //
 // The engine hands each sample, validated, cast and noised, to the user's callable (it runs in
 // Python, per sample); this packs what the callables returned, in one call. It follows the

@@ -1,6 +1,32 @@
 #include "draftfeed/common/dtype.h"
 
+#include <string>
+
+#include "draftfeed/common/error.h"
+
 namespace draftfeed {
+
+std::optional<DType> dtype_from_torch_name(std::string_view name) {
+  if (name.substr(0, 6) == "torch.") name.remove_prefix(6);
+  if (name.empty()) return std::nullopt;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16" || name == "fp16" || name == "half") return DType::kF16;
+  if (name == "f32" || name == "fp32" || name == "float") return DType::kF32;
+  for (const auto& entry : kDTypes) {
+    if (entry.torch_name == name) return entry.dtype;
+  }
+  return std::nullopt;
+}
+
+DType parse_torch_dtype(std::string_view name, std::string_view what) {
+  const std::optional<DType> dtype = dtype_from_torch_name(name);
+  if (!dtype) {
+    throw Error(ErrorKind::kInvalidArgument, std::string(what) + ": unknown dtype '" +
+                                                 std::string(name) +
+                                                 "' (torch's names, e.g. bfloat16 or float32)");
+  }
+  return *dtype;
+}
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const auto& entry : kDTypes) {

@@ -93,6 +93,12 @@ constexpr std::size_t dtype_size(DType dtype) { return dtype_bits(dtype) / 8; }
 
 // The dtype with that exact (case-sensitive) safetensors name, or nothing.
 std::optional<DType> dtype_from_name(std::string_view name);
+// The dtype of a torch name, with or without "torch." ("bfloat16", "torch.float32", what str()
+// of a torch dtype gives), or of the usual short names ("bf16", "f16", "fp16", "half", "f32",
+// "fp32", "float"), or nothing. The one parser of the dtype names users write.
+std::optional<DType> dtype_from_torch_name(std::string_view name);
+// The same, throwing Error(kInvalidArgument) naming `what` (the setting) and the text.
+DType parse_torch_dtype(std::string_view name, std::string_view what);
 bool dtype_is_integer(DType dtype);  // BOOL is not an integer here
 bool dtype_is_signed_integer(DType dtype);
 

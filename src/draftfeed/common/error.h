@@ -1,6 +1,6 @@
 // Errors in draftfeed.
 //
-// Three kinds, as DESIGN.md asks:
+// Three kinds:
 //  * expected failures of I/O and parsing (a corrupt file, a missing row) travel as values in
 //    `Result<T>` so a caller that drops and counts bad samples does not pay for exceptions;
 //  * an error that ends the operation is thrown as one of the `Error` subclasses below (the Python

@@ -22,6 +22,11 @@ namespace draftfeed {
 // The largest finite E4M3 value, torch.finfo(torch.float8_e4m3fn).max.
 inline constexpr float kFp8E4M3Max = 448.0f;
 
+// The dtypes FP8 values are dequantized into, as FP8Transfer's dequantize_dtype: bf16, f16, f32.
+constexpr bool is_fp8_dequantize_dtype(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+}
+
 // True for the two NaN codes.
 constexpr bool fp8_e4m3_is_nan(std::uint8_t code) { return (code & 0x7Fu) == 0x7Fu; }
 

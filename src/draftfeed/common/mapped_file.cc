@@ -67,6 +67,48 @@ MappedFile::~MappedFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Result<std::size_t> MappedFile::read_at(std::size_t offset, std::size_t length,
+                                        std::uint8_t* out) const {
+  if (fd_ < 0) return Error(ErrorKind::kRuntime, path_ + ": read_at without a kept descriptor");
+  std::size_t done = 0;
+  while (done < length) {
+    const ssize_t got = ::pread(fd_, out + done, length - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return os_error("cannot read", path_, errno);
+    }
+    if (got == 0) break;  // end of file: it shrank
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+Result<std::size_t> MappedFile::read_at(std::size_t offset, std::span<iovec> parts) const {
+  if (fd_ < 0) return Error(ErrorKind::kRuntime, path_ + ": read_at without a kept descriptor");
+  std::size_t done = 0;
+  while (!parts.empty()) {
+    const ssize_t got = ::preadv(fd_, parts.data(), static_cast<int>(parts.size()),
+                                 static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return os_error("cannot read", path_, errno);
+    }
+    if (got == 0) break;  // end of file: it shrank
+    done += static_cast<std::size_t>(got);
+    // Skip the parts filled; the first one not filled starts where the read stopped.
+    auto left = static_cast<std::size_t>(got);
+    while (!parts.empty() && left >= parts.front().iov_len) {
+      left -= parts.front().iov_len;
+      parts = parts.subspan(1);
+    }
+    if (!parts.empty()) {
+      parts.front().iov_base = static_cast<std::uint8_t*>(parts.front().iov_base) + left;
+      parts.front().iov_len -= left;
+    }
+  }
+  return done;
+}
+
 void MappedFile::advise_normal() const {
   if (data_ != nullptr) ::madvise(const_cast<std::uint8_t*>(data_), size_, MADV_NORMAL);
 }
@@ -77,6 +119,21 @@ void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
   const std::size_t start = offset / page * page;
   const std::size_t end = std::min(size_, offset + length);
   ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
+}
+
+void MappedFile::release(std::size_t offset, std::size_t length) const {
+  if (data_ == nullptr || offset >= size_) return;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only: a page the range shares with its neighbours may still be read for them.
+  const std::size_t start = (offset + page - 1) / page * page;
+  const std::size_t end = std::min(size_, offset + length) / page * page;
+  if (end <= start) return;
+  ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_DONTNEED);
+}
+
+void MappedFile::release(const std::uint8_t* begin, const std::uint8_t* end) const {
+  if (data_ == nullptr || begin < data_ || end > data_ + size_ || end <= begin) return;
+  release(static_cast<std::size_t>(begin - data_), static_cast<std::size_t>(end - begin));
 }
 
 std::optional<std::string> MappedFile::change_since_mapped() const {

@@ -9,15 +9,17 @@
 // from a file that changed meanwhile can be discarded.
 //
 // A mapping opened with `keep_descriptor` keeps its file open: a reader can then read the file
-// ahead through it (sendfile, without opening it again: on a network file system every open is a
-// round trip) and change_since_mapped() asks the open file instead of its path (no name lookup,
-// and the attributes the kernel has: no round trip either). One opened `header_only` reads, when a
-// page is first touched, that page alone (MADV_RANDOM: no read-around), until advise_normal(): for
-// a file whose header is read at once and whose bytes are read later through the descriptor, so
-// that touching the header does not read the megabyte around it (opening thousands of files ahead,
-// that read-around would take the bandwidth the next batch needs).
-// Thread safety: immutable after `open`; any number of threads may read.
+// through it (`read_at`, without opening it again: on a network file system every open is a round
+// trip; and without the page-table work a mapping costs, see read_at) and change_since_mapped()
+// asks the open file instead of its path (no name lookup, and the attributes the kernel has: no
+// round trip either). One opened `header_only` reads, when a page is first touched, that page alone
+// (MADV_RANDOM: no read-around), until advise_normal(): for a file whose header is read at once and
+// whose bytes are read later through the descriptor, so that touching the header does not read the
+// megabyte around it (opening thousands of files ahead, that read-around would take the bandwidth
+// the next batch needs). Thread safety: immutable after `open`; any number of threads may read.
 #pragma once
+
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -57,11 +59,31 @@ class MappedFile {
   // The open file (keep_descriptor), else -1. Owned by the mapping: do not close it.
   int fd() const { return fd_; }
 
+  // Copies up to `length` bytes from `offset` into `out` through the kept descriptor (pread;
+  // retried on EINTR and short reads) and returns how many it copied: fewer when the file is now
+  // shorter (truncated by another process). Why not the mapping: reading a mapping of the page
+  // cache costs a page fault per few pages to map them and a TLB shootdown to unmap them, which
+  // measured as much CPU as the copy itself at 8-18 GB/s; a read copies from the page cache with
+  // no page tables at all. An I/O error is ErrorKind::kIo naming the file. Needs keep_descriptor.
+  Result<std::size_t> read_at(std::size_t offset, std::size_t length, std::uint8_t* out) const;
+  // The same for the bytes from `offset` on, scattered over `parts` in order (preadv; at most
+  // IOV_MAX parts). `parts` is consumed: its entries are advanced past what was read.
+  Result<std::size_t> read_at(std::size_t offset, std::span<iovec> parts) const;
+
   // Ends `header_only`: touched pages are read with the kernel's read-around again (MADV_NORMAL).
   void advise_normal() const;
 
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
   void prefetch(std::size_t offset, std::size_t length) const;
+
+  // Drops this process's page-table entries for the whole pages inside [offset, offset + length)
+  // (MADV_DONTNEED on a shared read-only mapping): the pages stay in the page cache, and a later
+  // read of them faults them in again. Why: a page of the cache mapped by this process counts in
+  // its memory (RSS, PSS) until unmapped, so a loader that keeps a batch's files mapped while it
+  // assembles the batch holds that batch's bytes twice. Never an error.
+  void release(std::size_t offset, std::size_t length) const;
+  // The same for the bytes [begin, end) if they lie inside this mapping.
+  void release(const std::uint8_t* begin, const std::uint8_t* end) const;
 
   // Why the mapped file no longer holds the bytes it held when mapped ("changed size from A to B
   // bytes", "was modified"), or nothing. Looks at the mapped file itself when its descriptor is

@@ -1,4 +1,4 @@
-// split_train_val (SPEC §3): the boundary is Python's `int(n_rows * train_ratio)`.
+// split_train_val (docs/sampler.md): the boundary is Python's `int(n_rows * train_ratio)`.
 #include <cmath>
 #include <sstream>
 

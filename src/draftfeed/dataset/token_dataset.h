@@ -1,4 +1,5 @@
-// The token dataset: a Hugging Face `save_to_disk` folder (SPEC §1.1) read through memory maps.
+// The token dataset: a Hugging Face `save_to_disk` folder (docs/formats.md) read through memory
+// maps.
 //
 // Rows are addressed by their *global* index (shards concatenated in `state.json` order). Row views
 // point straight into the mapped Arrow buffers (zero copy) and keep the mapping alive.
@@ -86,7 +87,7 @@ class TokenDataset {
   std::unique_ptr<Impl> impl_;
 };
 
-// A contiguous range of global rows: the train or val part of a dataset (SPEC §3).
+// A contiguous range of global rows: the train or val part of a dataset (docs/sampler.md).
 struct DatasetSplit {
   std::shared_ptr<const TokenDataset> dataset;
   std::int64_t begin = 0;  // global index of the split's first row

@@ -24,13 +24,6 @@ std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared
 
 }  // namespace
 
-void read_before_copy(const MappedFile& mapping) {
-  if (mapping.fd() < 0 || mapping.size() == 0) return;
-  if (!mapped_file_cached(mapping.data(), mapping.size())) {
-    read_open_file_into_page_cache(mapping.fd(), mapping.size());
-  }
-}
-
 std::int64_t default_max_open_files() {
   std::int64_t files = 4096;
   rlimit limit{};
@@ -130,12 +123,9 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   ++stats_.taken;
   lock.unlock();
   work_.notify_all();
-  if (const auto mapping = prepared ? readable_mapping(*prepared) : nullptr) {
-    // Wanted now: read sequentially here rather than page by page in the copy.
-    if (read_here) read_open_file_into_page_cache(mapping->fd(), mapping->size());
-    // Read (or found cached): any page the copy still finds missing comes with its read-around.
-    mapping->advise_normal();
-  }
+  // A file opened and not yet read is read by the copy itself, through the same descriptor
+  // (pipeline/file_rows_copy.h: sequential preads, with the kernel's read-ahead on the file); the
+  // mapping stays header-only (kMapForRowReads): the copy never reads it.
   return prepared;
 }
 

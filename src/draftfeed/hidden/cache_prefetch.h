@@ -10,7 +10,8 @@
 //     plan order, up to `max_open_files` files opened and not yet fetched (each keeps its file
 //     open, to be read without a second open, and one memory map). Opens that take long (a tail of
 //     seconds) do not hold the others back: the files after them are opened meanwhile, and only a
-//     fetch of that very file waits for it;
+//     fetch of that very file waits for it. Files are mapped header-only (kMapForRowReads:
+//     touching the header reads its page alone, no read-around): the rows are read, not mapped;
 //   * read ahead: the bytes of opened files read into the page cache (sequentially, through the
 //     descriptor the open left: file_readahead.h), nearest in the plan first, at most
 //     `max_reading_bytes` being read at once and `max_ahead_bytes` read and not yet fetched.
@@ -28,7 +29,8 @@
 // munmap takes it), and slow each open down.
 //
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
-// read when that is under way, or it reads it itself when its read has not started; a row the
+// read when that is under way, or, when its read has not started, as it is (the copy then reads it
+// through the same descriptor, pipeline/file_rows_copy.h: sequential preads); a row the
 // prefetch has not reached yet is left to the fetch (and skipped when the prefetch gets there).
 // An open taking far longer than opens usually do (4 x the median of the latest 32, at least 50
 // ms: a network file system's tail) is hedged: the pacer has a worker open the file again, and the
@@ -186,11 +188,5 @@ class CachePrefetch {
 
 // The default for max_open_files (see CachePrefetchOptions).
 std::int64_t default_max_open_files();
-
-// Reads the file of `mapping` (opened with keep_descriptor) into the page cache through its
-// descriptor, sequentially, unless its first and last pages are cached already: what a fetch does
-// with a file it is about to copy that was not read ahead (page faults in the copy would read it a
-// read-around at a time, each a round trip on a network file system).
-void read_before_copy(const MappedFile& mapping);
 
 }  // namespace draftfeed

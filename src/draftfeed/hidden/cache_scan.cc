@@ -29,7 +29,8 @@ struct ThreadTally {
   std::array<std::int64_t, kCacheLayoutCount> layouts{};
   std::array<std::vector<ScanExample>, kScanStatusCount> examples;
   std::uint64_t bytes = 0;
-  std::vector<std::uint8_t> copy_buffer;  // kMemcpy only
+  std::vector<std::uint8_t> copy_buffer;  // kMemcpy and kPread only
+  std::size_t copy_at = 0;                // kPread: where the next file goes in copy_buffer
   std::uint64_t read_checksum = 0;        // kRead only
 };
 
@@ -97,7 +98,10 @@ void record(ThreadTally& tally, ScanStatus status, std::int64_t row, const std::
 
 void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
               const CacheScanOptions& options, ThreadTally& tally) {
-  auto found = store.lookup(row);
+  // The read baseline opens files as the loader does (descriptor kept, header-only mapping).
+  auto found = store.lookup(row, options.mode == ScanMode::kPread
+                                     ? MapOptions{.keep_descriptor = true, .header_only = true}
+                                     : MapOptions{});
   if (!found.ok()) {
     const Error& error = found.error();
     record(tally, error.kind() == ErrorKind::kTimeout ? ScanStatus::kLocked : ScanStatus::kCorrupt,
@@ -117,6 +121,25 @@ void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
     if (tally.copy_buffer.size() < mapping->size()) tally.copy_buffer.resize(mapping->size());
     std::memcpy(tally.copy_buffer.data(), mapping->data(), mapping->size());
     record(tally, ScanStatus::kOk, row, "", options.max_examples);
+    return;
+  }
+  if (options.mode == ScanMode::kPread) {
+    // Destinations far larger than the caches, as a loader's batches are.
+    constexpr std::size_t kRing = std::size_t{64} << 20;
+    const auto& mapping = sample.file->mapping();
+    if (tally.copy_buffer.size() < kRing) tally.copy_buffer.resize(kRing);
+    std::size_t done = 0;
+    bool ok = true;
+    while (ok && done < mapping->size()) {
+      if (tally.copy_at == kRing) tally.copy_at = 0;
+      const std::size_t part = std::min(mapping->size() - done, kRing - tally.copy_at);
+      auto got = mapping->read_at(done, part, tally.copy_buffer.data() + tally.copy_at);
+      ok = got.ok() && got.value() == part;
+      done += part;
+      tally.copy_at += part;
+    }
+    record(tally, ok ? ScanStatus::kOk : ScanStatus::kCorrupt, row,
+           ok ? "" : mapping->path() + ": could not be read whole", options.max_examples);
     return;
   }
   if (options.mode == ScanMode::kRead) {

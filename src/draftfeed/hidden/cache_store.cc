@@ -185,14 +185,17 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
   return std::nullopt;
 }
 
+void CacheStoreOptions::validate() const {
+  require(!root.empty(), ErrorKind::kInvalidArgument,
+          "the cache store needs a root folder (hidden_states_path)");
+  require(lock_timeout.count() >= 0 && lock_poll.count() > 0, ErrorKind::kInvalidArgument,
+          "lock_timeout must be >= 0 and lock_poll > 0 (got " +
+              std::to_string(lock_timeout.count()) + " and " + std::to_string(lock_poll.count()) +
+              ")");
+}
+
 CacheStore::CacheStore(CacheStoreOptions options) : options_(std::move(options)) {
-  require(!options_.root.empty(), ErrorKind::kInvalidArgument,
-          "the cache store needs a root folder");
-  require(options_.lock_timeout.count() >= 0 && options_.lock_poll.count() > 0,
-          ErrorKind::kInvalidArgument,
-          "lock timeout must be >= 0 and poll interval > 0 (got " +
-              std::to_string(options_.lock_timeout.count()) + " and " +
-              std::to_string(options_.lock_poll.count()) + ")");
+  options_.validate();
 }
 
 std::string CacheStore::path_for(std::int64_t row) const {
@@ -232,13 +235,12 @@ Result<std::string> CacheStore::confine(const std::string& path) const {
 }
 
 Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::string& path,
-                                                                    bool header_only) const {
+                                                                    MapOptions map) const {
   if (auto error = wait_for_lock(path + ".lock", options_.lock_timeout, options_.lock_poll,
                                  options_.lock_mode)) {
     return *error;
   }
-  // The descriptor stays open with the mapping: the cache source reads the file ahead through it.
-  auto file = SafetensorsFile::open(path, {.keep_descriptor = true, .header_only = header_only});
+  auto file = SafetensorsFile::open(path, map);
   if (!file.ok()) {
     if (file.error().kind() == ErrorKind::kNotFound) return std::optional<HiddenStateSample>();
     return file.error();
@@ -249,12 +251,12 @@ Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::s
 }
 
 Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row,
-                                                            bool header_only) const {
+                                                            MapOptions map) const {
   const auto first = static_cast<CacheLayout>(found_in_.load(std::memory_order_relaxed));
   const CacheLayout second =
       first == CacheLayout::kFlat ? CacheLayout::kSharded : CacheLayout::kFlat;
   for (const CacheLayout layout : {first, second}) {
-    auto found = read_with_lock(cache_file_path(options_.root, row, layout), header_only);
+    auto found = read_with_lock(cache_file_path(options_.root, row, layout), map);
     if (!found.ok() || found.value()) {
       if (layout != first) {
         found_in_.store(static_cast<std::uint8_t>(layout), std::memory_order_relaxed);
@@ -265,10 +267,11 @@ Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row,
   return std::optional<HiddenStateSample>();
 }
 
-Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& path) const {
+Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& path,
+                                                          MapOptions map) const {
   auto confined = confine(path);
   if (!confined.ok()) return confined.error();
-  return read_with_lock(confined.value());
+  return read_with_lock(confined.value(), map);
 }
 
 void CacheStore::adopt(std::int64_t row, const std::string& source) const {

@@ -1,5 +1,6 @@
-// The hidden-state cache: `<root>/hs_<i>.safetensors`, keyed by the global row index, or
-// hs-connectors' sharded layout `<root>/<i // 1000>/hs_<i>.safetensors` (cache_layout.h).
+// The hidden-state cache: `<root>/hs_<i>.safetensors`, keyed by the global row index
+// (docs/formats.md), or hs-connectors' sharded layout `<root>/<i // 1000>/hs_<i>.safetensors`
+// (cache_layout.h).
 //
 // Reading looks for each row's file in both layouts, file by file (a cache may be half migrated):
 // first in the layout where the previous file was found (so a cache in one layout costs one lookup
@@ -52,6 +53,10 @@ struct CacheStoreOptions {
   // Test hook: make adopt() take its cross-file-system path (copy, fsync, rename) even when a
   // rename would work.
   bool force_copy_on_adopt = false;
+
+  // The only check of these fields (Error kInvalidArgument naming the field): a root, a lock
+  // timeout >= 0, a poll interval > 0.
+  void validate() const;
 };
 
 // Applies the lock protocol to `lock_path` (see above). Returns nothing when the data file may be
@@ -83,15 +88,14 @@ class CacheStore {
   // The cached sample of `row`, from its file in either layout: nothing when there is none (after
   // the lock protocol), an error when the lock timed out (kTimeout), the file is corrupt or lacks a
   // key (kFormat), or the OS refused (kIo). Token ids, shapes and values are not checked here (see
-  // validate.h). The sample's file keeps its descriptor open (MappedFile::fd) for a caller that
-  // reads it ahead; `header_only` (MappedFile::Options): reading the header reads that page alone,
-  // for a caller that reads the file through its descriptor before anything else touches it.
-  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row, bool header_only = false) const;
+  // validate.h). `map`: how the file is mapped (MappedFile::open; the loader's sources and the
+  // prefetch read rows through the kept descriptor: kMapForRowReads).
+  Result<std::optional<HiddenStateSample>> lookup(std::int64_t row, MapOptions map = {}) const;
 
   // Same for a file a server wrote (a generation handle): the lock protocol, then the file.
   // The path must lie inside the allowed folders (kInvalidArgument otherwise), since the lock
   // protocol deletes the lock file beside it.
-  Result<std::optional<HiddenStateSample>> load(const std::string& path) const;
+  Result<std::optional<HiddenStateSample>> load(const std::string& path, MapOptions map = {}) const;
 
   // Moves `source` (inside the allowed folders) to `path_for(row)` atomically, creating the root:
   // a rename, or across file systems a copy to a temporary file in the root, fsync, rename, and
@@ -125,7 +129,7 @@ class CacheStore {
 
  private:
   Result<std::optional<HiddenStateSample>> read_with_lock(const std::string& path,
-                                                          bool header_only = false) const;
+                                                          MapOptions map) const;
 
   CacheStoreOptions options_;
   // The layout the latest file was found in: tried first by the next lookup.

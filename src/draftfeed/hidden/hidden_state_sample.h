@@ -1,5 +1,6 @@
-// One sample's cached hidden states: a checked safetensors file and its two tensors (SPEC §1.2),
-// plus, in hs-connectors' FP8 files, the per-token scales of F8_E4M3 hidden states.
+// One sample's cached hidden states: a checked safetensors file and its two tensors
+// (docs/formats.md), plus, in hs-connectors' FP8 files, the per-token scales of F8_E4M3 hidden
+// states.
 #pragma once
 
 #include <cstdint>

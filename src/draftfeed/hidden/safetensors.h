@@ -1,9 +1,9 @@
 // Reading safetensors files: memory-mapped, zero-copy tensor views, every layout rule checked.
 //
-// Layout (SPEC §1.2): a little-endian u64 header size N, N bytes of JSON, then the data buffer.
-// The JSON object maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets
-// relative to the buffer) plus an optional "__metadata__" string-to-string map. Rules enforced,
-// each with its own message naming the file and the numbers involved:
+// Layout (docs/formats.md): a little-endian u64 header size N, N bytes of JSON, then the data
+// buffer. The JSON object maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]}
+// (offsets relative to the buffer) plus an optional "__metadata__" string-to-string map. Rules
+// enforced, each with its own message naming the file and the numbers involved:
 //   * the file holds the 8-byte size field; N <= 100,000,000; the header lies inside the file;
 //   * the header is one JSON object (surrounding whitespace allowed; nesting capped at 64);
 //   * every tensor has a known dtype, a shape of non-negative integers and exactly two offsets;
@@ -67,7 +67,7 @@ Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
 class SafetensorsFile {
  public:
   // Maps and checks `path`. A missing file is kNotFound, an unreadable one kIo, a bad one kFormat.
-  // `options`: see MappedFile::open.
+  // `options` as MappedFile::open's (keep_descriptor: its tensors can be read with read_at).
   static Result<std::shared_ptr<const SafetensorsFile>> open(const std::string& path,
                                                              MapOptions options = {});
   // Checks an existing mapping (the views keep it alive).

@@ -1,5 +1,5 @@
-// Checking one sample's hidden states against its dataset row (SPEC §2 step 5), with a structured
-// outcome so the engine can drop and count by reason.
+// Checking one sample's hidden states against its dataset row (docs/formats.md, "Hidden-state
+// files"), with a structured outcome so the engine can drop and count by reason.
 //
 // Checks, in order (the first failure is reported):
 //   1. `token_ids` is a 1-D integer tensor (any width: the reference compares values, so an I32

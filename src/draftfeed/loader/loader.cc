@@ -1,9 +1,10 @@
 #include "draftfeed/loader/loader.h"
 
+#include <array>
 #include <utility>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
-#include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/pipeline/epoch_plan.h"
 #include "draftfeed/source/cache_source.h"
 
@@ -11,55 +12,62 @@ namespace draftfeed {
 
 namespace {
 
+constexpr std::array<EnumName<Split>, 3> kSplitNames = {{
+    {Split::kTrain, "train"},
+    {Split::kVal, "val"},
+    {Split::kAll, "all"},
+}};
+
 DatasetSplit select_split(const std::shared_ptr<const TokenDataset>& dataset,
                           const LoaderOptions& options) {
-  if (options.split == "all") return DatasetSplit{dataset, 0, dataset->num_rows()};
-  require(options.split == "train" || options.split == "val", ErrorKind::kInvalidArgument,
-          "split must be 'train', 'val' or 'all', got '" + options.split + "'");
+  if (options.split == Split::kAll) return DatasetSplit{dataset, 0, dataset->num_rows()};
   auto [train, val] = split_train_val(dataset, options.train_ratio);
-  return options.split == "train" ? train : val;
-}
-
-std::shared_ptr<SampleSource> cache_source(const LoaderOptions& options) {
-  CacheStoreOptions store;
-  store.root = options.hidden_states_path;
-  store.lock_timeout = std::chrono::duration<double>(options.lock_timeout);
-  return std::make_shared<CacheSampleSource>(std::make_shared<const CacheStore>(store),
-                                             parse_on_missing(options.on_missing),
-                                             parse_fp8_dequantize(options.fp8_dequantize));
+  return options.split == Split::kTrain ? train : val;
 }
 
 LoaderOptions completed(LoaderOptions options) {
-  if (options.hidden_states_path.empty()) {
-    options.hidden_states_path = options.data_path + "/hidden_states";
+  if (options.cache.hidden_states_path.empty()) {
+    options.cache.hidden_states_path = options.data_path + "/hidden_states";
   }
-  require(options.rank >= 0 && options.rank < options.plan.world_size, ErrorKind::kInvalidArgument,
-          "rank " + std::to_string(options.rank) + " is outside world_size " +
-              std::to_string(options.plan.world_size));
   options.plan.max_len = options.batch.max_len;
   options.plan.seed = options.batch.noise.seed;
-  // Noise belongs to the training split alone.
-  options.pipeline.noise = options.split == "train" &&
-                           options.batch.noise.kind != NoiseKind::kNone &&
-                           options.batch.noise.std > 0.0;
-  if (options.pipeline.device_stage) {
-    require(options.batch.preprocess != Preprocess::kCustom, ErrorKind::kInvalidArgument,
-            "the device stage needs the engine to pack its batches: a preprocess callable runs in "
-            "Python on host memory (turn the device stage off)");
-    require(options.pipeline.device_buffers >= 1, ErrorKind::kInvalidArgument,
-            "device_buffers must be at least 1, got " +
-                std::to_string(options.pipeline.device_buffers));
-    options.pipeline.try_pin = true;  // copies from pageable memory would not run asynchronously
+  // Noise belongs to the training split alone (the one place this rule is made): the other
+  // splits' batches have none, and their options say so.
+  if (options.split != Split::kTrain) {
+    options.batch.noise.kind = NoiseKind::kNone;
+    options.batch.noise.std = 0.0;
   }
-  if (!options.source) options.source = cache_source(options);
+  options.pipeline.noise = options.batch.noise.enabled();
+  // Copies from pageable memory would not run asynchronously.
+  if (options.pipeline.device_stage) options.pipeline.try_pin = true;
+  options.validate();
+  if (!options.source) options.source = std::make_shared<CacheSampleSource>(options.cache);
   return options;
 }
 
 }  // namespace
 
+Split parse_split(std::string_view text) { return parse_enum(text, kSplitNames, "split"); }
+
+const char* split_name(Split split) { return enum_name(split, kSplitNames); }
+
+void LoaderOptions::validate() const {
+  require(
+      rank >= 0 && rank < plan.world_size, ErrorKind::kInvalidArgument,
+      "rank " + std::to_string(rank) + " is outside world_size " + std::to_string(plan.world_size));
+  require(!pipeline.device_stage || batch.preprocess != Preprocess::kCustom,
+          ErrorKind::kInvalidArgument,
+          "the device stage needs the engine to pack its batches: a preprocess callable runs in "
+          "Python on host memory (turn the device stage off)");
+  batch.validate();
+  plan.validate();
+  pipeline.validate();
+  if (!source) cache.validate();
+}
+
 LoaderOptions LoaderOptions::validation() const {
   LoaderOptions val = *this;
-  val.split = "val";
+  val.split = Split::kVal;
   val.plan.max_batches.reset();
   val.batch.noise.seed = 0;
   return val;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
@@ -21,27 +22,35 @@
 #include "draftfeed/pipeline/device_stage.h"
 #include "draftfeed/pipeline/pipeline.h"
 #include "draftfeed/sampler/multipack.h"
+#include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
+// The rows a loader reads: the training split, the validation split, or every row.
+enum class Split : std::uint8_t { kTrain, kVal, kAll };
+Split parse_split(std::string_view text);  // "train", "val", "all"; kInvalidArgument otherwise
+const char* split_name(Split split);
+
 struct LoaderOptions {
   LoaderOptions() { batch.noise.kind = NoiseKind::kUniform; }  // noise_std > 0 turns it on
 
-  std::string data_path;            // a `save_to_disk` folder
-  std::string hidden_states_path;   // the cache folder; empty: <data_path>/hidden_states
-  std::string split = "train";      // "train", "val" or "all"
-  double train_ratio = 0.9;         // in (0, 1) unless split is "all"
-  int rank = 0;                     // data-parallel rank, in [0, plan.world_size)
-  BatchSpec batch;                  // max_len is also the planner's; batch.noise.seed its seed too
-  PlanOptions plan;                 // world_size, truncate, max_batches (max_len, seed: from batch)
-  PipelineOptions pipeline;         // threads, buffers, delivery order... (noise: set here)
-  std::string on_missing = "skip";  // the cache source: skip | warn | raise
-  double lock_timeout = 10.0;       // seconds the cache source waits for a writer's lock
-  // FP8 files' dequantize dtype, as FP8Transfer's dequantize_dtype: bfloat16 | float16 | float32.
-  std::string fp8_dequantize = "bfloat16";
+  std::string data_path;  // a `save_to_disk` folder
+  Split split = Split::kTrain;
+  double train_ratio = 0.9;  // in (0, 1) unless split is kAll
+  int rank = 0;              // data-parallel rank, in [0, plan.world_size)
+  BatchSpec batch;           // max_len is also the planner's; batch.noise.seed its seed too
+  PlanOptions plan;          // world_size, truncate, max_batches (max_len, seed: from batch)
+  PipelineOptions pipeline;  // threads, buffers, delivery order... (noise: set here)
+  // The cache source's options, when `source` is null (cache.hidden_states_path empty:
+  // <data_path>/hidden_states).
+  CacheSourceOptions cache;
   std::shared_ptr<SampleSource> source;  // where hidden states come from; null: the cache folder
 
+  // The only check of the loader's own fields, then of its parts' (batch, plan, pipeline; cache
+  // when there is no source): Error kInvalidArgument naming the field. train_ratio is checked
+  // where the split is made (split_train_val).
+  void validate() const;
   // The validation loader that goes with this training loader (see above).
   LoaderOptions validation() const;
 };
@@ -75,6 +84,8 @@ class Loader {
   void stop();
 
   PipelineMetrics metrics() const;
+  // Where batch buffers are: page-locked for which device through which runtime, or why not.
+  const std::string& pinning_detail() const { return pipeline_->pinning_detail(); }
   // The CUDA device every CUDA call is made on (pinned buffers, the device stage); -1: none.
   int cuda_device() const {
     return pipeline_->cuda_worker() ? pipeline_->cuda_worker()->device() : -1;

@@ -18,14 +18,18 @@ std::string normalised_url(std::string url) {
 
 }  // namespace
 
+void EndpointOptions::validate() const {
+  require(rest_after_failures >= 1 && rest_time.count() >= 0, ErrorKind::kInvalidArgument,
+          "rest_after_failures must be >= 1 and rest_time >= 0 (got " +
+              std::to_string(rest_after_failures) + " and " + std::to_string(rest_time.count()) +
+              ")");
+  http.validate();
+}
+
 EndpointSet::EndpointSet(const std::vector<std::string>& urls, EndpointOptions options)
     : options_(options) {
   require(!urls.empty(), ErrorKind::kInvalidArgument, "at least one vLLM endpoint is needed");
-  require(options_.rest_after_failures >= 1 && options_.rest_time.count() >= 0,
-          ErrorKind::kInvalidArgument,
-          "rest_after_failures must be >= 1 and rest_time >= 0 (got " +
-              std::to_string(options_.rest_after_failures) + " and " +
-              std::to_string(options_.rest_time.count()) + ")");
+  options_.validate();
   for (const auto& url : urls) {
     endpoints_.push_back(std::make_unique<Endpoint>(normalised_url(url), options_.http));
   }

@@ -23,7 +23,10 @@ namespace draftfeed {
 struct EndpointOptions {
   int rest_after_failures = 3;
   std::chrono::duration<double> rest_time{30.0};
-  HttpPoolOptions http;
+  HttpPoolOptions http;  // each endpoint's connections
+
+  // The only check of these fields (and http's): Error kInvalidArgument naming the field.
+  void validate() const;
 };
 
 struct EndpointStats {

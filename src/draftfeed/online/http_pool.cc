@@ -62,8 +62,13 @@ const char* http_outcome_name(HttpResult::Outcome outcome) {
   return "unknown";
 }
 
+void HttpPoolOptions::validate() const {
+  require(max_body_bytes > 0, ErrorKind::kInvalidArgument, "max_response_bytes must be positive");
+}
+
 HttpPool::HttpPool(std::string base_url, HttpPoolOptions options)
     : base_url_(std::move(base_url)), options_(options) {
+  options_.validate();
   init_curl_once();
 }
 

@@ -39,7 +39,12 @@ const char* http_outcome_name(HttpResult::Outcome outcome);
 
 struct HttpPoolOptions {
   bool keep_alive = true;  // reuse connections; false opens a fresh one per request
+  // Longer bodies are refused (a hidden-state response is a few hundred bytes plus the echoed
+  // prompt ids: 1 MiB holds about 100k ids).
   std::size_t max_body_bytes = std::size_t{1} << 20;
+
+  // The only check of these fields (Error kInvalidArgument naming the field).
+  void validate() const;
 };
 
 class HttpPool {

@@ -40,21 +40,29 @@ const char* generation_failure_name(GenerationResult::Failure failure) {
   return "unknown";
 }
 
-VllmClient::VllmClient(VllmClientOptions options)
-    : options_(std::move(options)),
-      endpoints_(
-          options_.endpoints,
-          EndpointOptions{options_.rest_after_failures, options_.rest_time,
-                          HttpPoolOptions{options_.keep_alive, options_.max_response_bytes}}) {
-  require(options_.concurrency >= 1, ErrorKind::kInvalidArgument,
-          "concurrency must be >= 1, got " + std::to_string(options_.concurrency));
-  require(options_.max_retries >= 0, ErrorKind::kInvalidArgument,
-          "max_retries must be >= 0, got " + std::to_string(options_.max_retries));
-  require(options_.request_timeout.count() >= 0 && options_.retry_backoff.count() >= 0,
-          ErrorKind::kInvalidArgument,
+void VllmClientOptions::validate() const {
+  require(fetch_threads >= 1 && fetch_threads <= 4096, ErrorKind::kInvalidArgument,
+          "fetch_threads must be between 1 and 4096, got " + std::to_string(fetch_threads));
+  require(max_retries >= 0, ErrorKind::kInvalidArgument,
+          "max_retries must be >= 0, got " + std::to_string(max_retries));
+  require(request_timeout.count() >= 0 && retry_backoff.count() >= 0, ErrorKind::kInvalidArgument,
           "request_timeout and retry_backoff must be >= 0 (got " +
-              std::to_string(options_.request_timeout.count()) + " and " +
-              std::to_string(options_.retry_backoff.count()) + ")");
+              std::to_string(request_timeout.count()) + " and " +
+              std::to_string(retry_backoff.count()) + ")");
+  endpoint.validate();
+}
+
+namespace {
+
+const VllmClientOptions& checked(const VllmClientOptions& options) {
+  options.validate();
+  return options;
+}
+
+}  // namespace
+
+VllmClient::VllmClient(const VllmClientOptions& options)
+    : options_(checked(options)), endpoints_(options_.endpoints, options_.endpoint) {
   model_ = options_.model;
 }
 
@@ -83,7 +91,7 @@ void VllmClient::resume() {
 void VllmClient::take_slot() {
   std::unique_lock lock(mutex_);
   slot_freed_.wait(lock,
-                   [this] { return slots_used_ < options_.concurrency || cancelled_.load(); });
+                   [this] { return slots_used_ < options_.fetch_threads || cancelled_.load(); });
   ++slots_used_;
   counts_.in_flight = slots_used_;
   counts_.max_in_flight = std::max<std::int64_t>(counts_.max_in_flight, slots_used_);

@@ -1,4 +1,4 @@
-// A vLLM client for hidden-state generation (SPEC §2 steps 1-4): the `/models` check, the
+// A vLLM client for hidden-state generation (docs/protocol.md, steps 1-5): the `/models` check, the
 // completions (or chat) request, response checks, per-attempt timeouts, retries with exponential
 // backoff, several endpoints (endpoints.h) and a bound on requests in flight.
 //
@@ -11,7 +11,7 @@
 // configured model, or when none was given, the model of the first endpoint checked; a difference
 // is fatal (a wrong server would silently feed another model's hidden states).
 //
-// Concurrency: at most `concurrency` requests are on the wire at once, over all callers; callers
+// Concurrency: at most `fetch_threads` requests are on the wire at once, over all callers; callers
 // beyond that wait for a slot. Backoff sleeps do not hold a slot. `cancel()` ends transfers and
 // sleeps at once (for shutdown).
 //
@@ -37,14 +37,20 @@ namespace draftfeed {
 struct VllmClientOptions {
   std::vector<std::string> endpoints{"http://localhost:8000/v1"};
   std::string model;  // expected data[0].id; empty: accept what the first endpoint serves
-  std::chrono::duration<double> request_timeout{120.0};  // per attempt; 0 = none
+  std::chrono::duration<double> request_timeout{120.0};  // per attempt; 0 = no limit
   int max_retries = 3;
   std::chrono::duration<double> retry_backoff{2.0};  // before the first retry; doubles after
-  int concurrency = 8;
-  bool keep_alive = true;
-  std::size_t max_response_bytes = kDefaultMaxResponseBytes;
-  int rest_after_failures = 3;
-  std::chrono::duration<double> rest_time{30.0};
+  // Requests in flight at most, over all callers. The reference's name: each of its workers
+  // fetched with a pool of `fetch_threads` threads, one request each; here a request holds one
+  // of the engine's fetches (SampleSource::blocking_fetches), so the engine sizes its threads
+  // from it.
+  int fetch_threads = 8;
+  EndpointOptions endpoint;  // resting a failing server; keep-alive, the response size bound
+
+  // The only check of these fields (Error kInvalidArgument naming the field): fetch_threads in
+  // [1, 4096], retries and times >= 0, and `endpoint`'s. The endpoints themselves are checked
+  // where the client connects to them (EndpointSet: at least one, each an http(s) URL).
+  void validate() const;
 };
 
 struct GenerationResult {
@@ -91,8 +97,8 @@ struct VllmClientStats {
 
 class VllmClient {
  public:
-  // Throws kInvalidArgument for bad options (no endpoint, concurrency < 1, negative retries).
-  explicit VllmClient(VllmClientOptions options);
+  // Throws kInvalidArgument for bad options (VllmClientOptions::validate).
+  explicit VllmClient(const VllmClientOptions& options);
 
   // One generation request for `ids`: completions with the ids as the prompt.
   GenerationResult generate(std::span<const std::int64_t> ids);

@@ -1,5 +1,5 @@
-// The vLLM hidden-state protocol as bytes (SPEC §2 steps 1-3): request bodies to send and checks of
-// the response bodies a server returns. Pure functions, no I/O: the fuzz target
+// The vLLM hidden-state protocol as bytes (docs/protocol.md, steps 1-3): request bodies to send and
+// checks of the response bodies a server returns. Pure functions, no I/O: the fuzz target
 // (tests/fuzz/vllm_response_fuzz.cc) and the gtests call them directly.
 //
 // Responses are untrusted: a body is parsed only after a cheap scan bounds its nesting depth (so a
@@ -18,9 +18,6 @@
 
 namespace draftfeed {
 
-// Bodies longer than this are refused by the transport (a hidden-state response is a few hundred
-// bytes plus the echoed prompt ids: 1 MiB holds about 100k ids).
-inline constexpr std::size_t kDefaultMaxResponseBytes = std::size_t{1} << 20;
 // Deepest array/object nesting accepted in a response (vLLM's responses nest 4 levels).
 inline constexpr int kMaxResponseDepth = 64;
 

@@ -66,7 +66,6 @@ void DeviceStage::start(Upstream upstream) {
   {
     std::lock_guard lock(mutex_);
     pool_ = pool;
-    extra_buffers_ = 0;
     ready_.clear();
     stopping_ = false;
     finished_ = false;
@@ -105,7 +104,6 @@ void DeviceStage::join() {
   std::shared_ptr<BufferPool> pool;
   std::lock_guard lock(mutex_);
   dropped.swap(ready_);
-  if (pool_) extra_buffers_ = pool_->extra_buffers();
   pool.swap(pool_);
 }
 
@@ -195,6 +193,7 @@ std::shared_ptr<BatchLease> DeviceStage::copy_to_device(const std::shared_ptr<Ba
 std::shared_ptr<BatchLease> DeviceStage::next(CudaStream consumer) {
   const double wait_start = now_seconds();
   std::shared_ptr<BatchLease> lease;
+  std::shared_ptr<BufferPool> released;  // let go of after our lock (a pool takes its own)
   {
     std::unique_lock lock(mutex_);
     auto available = [&] { return !ready_.empty() || finished_ || error_ || stopping_; };
@@ -210,10 +209,7 @@ std::shared_ptr<BatchLease> DeviceStage::next(CudaStream consumer) {
     if (error_) std::rethrow_exception(error_);
     if (ready_.empty()) {
       // The epoch is over: its device memory goes once the consumer's last batches are gone.
-      if (finished_ && pool_) {
-        extra_buffers_ = pool_->extra_buffers();
-        pool_.reset();
-      }
+      if (finished_) released = std::move(pool_);
       return nullptr;
     }
     lease = std::move(ready_.front());
@@ -230,6 +226,15 @@ std::shared_ptr<BatchLease> DeviceStage::next(CudaStream consumer) {
 }
 
 void DeviceStage::fill_metrics(PipelineMetrics& metrics) const {
+  // The pool's figures first, without our lock: the pool's waiters take our lock inside theirs.
+  std::shared_ptr<BufferPool> pool;
+  {
+    std::lock_guard lock(mutex_);
+    pool = pool_ ? pool_ : previous_pool_.lock();
+  }
+  metrics.device_extra_buffers = pool ? pool->extra_buffers() : 0;
+  metrics.device_held_slot_bytes = pool ? pool->held_slot_bytes() : 0;
+  pool.reset();
   std::lock_guard lock(mutex_);
   metrics.batches = counts_.batches;
   metrics.tokens = counts_.tokens;
@@ -241,9 +246,7 @@ void DeviceStage::fill_metrics(PipelineMetrics& metrics) const {
   metrics.ready += static_cast<int>(ready_.size());
   metrics.device = worker_->device();
   metrics.device_buffers = buffers_;
-  metrics.device_extra_buffers = pool_ ? pool_->extra_buffers() : extra_buffers_;
   metrics.device_buffer_bytes = layout_->total_bytes;
-  metrics.device_held_slot_bytes = pool_ ? pool_->held_slot_bytes() : 0;
   metrics.device_bytes = device_bytes_->load();
   metrics.device_peak_bytes = peak_device_bytes_->load();
 }

@@ -80,7 +80,6 @@ class DeviceStage {
   std::shared_ptr<BufferPool> pool_;         // the epoch's device buffers; null between epochs
   std::weak_ptr<BufferPool> previous_pool_;  // alive while the consumer holds its batches
   bool had_pool_ = false;
-  int extra_buffers_ = 0;  // the latest epoch's pool grew by these
   std::deque<std::shared_ptr<BatchLease>> ready_;
   bool stopping_ = false;
   bool finished_ = false;  // upstream said the epoch is over

@@ -7,6 +7,7 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/fault_guard.h"
+#include "draftfeed/pipeline/file_rows_copy.h"
 
 namespace draftfeed {
 
@@ -29,12 +30,17 @@ std::int64_t hidden_row_bytes(const BatchLayout& layout) {
   return bytes;
 }
 
-std::shared_ptr<DeviceWorker> pinning_worker(const PipelineOptions& options, std::string* why) {
+std::shared_ptr<DeviceWorker> pinning_worker(const PipelineOptions& options, std::string* detail) {
   if (!options.try_pin) {
-    *why = "pin_memory is off";
+    *detail = "pin_memory is off";
     return nullptr;
   }
-  return DeviceWorker::for_device(resolve_cuda_device(options.cuda_device), why);
+  const int device = resolve_cuda_device(options.cuda_device);
+  auto worker = DeviceWorker::for_device(device, detail);
+  if (worker) {
+    *detail = "page-locked for cuda:" + std::to_string(device) + ", " + cuda_runtime().detail;
+  }
+  return worker;
 }
 
 }  // namespace
@@ -73,6 +79,17 @@ struct Pipeline::Job {
   std::atomic<std::int64_t> pending{0};
 };
 
+void PipelineOptions::validate() const {
+  require(num_threads > 0, ErrorKind::kInvalidArgument,
+          "the pipeline needs at least one thread, got " + std::to_string(num_threads));
+  require(chunk_bytes > 0, ErrorKind::kInvalidArgument,
+          "chunk_bytes must be positive, got " + std::to_string(chunk_bytes));
+  require(max_drop_examples >= 0, ErrorKind::kInvalidArgument,
+          "max_drop_examples must be >= 0, got " + std::to_string(max_drop_examples));
+  require(!device_stage || device_buffers >= 1, ErrorKind::kInvalidArgument,
+          "device_buffers must be at least 1, got " + std::to_string(device_buffers));
+}
+
 Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> dataset,
                    std::shared_ptr<SampleSource> source, PipelineOptions options)
     : layout_(std::make_shared<const BatchLayout>(std::move(layout))),
@@ -88,8 +105,7 @@ Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> datas
           "pipeline needs a dataset and a sample source");
   require(dataset_->has_loss_mask(), ErrorKind::kInvalidArgument,
           dataset_->folder() + ": the dataset has no loss_mask column");
-  require(options_.num_threads > 0, ErrorKind::kInvalidArgument,
-          "the pipeline needs at least one thread, got " + std::to_string(options_.num_threads));
+  options_.validate();
 }
 
 Pipeline::~Pipeline() { stop(); }
@@ -335,12 +351,30 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   const NoiseContext noise{options_.noise, job->epoch};
   const FetchedSample& sample = *job->outcomes[i].sample;
   std::int64_t bad = 0;
-  // The source is a mapped file another process may truncate meanwhile: a SIGBUS in the copy
-  // drops this sample (finish_step) instead of killing the trainer.
-  const bool read = guard_mapped_reads([&] {
-    bad = copy_sample_rows(*job->layout, job->memory, placement, sample, job->plan.rows[i], noise,
-                           first, last);
-  });
+  bool read = true;
+  if (can_read_file_rows(sample)) {
+    // A cache file: its rows are read, not mapped (file_rows_copy.h).
+    const FileRowsCopy copied = copy_file_rows(*job->layout, job->memory, placement, sample,
+                                               job->plan.rows[i], noise, first, last);
+    bad = copied.nonfinite;
+    read = !copied.unreadable;
+  } else {
+    // Memory a transfer gave, or a mapped file another process may truncate meanwhile: a SIGBUS
+    // in the copy drops this sample (finish_step) instead of killing the trainer.
+    read = guard_mapped_reads([&] {
+      bad = copy_sample_rows(*job->layout, job->memory, placement, sample.hidden, job->plan.rows[i],
+                             noise, first, last);
+    });
+    // The rows are in the batch now: their file pages leave this process's memory (they stay in
+    // the page cache; a repack after a drop reads them again).
+    if (sample.file) {
+      const HiddenStatesView& hs = sample.hidden;
+      const std::size_t row_bytes =
+          static_cast<std::size_t>(hs.layers * hs.hidden) * dtype_size(hs.dtype);
+      sample.file->release(hs.data + static_cast<std::size_t>(first) * row_bytes,
+                           hs.data + static_cast<std::size_t>(last) * row_bytes);
+    }
+  }
   if (!read) job->shrank[i].store(true, std::memory_order_relaxed);
   if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
@@ -362,8 +396,8 @@ void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
       drop = FetchOutcome::dropped(
           DropReason::kInvalid,
           row + (sample.file ? sample.file->path() : std::string("the hidden states")) +
-              ": the file shrank while being copied (truncated by another process: SIGBUS on "
-              "the mapping)");
+              ": the file shrank while being copied (truncated by another process: a short "
+              "read, or SIGBUS on the mapping)");
     } else if (auto change = sample.file ? sample.file->change_since_mapped() : std::nullopt) {
       drop = FetchOutcome::dropped(DropReason::kInvalid,
                                    row + sample.file->path() + ": the file " + *change);

@@ -65,6 +65,9 @@ struct PipelineOptions {
   // metadata does: the trainer then stops every rank together at its next synchronisation. Other
   // fatal outcomes (on_missing=raise, a source that throws) still end the epoch.
   bool fatal_failures_in_batch = false;
+
+  // The only check of these fields (Error kInvalidArgument naming the field).
+  void validate() const;
 };
 
 using DropCounts = std::array<std::int64_t, static_cast<std::size_t>(DropReason::kCount)>;
@@ -167,8 +170,8 @@ class Pipeline {
   const BatchLayout& layout() const { return *layout_; }
   // Bytes the pool holds: prefetch x batch size (plus any extra buffers a kept batch forced).
   std::size_t pool_bytes() const;
-  // The device worker when buffers may be page-locked (try_pin and a CUDA device), else null,
-  // with the reason in pinning_detail().
+  // The device worker when buffers may be page-locked (try_pin and a CUDA device), else null.
+  // pinning_detail(): the device and the runtime, or why buffers are pageable.
   const std::shared_ptr<DeviceWorker>& cuda_worker() const { return cuda_; }
   const std::string& pinning_detail() const { return pinning_detail_; }
 

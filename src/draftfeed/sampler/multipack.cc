@@ -27,16 +27,9 @@ int bit_width_of(std::uint64_t value) {
 
 void check_options(std::span<const std::int64_t> lengths, const PlanOptions& options,
                    std::int64_t epoch) {
-  require(options.max_len >= 1 && options.max_len < kMaxMaxLen, ErrorKind::kInvalidArgument,
-          "plan: max_len must be in [1, 2^40), got " + std::to_string(options.max_len));
-  require(options.world_size >= 1 && options.world_size <= kMaxWorldSize,
-          ErrorKind::kInvalidArgument,
-          "plan: world_size must be in [1, 2^20], got " + std::to_string(options.world_size));
+  options.validate();
   require(epoch >= 0, ErrorKind::kInvalidArgument,
           "plan: epoch must be non-negative, got " + std::to_string(epoch));
-  require(!options.max_batches || *options.max_batches >= 0, ErrorKind::kInvalidArgument,
-          "plan: max_batches must be non-negative, got " +
-              std::to_string(options.max_batches.value_or(0)));
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 0) {
       throw Error(ErrorKind::kInvalidArgument, "plan: sample " + std::to_string(i) +
@@ -336,6 +329,15 @@ void reserve_for(std::vector<RankPlan>& ranks, std::int64_t samples_each) {
 }
 
 }  // namespace
+
+void PlanOptions::validate() const {
+  require(max_len >= 1 && max_len < kMaxMaxLen, ErrorKind::kInvalidArgument,
+          "plan: max_len must be in [1, 2^40), got " + std::to_string(max_len));
+  require(world_size >= 1 && world_size <= kMaxWorldSize, ErrorKind::kInvalidArgument,
+          "plan: world_size must be in [1, 2^20], got " + std::to_string(world_size));
+  require(!max_batches || *max_batches >= 0, ErrorKind::kInvalidArgument,
+          "plan: max_batches must be non-negative, got " + std::to_string(max_batches.value_or(0)));
+}
 
 AllRanksPlan plan_all_ranks(std::span<const std::int64_t> lengths, const PlanOptions& options,
                             std::int64_t epoch) {

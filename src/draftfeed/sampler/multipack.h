@@ -1,5 +1,5 @@
-// The multipack batch planner (SPEC §4): which samples each data-parallel rank trains on in each
-// batch of an epoch, identical to speculators' MultipackDistributedBatchSamplerV2.
+// The multipack batch planner (docs/sampler.md): which samples each data-parallel rank trains on in
+// each batch of an epoch, identical to speculators' MultipackDistributedBatchSamplerV2.
 //
 // Per epoch the valid samples are shuffled with numpy's permutation (seed + epoch), then cut into
 // consecutive windows. For each window a binary search finds the longest prefix of the remaining
@@ -41,6 +41,10 @@ struct PlanOptions {
   bool truncate = true;         // long samples: clip their length to max_len (true) or drop (false)
   std::optional<std::int64_t> max_batches;  // keep only the first max_batches batches per rank
   WindowOrder window_order;  // how each batch's final window orders ties (see above); may be empty
+
+  // The only check of these fields (Error kInvalidArgument naming the field): max_len in
+  // [1, 2^40), world_size in [1, 2^20], max_batches >= 0.
+  void validate() const;
 };
 
 // One rank's batches, stored back to back: batch b is samples[batch_offsets[b] ..

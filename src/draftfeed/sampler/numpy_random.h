@@ -1,4 +1,4 @@
-// numpy's random permutation, reproduced bit for bit (SPEC §4).
+// numpy's random permutation, reproduced bit for bit (docs/sampler.md).
 //
 // `numpy.random.default_rng(seed).permutation(n)` is: SeedSequence(seed) hashes the seed into four
 // 64-bit words; PCG64 is seeded from them; `shuffle(arange(n))` then swaps from the last index down

@@ -1,8 +1,11 @@
 #include "draftfeed/source/cache_source.h"
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 
+#include "draftfeed/common/enum_names.h"
+#include "draftfeed/common/fp8.h"
 #include "draftfeed/hidden/validate.h"
 
 namespace draftfeed {
@@ -13,47 +16,72 @@ std::string row_text(std::int64_t row) { return "row " + std::to_string(row); }
 
 }  // namespace
 
-OnMissing parse_on_missing(const std::string& text) {
-  if (text == "skip") return OnMissing::kSkip;
-  if (text == "warn") return OnMissing::kWarn;
-  if (text == "raise") return OnMissing::kRaise;
-  throw Error(ErrorKind::kInvalidArgument,
-              "on_missing must be one of 'generate', 'skip', 'warn', 'raise', got '" + text + "'");
+namespace {
+
+constexpr std::array<EnumName<OnMissing>, 4> kOnMissingNames = {{
+    {OnMissing::kGenerate, "generate"},
+    {OnMissing::kSkip, "skip"},
+    {OnMissing::kWarn, "warn"},
+    {OnMissing::kRaise, "raise"},
+}};
+
+}  // namespace
+
+OnMissing parse_on_missing(std::string_view text) {
+  return parse_enum(text, kOnMissingNames, "on_missing");
 }
 
-DType parse_fp8_dequantize(const std::string& text) {
-  const std::string name = text.rfind("torch.", 0) == 0 ? text.substr(6) : text;
-  if (name == "bfloat16") return DType::kBF16;
-  if (name == "float16") return DType::kF16;
-  if (name == "float32") return DType::kF32;
-  throw Error(ErrorKind::kInvalidArgument,
-              "FP8 values dequantize into bfloat16, float16 or float32 (FP8Transfer's "
-              "dequantize_dtype), got '" +
-                  text + "'");
+const char* on_missing_name(OnMissing on_missing) { return enum_name(on_missing, kOnMissingNames); }
+
+void CacheSourceOptions::validate() const {
+  store().validate();
+  require(is_fp8_dequantize_dtype(fp8_dequantize_dtype), ErrorKind::kInvalidArgument,
+          std::string("fp8_dequantize_dtype: FP8 values dequantize into bfloat16, float16 or "
+                      "float32 (FP8Transfer's dequantize_dtype), got ") +
+              torch_dtype_name(fp8_dequantize_dtype));
 }
 
-CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
-                                     DType fp8_dequantize, CachePrefetchOptions prefetch)
+CacheStoreOptions CacheSourceOptions::store() const {
+  CacheStoreOptions store;
+  store.root = hidden_states_path;
+  store.lock_timeout = lock_timeout;
+  store.lock_poll = lock_poll;
+  return store;
+}
+
+namespace {
+
+const CacheSourceOptions& checked(const CacheSourceOptions& options) {
+  options.validate();
+  require(options.on_missing != OnMissing::kGenerate, ErrorKind::kInvalidArgument,
+          "on_missing='generate' needs the online source (draftfeed.online.OnlineSource, or "
+          "--endpoint on the command line)");
+  return options;
+}
+
+}  // namespace
+
+CacheSampleSource::CacheSampleSource(const CacheSourceOptions& options)
+    : CacheSampleSource(std::make_shared<const CacheStore>(checked(options).store()), options) {}
+
+CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
+                                     const CacheSourceOptions& options,
+                                     CachePrefetchOptions prefetch)
     : store_(std::move(store)),
-      on_missing_(on_missing),
-      fp8_dequantize_(fp8_dequantize),
+      options_(checked(options)),
       prefetch_(std::make_unique<CachePrefetch>(
-          // Header only: its bytes are read through the descriptor (cache_prefetch.h), not around
-          // the header's page when thousands of files are opened ahead.
-          [store = store_](std::int64_t row) { return store->lookup(row, /*header_only=*/true); },
-          prefetch)) {
-  require(fp8_dequantize != DType::kF8E4M3, ErrorKind::kInvalidArgument,
-          "FP8 values dequantize into bfloat16, float16 or float32, not float8_e4m3fn");
-}
+          // Header only, descriptor kept: the rows are read through it (the prefetch's read
+          // ahead, then the copy), never around the header's page when thousands of files are
+          // opened ahead.
+          [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
+          prefetch)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
-  // Opened (and read) ahead, or, when the prefetch has not got there, opened now.
+  // Opened (and read) ahead, or, when the prefetch has not got there, opened now: either way the
+  // copy reads the rows through the kept descriptor (sequential preads, with the kernel's
+  // read-ahead on the file), so nothing is read here.
   std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
-  if (!prepared) {
-    prepared.emplace(store_->lookup(global_row));
-    // Read ahead of the copy, sequentially, as the prefetch would have.
-    if (prepared->ok() && prepared->value()) read_before_copy(*prepared->value()->file->mapping());
-  }
+  if (!prepared) prepared.emplace(store_->lookup(global_row, kMapForRowReads));
   CachePrefetch::Prepared found = std::move(*prepared);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
@@ -62,13 +90,13 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
   if (!found.value()) {
     const std::string message =
         row_text(global_row) + ": no cached hidden states at " + store_->paths_text(global_row);
-    if (on_missing_ == OnMissing::kRaise)
+    if (options_.on_missing == OnMissing::kRaise)
       return FetchOutcome::dropped(DropReason::kMissing, message, true);
-    if (on_missing_ == OnMissing::kWarn)
+    if (options_.on_missing == OnMissing::kWarn)
       std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
     return FetchOutcome::dropped(DropReason::kMissing, message);
   }
-  return check(global_row, input_ids, *found.value(), fp8_dequantize_);
+  return check(global_row, input_ids, *found.value(), options_.fp8_dequantize_dtype);
 }
 
 void CacheSampleSource::will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) {
@@ -84,7 +112,7 @@ void CacheSampleSource::interrupt() { prefetch_->clear(); }
 void CacheSampleSource::resume() { prefetch_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
-                                      const HiddenStateSample& sample, DType fp8_dequantize) {
+                                      const HiddenStateSample& sample, DType fp8_dequantize_dtype) {
   // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).
   const SampleCheck check = validate_sample(sample, input_ids, global_row, ValueCheck::kSkip);
   if (!check.ok()) {
@@ -102,8 +130,12 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
   if (dtype == DType::kF8E4M3) {
     // validate_sample checked the scales: F32 [T, 1, 1], finite and positive.
     fetched.hidden.scales = sample.scales->data;
-    fetched.hidden.dequantize = fp8_dequantize;
+    fetched.hidden.dequantize = fp8_dequantize_dtype;
   }
+  // The copy reads the rows through the descriptor (pipeline/file_rows_copy.h): the pages the
+  // checks touched through the mapping (header, token ids, FP8 scales; on a file system with large
+  // folios a fault maps a whole 2 MiB folio) leave this process's memory now.
+  if (fetched.file->fd() >= 0) fetched.file->release(0, fetched.file->size());
   return FetchOutcome::ok(std::move(fetched));
 }
 

@@ -4,11 +4,13 @@
 // (cache_prefetch.h), so a cold cache streams at the disk's speed and a network file system's
 // round trips overlap instead of adding up.
 // Files may be bf16/f16/f32 or hs-connectors' FP8 (F8_E4M3 with per-token scales), mixed in one
-// folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize`.
+// folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize_dtype`.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/hidden/cache_store.h"
@@ -16,20 +18,37 @@
 
 namespace draftfeed {
 
-// What to do with a row that has no cached file (the reference's `on_missing`, minus `generate`,
-// which the online source implements).
-enum class OnMissing : std::uint8_t { kSkip, kWarn, kRaise };
-OnMissing parse_on_missing(const std::string& text);  // throws kInvalidArgument naming the choices
+// What to do with a row that has no cached file (the reference's `on_missing`): generate it (the
+// online source), or drop it silently (skip), with a warning (warn), or end the run (raise).
+enum class OnMissing : std::uint8_t { kGenerate, kSkip, kWarn, kRaise };
+OnMissing parse_on_missing(std::string_view text);  // throws kInvalidArgument naming the choices
+const char* on_missing_name(OnMissing on_missing);
 
-// FP8Transfer's `dequantize_dtype` by torch's name ("bfloat16", "float16", "float32", with or
-// without "torch."); throws kInvalidArgument naming the choices.
-DType parse_fp8_dequantize(const std::string& text);
+// The cache folder and how it is read: the cache source's options, and the online source's cache
+// (it looks there first).
+struct CacheSourceOptions {
+  std::string hidden_states_path;                    // the cache folder
+  OnMissing on_missing = OnMissing::kSkip;           // generate needs the online source
+  std::chrono::duration<double> lock_timeout{10.0};  // how long a writer's lock is waited for
+  std::chrono::duration<double> lock_poll{0.1};
+  // FP8 files' values are dequantized in this dtype, as FP8Transfer's dequantize_dtype: bf16,
+  // f16 or f32.
+  DType fp8_dequantize_dtype = DType::kBF16;
+
+  // The only check of these fields (and of the store's, see store()): Error kInvalidArgument
+  // naming the field.
+  void validate() const;
+  // The store that reads the folder under the lock protocol.
+  CacheStoreOptions store() const;
+};
 
 class CacheSampleSource : public SampleSource {
  public:
-  // `fp8_dequantize`: FP8Transfer's dequantize_dtype (bf16, f16 or f32; kInvalidArgument else).
-  CacheSampleSource(std::shared_ptr<const CacheStore> store, OnMissing on_missing,
-                    DType fp8_dequantize = DType::kBF16, CachePrefetchOptions prefetch = {});
+  // Throws kInvalidArgument for bad options; on_missing = generate is the online source's.
+  explicit CacheSampleSource(const CacheSourceOptions& options);
+  // The same over `store` (options.store() or one it allows more of), shared with its owner.
+  CacheSampleSource(std::shared_ptr<const CacheStore> store, const CacheSourceOptions& options,
+                    CachePrefetchOptions prefetch = {});
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
   // The epoch's files are opened and read ahead in this order (hidden/cache_prefetch.h).
   void will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) override;
@@ -42,12 +61,11 @@ class CacheSampleSource : public SampleSource {
   // Checks a loaded file against the row: token ids (int64 [T], equal to the row), hidden states
   // (bf16/f16/f32 [T, L, H], or F8_E4M3 with its scales). Shared with the online source.
   static FetchOutcome check(std::int64_t global_row, const IntArrayView& input_ids,
-                            const HiddenStateSample& sample, DType fp8_dequantize = DType::kBF16);
+                            const HiddenStateSample& sample, DType fp8_dequantize_dtype);
 
  private:
   std::shared_ptr<const CacheStore> store_;
-  OnMissing on_missing_;
-  DType fp8_dequantize_;
+  const CacheSourceOptions options_;
   std::unique_ptr<CachePrefetch> prefetch_;
 };
 

@@ -10,6 +10,8 @@
 
 #include "draftfeed/common/poll_backoff.h"
 
+#include "draftfeed/source/sample_source.h"
+
 namespace draftfeed {
 
 namespace fs = std::filesystem;
@@ -194,7 +196,7 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
                        " bytes, more than the limit of " + std::to_string(options_.max_file_bytes),
                    path, owned);
   }
-  auto file = SafetensorsFile::open(path);
+  auto file = SafetensorsFile::open(path, kMapForRowReads);
   if (!file.ok()) {
     const ErrorKind kind = file.error().kind();
     const FileProblem p = kind == ErrorKind::kNotFound ? FileProblem::kMissing

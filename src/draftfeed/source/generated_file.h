@@ -1,5 +1,5 @@
-// Reading the file a server names in its response (a generation *handle*), safely (SPEC §2 step 5,
-// issue 7's safety rules):
+// Reading the file a server names in its response (a generation *handle*), safely
+// (docs/protocol.md, "Generated files"):
 //   * with a server folder, the handle must resolve (links and `..` followed) strictly inside it,
 //     else kOutsideServerDir; without one, any path is read;
 //   * a handle naming one of the cache's own files (`hs_*` / `.hs_*` in the cache root or one of

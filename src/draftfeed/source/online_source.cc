@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/finite.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/source/cache_source.h"
@@ -21,12 +23,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+constexpr std::array<EnumName<OnGenerate>, 2> kOnGenerateNames = {{
+    {OnGenerate::kCache, "cache"},
+    {OnGenerate::kDelete, "delete"},
+}};
+
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
-  CacheStoreOptions store;
-  store.root = options.hidden_states_path;
+  CacheStoreOptions store = options.cache.store();
   if (!options.server_dir.empty()) store.allowed_folders.push_back(options.server_dir);
-  store.lock_timeout = options.lock_timeout;
-  store.lock_poll = options.lock_poll;
   store.layout = options.cache_layout;
   return std::make_shared<const CacheStore>(store);
 }
@@ -35,25 +39,13 @@ GeneratedFileOptions reader_options(const OnlineSourceOptions& options) {
   GeneratedFileOptions out;
   out.server_dir = options.server_dir;
   out.max_file_bytes = options.max_file_bytes;
-  out.lock_timeout = options.lock_timeout;
-  out.lock_poll = options.lock_poll;
+  out.lock_timeout = options.cache.lock_timeout;
+  out.lock_poll = options.cache.lock_poll;
   return out;
 }
 
 const OnlineSourceOptions& checked(const OnlineSourceOptions& options) {
-  require(!options.hidden_states_path.empty(), ErrorKind::kInvalidArgument,
-          "the online source needs hidden_states_path (the cache folder)");
-  require(options.generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
-          "generation_validation_retries must be >= 0, got " +
-              std::to_string(options.generation_validation_retries));
-  require(options.max_consecutive_generation_failures >= 1, ErrorKind::kInvalidArgument,
-          "max_consecutive_generation_failures must be >= 1, got " +
-              std::to_string(options.max_consecutive_generation_failures));
-  if (options.on_missing != "generate") parse_on_missing(options.on_missing);  // throws if bad
-  require(options.transfer == nullptr || options.on_missing == "generate",
-          ErrorKind::kInvalidArgument,
-          "a transfer object is used by the online source only with on_missing='generate' (got '" +
-              options.on_missing + "')");
+  options.validate();
   return options;
 }
 
@@ -92,11 +84,30 @@ std::string nonfinite_summary(const HiddenStatesView& hidden) {
 
 }  // namespace
 
-OnGenerate parse_on_generate(const std::string& text) {
-  if (text == "cache") return OnGenerate::kCache;
-  if (text == "delete") return OnGenerate::kDelete;
-  throw Error(ErrorKind::kInvalidArgument,
-              "on_generate must be 'cache' or 'delete', got '" + text + "'");
+void OnlineSourceOptions::validate() const {
+  require(!cache.hidden_states_path.empty(), ErrorKind::kInvalidArgument,
+          "the online source needs hidden_states_path (the cache folder)");
+  cache.validate();
+  client.validate();
+  require(generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
+          "generation_validation_retries must be >= 0, got " +
+              std::to_string(generation_validation_retries));
+  require(max_consecutive_generation_failures >= 1, ErrorKind::kInvalidArgument,
+          "max_consecutive_generation_failures must be >= 1, got " +
+              std::to_string(max_consecutive_generation_failures));
+  require(transfer == nullptr || cache.on_missing == OnMissing::kGenerate,
+          ErrorKind::kInvalidArgument,
+          std::string("a transfer object is used by the online source only with "
+                      "on_missing='generate' (got '") +
+              on_missing_name(cache.on_missing) + "')");
+}
+
+OnGenerate parse_on_generate(std::string_view text) {
+  return parse_enum(text, kOnGenerateNames, "on_generate");
+}
+
+const char* on_generate_name(OnGenerate on_generate) {
+  return enum_name(on_generate, kOnGenerateNames);
 }
 
 OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
@@ -105,9 +116,8 @@ OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
       reader_(store_, reader_options(options_)),
       client_(options_.client),
       log_(options_.log_failures) {
-  if (options_.on_missing != "generate" && options_.transfer == nullptr) {
-    offline_ = std::make_shared<CacheSampleSource>(store_, parse_on_missing(options_.on_missing),
-                                                   options_.fp8_dequantize);
+  if (options_.cache.on_missing != OnMissing::kGenerate && options_.transfer == nullptr) {
+    offline_ = std::make_shared<CacheSampleSource>(store_, options_.cache);
   }
 }
 
@@ -133,7 +143,7 @@ void OnlineSampleSource::sweep_abandoned() {
   for (const std::string& path : paths) {
     // One try, no wait: a free lock is removed as the protocol says, then the data file.
     const auto lock_error =
-        wait_for_lock(path + ".lock", std::chrono::duration<double>(0), options_.lock_poll);
+        wait_for_lock(path + ".lock", std::chrono::duration<double>(0), options_.cache.lock_poll);
     if (lock_error) {
       still_locked.push_back(path);
       continue;
@@ -180,7 +190,7 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
     }
     return generate_row(row, input_ids);
   }
-  auto found = store_->lookup(row);
+  auto found = store_->lookup(row, kMapForRowReads);
   if (!found.ok()) {
     std::lock_guard lock(mutex_);
     ++stats_.cache_rejected;
@@ -188,8 +198,8 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (found.value()) {
-    FetchOutcome outcome =
-        CacheSampleSource::check(row, input_ids, *found.value(), options_.fp8_dequantize);
+    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
+                                                    options_.cache.fp8_dequantize_dtype);
     std::lock_guard lock(mutex_);
     ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
     return outcome;
@@ -294,7 +304,8 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     }
     finish_generated(row, file);
     record_success();
-    return CacheSampleSource::check(row, input_ids, *file.sample, options_.fp8_dequantize);
+    return CacheSampleSource::check(row, input_ids, *file.sample,
+                                    options_.cache.fp8_dequantize_dtype);
   }
 
   std::lock_guard lock(mutex_);

@@ -45,6 +45,11 @@ struct HiddenStatesView {
   DType dequantize = DType::kBF16;
 };
 
+// How the loader's sources map cache files: the descriptor kept, for the batch copy reads the rows
+// through it (pipeline/file_rows_copy.h); through the mapping only the header, token ids and
+// scales are read, without the kernel's read-around.
+inline constexpr MapOptions kMapForRowReads{.keep_descriptor = true, .header_only = true};
+
 struct FetchedSample {
   std::shared_ptr<const void> owner;  // keeps `hidden.data` mapped until the copy is done
   HiddenStatesView hidden;

@@ -1,0 +1,97 @@
+#include "online_flags.h"
+
+#include <cstdio>
+
+namespace draftfeed::cli {
+
+namespace {
+
+using seconds = std::chrono::duration<double>;
+
+std::string line(int width, const std::string& flag, const std::string& help) {
+  std::string text = "  " + flag;
+  text.resize(static_cast<std::size_t>(width) + 2, ' ');
+  return text + help + "\n";
+}
+
+}  // namespace
+
+std::string default_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
+const std::set<std::string>& online_value_flags() {
+  static const std::set<std::string> flags = {"endpoint",
+                                              "server-dir",
+                                              "fetch-threads",
+                                              "model",
+                                              "request-timeout",
+                                              "max-retries",
+                                              "retry-backoff",
+                                              "generation-validation-retries",
+                                              "max-consecutive-failures",
+                                              "lock-timeout"};
+  return flags;
+}
+
+const std::set<std::string>& online_switch_flags() {
+  static const std::set<std::string> flags = {"fail-on-error", "no-keepalive"};
+  return flags;
+}
+
+std::string online_flags_usage(int width) {
+  const OnlineSourceOptions d;
+  return line(width, "--endpoint URL",
+              "a server's OpenAI API base, e.g. http://host:8000/v1 (repeat for several)") +
+         line(width, "--server-dir DIR",
+              "folder the servers write into: handles elsewhere are refused") +
+         line(width, "--fetch-threads N",
+              "requests in flight (default " + std::to_string(d.client.fetch_threads) +
+                  "; the engine gets N more threads)") +
+         line(width, "--model NAME", "the model the servers must serve") +
+         line(width, "--request-timeout S",
+              "seconds per attempt (default " + default_text(d.client.request_timeout.count()) +
+                  "; 0: no limit)") +
+         line(width, "--max-retries N",
+              "extra attempts after transport errors/timeouts/5xx (default " +
+                  std::to_string(d.client.max_retries) + ")") +
+         line(width, "--retry-backoff S",
+              "sleep before the first retry, doubling (default " +
+                  default_text(d.client.retry_backoff.count()) + ")") +
+         line(width, "--generation-validation-retries N",
+              "extra round trips after a bad file (default " +
+                  std::to_string(d.generation_validation_retries) + ")") +
+         line(width, "--max-consecutive-failures N",
+              "stop after N rows failing in a row (default " +
+                  std::to_string(d.max_consecutive_generation_failures) + ")") +
+         line(width, "--fail-on-error", "stop at the first row that fails") +
+         line(width, "--lock-timeout S",
+              "wait for a writer's lock at most S seconds (default " +
+                  default_text(d.cache.lock_timeout.count()) + ")") +
+         line(width, "--no-keepalive", "open a new connection per request");
+}
+
+OnlineSourceOptions online_options_from(const Args& args) {
+  OnlineSourceOptions options;
+  VllmClientOptions& client = options.client;
+  client.endpoints = args.all("endpoint");
+  options.server_dir = args.str("server-dir", options.server_dir);
+  client.fetch_threads = static_cast<int>(args.integer("fetch-threads", client.fetch_threads));
+  client.model = args.str("model", client.model);
+  client.request_timeout = seconds(args.real("request-timeout", client.request_timeout.count()));
+  client.max_retries = static_cast<int>(args.integer("max-retries", client.max_retries));
+  client.retry_backoff = seconds(args.real("retry-backoff", client.retry_backoff.count()));
+  client.endpoint.http.keep_alive = !args.has("no-keepalive");
+  options.generation_validation_retries = static_cast<int>(
+      args.integer("generation-validation-retries", options.generation_validation_retries));
+  options.max_consecutive_generation_failures = static_cast<int>(
+      args.integer("max-consecutive-failures", options.max_consecutive_generation_failures));
+  options.fail_on_hidden_state_error = args.has("fail-on-error");
+  options.cache.lock_timeout =
+      seconds(args.real("lock-timeout", options.cache.lock_timeout.count()));
+  return options;
+}
+
+}  // namespace draftfeed::cli
