@@ -189,7 +189,8 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
       }
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
       --opening_;
-      return store_->lookup(row);
+      // As the cache source opens its files (kMapForRowReads: the prefetch reads through the fd).
+      return store_->lookup(row, MapOptions{.keep_descriptor = true, .header_only = true});
     };
   }
   void release() {
