@@ -166,7 +166,7 @@ def test_generate_writes_the_sharded_layout(tmp_path, run_cli):
     draftfeed.write_synthetic_dataset(str(data), 1006, seed=5, min_len=4, max_len=24, vocab=5000)
     with SimServerProcess(tmp_path / "server", layers=4, hidden=16, seed=3) as sim:
         proc = run_cli("generate", data, "--endpoint", sim.url, "--server-dir", tmp_path / "server",
-                       "--layout", "sharded", "--rows", "996:1006", "--no-progress", "--concurrency", "3")
+                       "--layout", "sharded", "--rows", "996:1006", "--no-progress", "--fetch-threads", "3")
         assert "10 generated" in proc.stdout, proc.stdout
     cache = data / "hidden_states"
     for row in range(996, 1006):

@@ -203,7 +203,7 @@ std::string CacheStore::path_for(std::int64_t row) const {
 }
 
 std::string CacheStore::path_for_writing(std::int64_t row) const {
-  const std::string path = path_for(row);
+  std::string path = path_for(row);
   const std::string folder = fs::path(path).parent_path().string();
   std::error_code ec;
   fs::create_directories(folder, ec);

@@ -99,6 +99,8 @@ class SampleSource {
   // (cache files: opened and read ahead, cache_prefetch.h) starts them, at its own pace and within
   // its own budgets, however far ahead of the batch buffers; must be cheap and must not block.
   // Called from one thread; concurrently with fetch().
+  // By value: an override keeps (moves) the pointer.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
   virtual void will_need(std::shared_ptr<const std::vector<PlannedBatch>> /*batches*/) {}
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
