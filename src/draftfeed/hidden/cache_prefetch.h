@@ -189,4 +189,10 @@ class CachePrefetch {
 // The default for max_open_files (see CachePrefetchOptions).
 std::int64_t default_max_open_files();
 
+// Reads the file of `mapping` (opened with keep_descriptor) into the page cache through its
+// descriptor, sequentially, unless its first and last pages are cached already: what a fetch does
+// with a file it is about to copy that was not read ahead (the copy's preads of 512 KiB slices
+// would each wait for the file system on their own).
+void read_before_copy(const MappedFile& mapping);
+
 }  // namespace draftfeed

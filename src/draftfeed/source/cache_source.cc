@@ -77,11 +77,13 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
           prefetch)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
-  // Opened (and read) ahead, or, when the prefetch has not got there, opened now: either way the
-  // copy reads the rows through the kept descriptor (sequential preads, with the kernel's
-  // read-ahead on the file), so nothing is read here.
+  // Opened (and read) ahead, or, when the prefetch has not got there, opened now and read whole
+  // before the copy's preads (as the prefetch would have: read_before_copy).
   std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
-  if (!prepared) prepared.emplace(store_->lookup(global_row, kMapForRowReads));
+  if (!prepared) {
+    prepared.emplace(store_->lookup(global_row, kMapForRowReads));
+    if (prepared->ok() && prepared->value()) read_before_copy(*prepared->value()->file->mapping());
+  }
   CachePrefetch::Prepared found = std::move(*prepared);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
