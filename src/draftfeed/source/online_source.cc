@@ -112,6 +112,7 @@ const char* on_generate_name(OnGenerate on_generate) {
 
 OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
     : options_(checked(options)),
+      read_rows_(options_.cache.rows_are_read()),
       store_(make_store(options_)),
       reader_(store_, reader_options(options_)),
       client_(options_.client),
@@ -198,8 +199,8 @@ FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& inp
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (found.value()) {
-    FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
-                                                    options_.cache.fp8_dequantize_dtype);
+    FetchOutcome outcome = CacheSampleSource::check(
+        row, input_ids, *found.value(), options_.cache.fp8_dequantize_dtype, read_rows_);
     std::lock_guard lock(mutex_);
     ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
     return outcome;
@@ -305,7 +306,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     finish_generated(row, file);
     record_success();
     return CacheSampleSource::check(row, input_ids, *file.sample,
-                                    options_.cache.fp8_dequantize_dtype);
+                                    options_.cache.fp8_dequantize_dtype, read_rows_);
   }
 
   std::lock_guard lock(mutex_);

@@ -182,6 +182,7 @@ class OnlineSampleSource : public SampleSource {
   void remove_through_transfer(const std::string& handle);
 
   const OnlineSourceOptions options_;
+  const bool read_rows_;  // options_.cache.rows_are_read(): how cached files are copied
   std::shared_ptr<const CacheStore> store_;
   std::shared_ptr<SampleSource> offline_;  // for skip / warn / raise
   GeneratedFileReader reader_;
