@@ -114,3 +114,42 @@ def test_a_file_stuck_for_seconds_holds_back_only_its_batch(data, tmp_path, wher
     else:
         # In order: the first batch waited for it; the others were assembled meanwhile.
         assert times[0] >= stall and times[-1] - times[0] < 1.0, times
+
+
+def getattr_round_trips(stats: dict, latency_ms: float) -> int:
+    """slowfs's attribute reads answered late (sigma=0: each waits exactly `latency_ms`)."""
+    return round(stats["delayed_seconds"].get("getattr", 0.0) / (latency_ms / 1000))
+
+
+@pytest.mark.parametrize("copy", ["auto", "read"])
+def test_the_copy_asks_the_server_nothing(data, tmp_path, monkeypatch, copy):
+    """On NFS (and FUSE with auto_inval_data) a read() of a file whose cached attributes are older than
+    the attribute timeout asks the server for them first, even when its bytes are in the page cache;
+    a page fault on a mapping of them does not. On a network file system the loader copies the rows
+    from the mapping (CacheCopy auto: statfs says FUSE), so the only attribute reads of a warm epoch
+    are the open's, one per file. Here the timeout is 0 (NFS's noac): every attribute read is a round
+    trip. Reading the rows (`read`, as on a local disk) asks once more per read."""
+    monkeypatch.setenv("DRAFTFEED_CACHE_COPY", copy)
+    local = loader(data, data / "hidden_states")
+    _, expected, _ = epoch(local)
+    local.close()
+    files = sum(len(b) for b in local.batch_sampler._generate_batches(0))
+    latency = 5
+    with SlowFs(data / "hidden_states", tmp_path / "mnt", latency_ms=latency, sigma=0, attr_timeout=0) as fs:
+        remote = loader(data, Path(fs.mountpoint))
+        epoch(remote)  # cold: the files come into the page cache
+        fs.reset_stats()
+        _, warm, _ = epoch(remote)
+        stats = fs.stats()
+        remote.close()
+    assert len(warm) == len(expected)
+    for ours, ref in zip(warm, expected):
+        for key in ref:
+            assert torch.equal(ours[key], ref[key]), key
+    assert stats["calls"]["open"] == files and stats["read_bytes"] == 0, stats
+    trips = getattr_round_trips(stats, latency)
+    if copy == "auto":
+        assert trips == files, f"{trips} attribute round trips for {files} files (one an open): {stats}"
+    else:
+        # Each file's rows (2-16 KB) in one read: one attribute round trip more per file.
+        assert trips >= 2 * files, f"{trips} attribute round trips for {files} files: {stats}"
