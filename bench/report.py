@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import bench_cold
+import bench_netfs
 from plot import warm_epoch
 
 README_BEGIN = "<!-- bench/run.py writes from here to the end marker; do not edit by hand -->"
@@ -420,10 +421,47 @@ def cold_table(results: dict) -> list[dict]:
         + notes)]
 
 
+def netfs_tables(results: dict) -> list[dict]:
+    """The cache on a slow file system (bench/bench_netfs.py)."""
+    netfs = results.get("netfs")
+    if not netfs:
+        return []
+    title = "Caches on a network file system (tools/slowfs)"
+    if netfs.get("status") != "done":
+        return [table(title, ("status", "reason"), [(netfs.get("status"), netfs.get("reason", ""))])]
+    try:
+        rows, tail = bench_netfs.summarize(netfs), bench_netfs.tail_rows(netfs)
+        targets = bench_netfs.criteria(netfs)
+    except (KeyError, TypeError, ValueError) as e:  # a format this renderer does not know yet
+        return [table(title, ("status", "reason"), [("unrendered", f"bench_netfs.py's JSON changed ({e!r})")])]
+    c = netfs["config"]
+    out = [table(
+        f"{title}: {c['rows']} rows of {c['min_len']}-{c['max_len']} tokens, H={c['hidden_size']}, 4 layers bf16 "
+        f"(files of 0.25-1 MB, {c['file_bytes'] / 1e9:.2f} GB per epoch), {netfs['bandwidth_mbps']:g} MB/s, "
+        f"1% of opens 2-3 s ({netfs['tail']}), num_workers {netfs['workers']} on both sides",
+        bench_netfs.HEADERS, rows,
+        "`bench/bench_netfs.py`: the cache folder mounted through slowfs (every lookup, open and first read of a file "
+        "a round trip, lognormal around the median); cold = a fresh mount (nothing cached by the client), warm = the "
+        "same batches again (data in the client's page cache, opens still round trips). The bound is a parallel read "
+        "of every file through a fresh mount (512 threads) right before draftfeed's runs. The reference at 50 ms would "
+        "need minutes for a whole epoch: both sides are compared on the epoch's first K batches (the same batches, "
+        "checked). Targets: " + "; ".join(targets) + ".")]
+    if tail:
+        out.append(table(
+            f"What the tail costs draftfeed (median {netfs['tail_latency']:g} ms, the whole epoch)"
+            if "tail_latency" in netfs else "What the tail costs draftfeed",
+            bench_netfs.TAIL_HEADERS, tail,
+            "The same epochs with and without the tail, delivered in order and as ready. No epoch ends before its "
+            "slowest open (2-3 s after it began), so a tail costs what part of that the rest of the epoch cannot "
+            "cover."))
+    return out
+
+
 def tables(results: dict) -> list[dict]:
     return (engine_tables(results) + copy_bound_table(results) + memory_table(results) + scaling_table(results)
             + kernels_table(results) + store_table(results) + planner_table(results)
-            + trainer_table(results) + online_tables(results) + mooncake_table(results) + cold_table(results))
+            + trainer_table(results) + online_tables(results) + mooncake_table(results) + cold_table(results)
+            + netfs_tables(results))
 
 
 # ---------------------------------------------------------------- rendering

@@ -3,7 +3,7 @@ run, on the same synthetic data, on this machine, at the commit checked out. Pri
 writes bench/results/latest.json (every measured figure), latest.md (the tables), latest.png (the
 chart) and the README's results block.
 
-    python bench/run.py                 # every section; about 20-30 minutes on 2 cores
+    python bench/run.py                 # every section; about 25-35 minutes on 2 cores
     python bench/run.py --quick         # tiny sizes, to check that everything runs (writes quick.*)
     python bench/run.py --only engine,planner --hidden-sizes 4096 --workers 2
     python bench/run.py --render bench/results/latest.json   # re-render a saved result
@@ -54,6 +54,11 @@ processes or engine threads, same noise, same call), and each bound is named for
            page cache (checked with mincore) and a warm one, the reference (FileTransfer,
            FP8Transfer) against draftfeed, and the disk bound (a parallel sequential read of the same
            bytes) measured right before each cold epoch.
+  netfs    bench_netfs.py: the cache through a slow file system (tools/slowfs: every open, lookup, listing
+           and first read a round trip of median 2, 10 and 50 ms, 1% of opens 2-3 s, a bandwidth cap),
+           cold and warm epochs: the reference (FileTransfer, its DataLoader workers) against draftfeed,
+           and the file system's own bound (a parallel read of the same files through the same mount,
+           measured right before); what the tail costs. Skipped, saying why, where FUSE cannot mount.
 The scaling table (1 and 2 workers or threads on both sides) comes from the engine and store runs.
 
 Provenance: the results record the commit (HEAD) and whether the tree had changes, and which
@@ -89,7 +94,7 @@ from plot import plot_results, warm_epoch  # noqa: E402
 
 SECTIONS = ("engine", "memcpy", "copy_bound", "memory", "kernels", "store", "planner", "trainer", "online",
             "online_prefill",
-            "online_defaults", "mooncake", "cold")
+            "online_defaults", "mooncake", "cold", "netfs")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these (report.py only renders the results' JSON into tables).
@@ -321,7 +326,7 @@ def script_section(name: str, script: str, argv: list[str], out_file: str, timeo
     with tempfile.TemporaryDirectory(prefix=f"draftfeed_bench_{name}_") as out_dir:
         run_child([sys.executable, str(path), *argv, "--out", out_dir], timeout, name)
         result = json.loads((Path(out_dir) / out_file).read_text())
-    result["status"] = "done"
+    result["status"] = result.get("status", "done")  # a script may say it skipped, and why
     return result
 
 
@@ -426,6 +431,19 @@ def cold_section(args, results: dict) -> None:
         "bench/bench_cold.py is missing")
 
 
+def netfs_section(args, results: dict) -> None:
+    """Caches on a network file system, through tools/slowfs (bench/bench_netfs.py)."""
+    r = script_section(
+        "netfs", "bench_netfs.py",
+        ["--latencies", args.netfs_latencies, "--rows", str(args.netfs_rows), "--bandwidth-mbps",
+         str(args.netfs_bandwidth), "--workers", str(args.netfs_workers), "--timeout", str(args.timeout),
+         "--data", os.path.join(args.data, "netfs"), *(["--quick"] if args.quick else [])],
+        "netfs.json", 4 * args.timeout, "bench/bench_netfs.py is not there")
+    results["netfs"] = r
+    if r.get("status") == "skipped":
+        print(f"  netfs: skipped ({r.get('reason')})", flush=True)
+
+
 def dataset_path(args, hidden: int) -> str:
     # bench_store.py --keep BASE reads BASE/data, so the engine's datasets live one level down.
     return os.path.join(args.data, f"h{hidden}", "data")
@@ -474,6 +492,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cold-row-sizes", default="small,medium,large")
     p.add_argument("--cold-workers", type=int, default=2)
     p.add_argument("--cold-repeat", type=int, default=2)
+    p.add_argument("--netfs-latencies", default="2,10,50", help="median latencies (ms) of the netfs section")
+    p.add_argument("--netfs-rows", type=int, default=1500)
+    p.add_argument("--netfs-bandwidth", type=float, default=200, help="MB/s of the netfs section's file system")
+    p.add_argument("--netfs-workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each child process")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_run"))
     p.add_argument("--out", default=str(HERE / "results"))
@@ -568,7 +590,8 @@ def main() -> int:
              ("online_prefill", lambda: online_section(args, results, "online_prefill", "prefill")),
              ("online_defaults", lambda: online_defaults_section(args, results)),
              ("mooncake", lambda: mooncake_section(args, results)),
-             ("cold", lambda: cold_section(args, results))]
+             ("cold", lambda: cold_section(args, results)),
+             ("netfs", lambda: netfs_section(args, results))]
     sys.path.insert(0, str(REPO / "tools"))
     for name, step in steps:
         if name == "engine" and not {"engine", "memcpy"} & set(args.only):

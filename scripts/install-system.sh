@@ -15,6 +15,8 @@ packages=(
   libibverbs1                                # mooncake_master and the Mooncake store client
                                              # (PyPI mooncake-transfer-engine-non-cuda) link it,
                                              # even for TCP: tests/python/test_mooncake_store.py
+  fuse3 libfuse3-dev                         # tools/slowfs, the slow file system of the network
+                                             # file system tests and bench/bench_netfs.py
   iproute2 procps                            # ip netns / veth and sysctl: the two hosts of
                                              # tests/python/test_two_hosts.py
 )

@@ -236,6 +236,23 @@ struct PyLoader {
     out["device_bytes"] = m.device_bytes;
     out["device_peak_bytes"] = m.device_peak_bytes;
     out["dropped"] = drop_counts(m.dropped);
+    if (m.prefetch) {
+      const CachePrefetchStats& p = *m.prefetch;
+      nb::dict prefetch;
+      prefetch["opened"] = p.opened;
+      prefetch["read"] = p.read;
+      prefetch["cached"] = p.cached;
+      prefetch["bytes"] = p.bytes;
+      prefetch["taken"] = p.taken;
+      prefetch["waited"] = p.waited;
+      prefetch["hedged"] = p.hedged;
+      prefetch["overtaken"] = p.overtaken;
+      prefetch["threads"] = p.threads;
+      prefetch["max_opening"] = p.max_opening;
+      prefetch["max_open_ahead"] = p.max_open_ahead;
+      prefetch["max_ahead_bytes"] = p.max_ahead;
+      out["prefetch"] = prefetch;
+    }
     return out;
   }
 };

@@ -4,7 +4,7 @@
 //   draftfeed.write_safetensors(path, [(name, dtype, shape, bytes)], metadata=None, atomic=True)
 //   draftfeed.serialize_safetensors([(name, dtype, shape, bytes)], metadata=None) -> bytes
 //   draftfeed.HiddenStateStore(root, allowed_folders=[], lock_timeout=10.0, lock_poll=0.1,
-//                              probe_locks=False, force_copy_on_adopt=False)
+//                              probe_locks=False, force_copy_on_adopt=False, layout="flat")
 //       .lookup(row) / .load(path) -> dict | None, .adopt(row, source), .remove(path),
 //       .path_for(row), .confine(path)
 //   draftfeed.validate_hidden_states(path, ids, row=-1) -> dict (ok, problem, message, counts)
@@ -226,9 +226,11 @@ void init_hidden(nb::module_& m) {
       .def(
           "__init__",
           [](CacheStore* self, const std::string& root, std::vector<std::string> allowed_folders,
-             double lock_timeout, double lock_poll, bool probe_locks, bool force_copy_on_adopt) {
+             double lock_timeout, double lock_poll, bool probe_locks, bool force_copy_on_adopt,
+             const std::string& layout) {
             CacheStoreOptions options;
             options.root = root;
+            options.layout = parse_cache_layout(layout);
             options.allowed_folders = std::move(allowed_folders);
             options.lock_timeout = std::chrono::duration<double>(lock_timeout);
             options.lock_poll = std::chrono::duration<double>(lock_poll);
@@ -237,7 +239,11 @@ void init_hidden(nb::module_& m) {
             new (self) CacheStore(std::move(options));
           },
           "root"_a, "allowed_folders"_a = std::vector<std::string>{}, "lock_timeout"_a = 10.0,
-          "lock_poll"_a = 0.1, "probe_locks"_a = false, "force_copy_on_adopt"_a = false)
+          "lock_poll"_a = 0.1, "probe_locks"_a = false, "force_copy_on_adopt"_a = false,
+          "layout"_a = "flat",
+          "layout: where adopt() and path_for() put files, 'flat' (root/hs_<row>.safetensors) or "
+          "'sharded' (root/<row // 1000, 4 digits>/hs_<row>.safetensors); lookup() finds a row's "
+          "file in either")
       .def_prop_ro("root", &CacheStore::root)
       .def("path_for", &CacheStore::path_for, "row"_a)
       .def(

@@ -146,7 +146,10 @@ class HiddenStateStore:
     The hs_<row>.safetensors cache folder with the producer's lock protocol.
     """
 
-    def __init__(self, root: str, allowed_folders: Sequence[str] = [], lock_timeout: float = 10.0, lock_poll: float = 0.1, probe_locks: bool = False, force_copy_on_adopt: bool = False) -> None: ...
+    def __init__(self, root: str, allowed_folders: Sequence[str] = [], lock_timeout: float = 10.0, lock_poll: float = 0.1, probe_locks: bool = False, force_copy_on_adopt: bool = False, layout: str = 'flat') -> None:
+        """
+        layout: where adopt() and path_for() put files, 'flat' (root/hs_<row>.safetensors) or 'sharded' (root/<row // 1000, 4 digits>/hs_<row>.safetensors); lookup() finds a row's file in either
+        """
 
     @property
     def root(self) -> str: ...

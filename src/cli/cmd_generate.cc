@@ -27,7 +27,7 @@ namespace {
 std::string usage() {
   return R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
 
-Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors) from vLLM servers running the
+Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors, or sharded: --layout) from vLLM servers running the
 hidden-states connector, for every row without a valid file (a missing, corrupt, mismatched or
 non-finite file is regenerated). Rows are requested concurrently from the least busy endpoint; a
 failing endpoint is rested and tried again later. Multimodal rows (a `messages` column whose turns
@@ -41,6 +41,10 @@ options:
   --fp8                               store each generated file as hs-connectors' FP8 file
                                       (float8_e4m3fn + per-token scales, about half the bytes;
                                       files already valid are kept as they are: see quantize)
+  --layout flat|sharded               where new files go: DIR/hs_<row>.safetensors (flat, the
+                                      default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
+                                      (sharded, hs-connectors' layout for large caches); files
+                                      already there are found in either layout
   --no-progress                       no progress bar
   --json                              print the summary as JSON
 
@@ -87,7 +91,7 @@ void draw(const Progress& p, std::int64_t total, double seconds, std::int64_t in
 }
 
 int run_generate(const std::vector<std::string>& argv) {
-  std::set<std::string> value_flags = {"hidden-states", "rows"};
+  std::set<std::string> value_flags = {"hidden-states", "rows", "layout"};
   value_flags.insert(online_value_flags().begin(), online_value_flags().end());
   std::set<std::string> switch_flags = {"no-progress", "json", "fp8"};
   switch_flags.insert(online_switch_flags().begin(), online_switch_flags().end());
@@ -101,6 +105,7 @@ int run_generate(const std::vector<std::string>& argv) {
   options.cache.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
   options.on_generate = OnGenerate::kCache;
   options.cache_fp8 = args.has("fp8");
+  options.cache_layout = parse_cache_layout(args.str("layout", "flat"));
   const bool json = args.has("json");
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
 

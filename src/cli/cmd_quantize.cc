@@ -21,7 +21,8 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: draftfeed quantize DATA (--out DIR | --in-place) [--hidden-states DIR] [--threads N]
-                         [--rows A:B] [--fsync] [--examples K] [--no-progress] [--json]
+                         [--rows A:B] [--layout flat|sharded] [--fsync] [--examples K]
+                         [--no-progress] [--json]
 
 Converts DATA's hidden-state cache (DIR/hs_<row>.safetensors, default DATA/hidden_states) to the FP8
 files hs-connectors' FP8HiddenStatesConnector writes: hidden_states float8_e4m3fn [T, L, H],
@@ -38,7 +39,11 @@ what is left. A cache that mixes bf16 and FP8 files (half converted) is fine to 
   --out DIR            write the FP8 cache into DIR (created); the source cache is left as it is
   --in-place           replace each bf16/f16/f32 file by its FP8 file (lossy: the bf16 values are
                        gone; keep a copy if you may need them)
-  --hidden-states DIR  the source cache (default DATA/hidden_states)
+  --hidden-states DIR  the source cache (default DATA/hidden_states; files in either layout)
+  --layout L           where the FP8 files go: flat (DIR/hs_<row>.safetensors) or sharded
+                       (DIR/<row // 1000, 4 digits>/hs_<row>.safetensors, hs-connectors' layout for
+                       large caches). Default: into --out, flat; in place, each file stays where it
+                       is (with --layout, files of the other layout move: the cache ends in one)
   --threads N          converting threads (default: one per core)
   --rows A:B           only rows A..B-1 (either side may be left out)
   --fsync              fsync each file before its rename
@@ -71,7 +76,7 @@ void draw(const CacheConvertProgress& p, std::int64_t total, double seconds) {
 }
 
 int run_quantize(const std::vector<std::string>& argv) {
-  const Args args(argv, {"out", "hidden-states", "threads", "rows", "examples"},
+  const Args args(argv, {"out", "hidden-states", "threads", "rows", "examples", "layout"},
                   {"in-place", "fsync", "no-progress", "json"});
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
@@ -101,6 +106,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   options.target_root = out;
   options.threads = static_cast<unsigned>(threads);
   options.fsync = args.has("fsync");
+  if (args.has("layout")) options.layout = parse_cache_layout(args.str("layout", ""));
   options.max_examples = static_cast<std::size_t>(examples);
   CacheConvertProgress progress;
   CacheConvertReport report;
@@ -140,6 +146,7 @@ int run_quantize(const std::vector<std::string>& argv) {
     j["rows"] = report.rows;
     j["converted"] = report.converted;
     j["already_fp8"] = report.already_fp8;
+    j["moved"] = report.moved;
     j["copied"] = report.copied;
     j["missing"] = report.missing;
     nlohmann::json skipped = nlohmann::json::object();
@@ -170,6 +177,10 @@ int run_quantize(const std::vector<std::string>& argv) {
                 static_cast<long long>(report.converted),
                 static_cast<long long>(report.already_fp8), static_cast<long long>(report.copied),
                 static_cast<long long>(report.missing));
+    if (report.moved > 0) {
+      std::printf("  moved       %lld (FP8 files renamed into the %s layout)\n",
+                  static_cast<long long>(report.moved), cache_layout_name(*options.layout));
+    }
     for (std::size_t s = 0; s < kScanStatusCount; ++s) {
       if (report.skipped[s] == 0) continue;
       std::printf("  skipped (%s) %lld\n", scan_status_name(static_cast<ScanStatus>(s)),

@@ -18,8 +18,9 @@ constexpr const char* kUsage =
     R"(usage: draftfeed verify DATA [--hidden-states DIR] [--json] [--threads N] [--examples K]
                         [--baseline memcpy|read|pread]
 
-Checks DATA's cached hidden states (DIR/hs_<row>.safetensors, default DATA/hidden_states) against
-the dataset rows: file layout, token ids, shape, dtype and finiteness. Counts ok, missing, corrupt
+Checks DATA's cached hidden states (DIR/hs_<row>.safetensors, default DATA/hidden_states, or
+hs-connectors' sharded layout DIR/<row // 1000, 4 digits>/hs_<row>.safetensors: each row's file is
+looked for in both, and the counts say how many were found in each) against the dataset rows: file layout, token ids, shape, dtype and finiteness. Counts ok, missing, corrupt
 (unreadable), mismatched (token ids or length), nonfinite and locked files and lists the first K
 (default 5) of each problem. A file whose writer holds its `.lock` is counted as locked at once:
 verify never waits and never removes a lock file (a stale lock without a holder is left in place and
@@ -27,7 +28,7 @@ its data file checked).
 
   --threads N        scanning threads (default: one per core)
   --json             one JSON object: rows, ok, missing, corrupt, mismatched, nonfinite, locked,
-                     bytes, seconds, gb_per_s, threads, examples
+                     bytes, layouts (flat, sharded), seconds, gb_per_s, threads, examples
   --baseline memcpy  measure a plain memcpy of every file instead of validating it (the bound
                      for anything that copies every byte once, as a loader does)
   --baseline read    measure a read-only pass over every byte of every file instead (the bound
@@ -86,6 +87,10 @@ int run_verify(const std::vector<std::string>& argv) {
       out[scan_status_name(static_cast<ScanStatus>(s))] = report.counts[s];
     }
     out["bytes"] = report.bytes;
+    for (int l = 0; l < kCacheLayoutCount; ++l) {
+      out["layouts"][cache_layout_name(static_cast<CacheLayout>(l))] =
+          report.layouts[static_cast<std::size_t>(l)];
+    }
     out["seconds"] = report.seconds;
     out["gb_per_s"] = gb_per_s;
     out["threads"] = report.threads;
@@ -113,6 +118,8 @@ int run_verify(const std::vector<std::string>& argv) {
                     example.reason.c_str());
       }
     }
+    std::printf("  files      %lld flat, %lld sharded\n", static_cast<long long>(report.layouts[0]),
+                static_cast<long long>(report.layouts[1]));
     std::printf("scanned %s GB in %.3f s: %.2f GB/s on %u threads\n",
                 gb_text(static_cast<double>(report.bytes)).c_str(), report.seconds, gb_per_s,
                 report.threads);

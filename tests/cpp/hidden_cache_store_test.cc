@@ -7,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "draftfeed/hidden/cache_store.h"
@@ -161,6 +163,52 @@ TEST_F(HiddenCacheStoreTest, LockHeldPastTheTimeoutIsATimeoutNamingTheLock) {
   EXPECT_LT(waited, 1400ms);
   EXPECT_TRUE(fs::exists(data + ".lock")) << "a lock we never got is not removed";
   EXPECT_EQ(wait_child(writer), 0);
+}
+
+// No inotify on a network file system: a held lock is asked for again, soon at first (a writer
+// about to finish is noticed within milliseconds), then less and less often (at most `poll` apart).
+TEST_F(HiddenCacheStoreTest, AHeldLockIsAskedForSoonThenLessAndLessOften) {
+  const std::string lock = (dir_ / "cache" / "hs_1.safetensors.lock").string();
+  { std::ofstream(lock).put('x'); }
+  // Another open file description of the lock: flock conflicts with it as with another process.
+  const int holder = ::open(lock.c_str(), O_RDWR);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_EX), 0);
+  std::atomic<std::int64_t> released_ns{0};
+  std::thread writer([&] {
+    std::this_thread::sleep_for(20ms);
+    released_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+    ::flock(holder, LOCK_UN);
+  });
+  std::int64_t attempts = 0;
+  const auto error = wait_for_lock(lock, 5s, 100ms, LockMode::kWait, &attempts);
+  const auto noticed = std::chrono::steady_clock::now().time_since_epoch();
+  writer.join();
+  ::close(holder);
+  ASSERT_FALSE(error.has_value()) << error->what();
+  // Released after 20 ms, when the interval had grown to about 12 ms: noticed within that (a
+  // fixed 100 ms poll noticed it 80 ms late). 50 ms is the margin for a loaded machine.
+  const auto late = noticed - std::chrono::steady_clock::duration(released_ns.load());
+  EXPECT_LT(late, 50ms) << "noticed " << std::chrono::duration<double>(late).count() << " s late";
+  EXPECT_GE(attempts, 3);
+
+  // Held for the whole timeout (0.6 s): 1.5, 3, 6, 12, 25, 50 ms, then every 100 ms: about 12
+  // attempts, not hundreds, and the timeout reported on time.
+  { std::ofstream(lock).put('x'); }
+  const int held = ::open(lock.c_str(), O_RDWR);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  attempts = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const auto timeout = wait_for_lock(lock, 600ms, 100ms, LockMode::kWait, &attempts);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ::close(held);
+  ASSERT_TRUE(timeout.has_value());
+  EXPECT_EQ(timeout->kind(), ErrorKind::kTimeout);
+  EXPECT_GE(waited, 600ms);
+  EXPECT_LT(waited, 1200ms);
+  EXPECT_LE(attempts, 14);
+  EXPECT_GE(attempts, 5);
 }
 
 TEST_F(HiddenCacheStoreTest, StaleLockWithoutAHolderIsRemoved) {
@@ -314,6 +362,77 @@ TEST_F(HiddenCacheStoreTest, RemoveAndLoadWorkInsideTheAllowedFolders) {
   store.remove(generated);
   EXPECT_FALSE(fs::exists(generated));
   store.remove(generated);  // already gone: fine
+}
+
+// hs-connectors' sharded layout: <root>/<row // 1000, 4 digits>/hs_<row>.safetensors.
+TEST_F(HiddenCacheStoreTest, ShardedPathsFollowTheRowDividedByAThousand) {
+  const std::string root = (dir_ / "cache").string();
+  EXPECT_EQ(cache_file_path(root, 7, CacheLayout::kSharded), root + "/0000/hs_7.safetensors");
+  EXPECT_EQ(cache_file_path(root, 12345, CacheLayout::kSharded),
+            root + "/0012/hs_12345.safetensors");
+  EXPECT_EQ(cache_file_path(root, 12345678, CacheLayout::kSharded),
+            root + "/12345/hs_12345678.safetensors");
+  EXPECT_EQ(cache_file_path(root, 999, CacheLayout::kFlat), root + "/hs_999.safetensors");
+  EXPECT_TRUE(is_shard_folder_name("0012"));
+  EXPECT_TRUE(is_shard_folder_name("12345"));
+  EXPECT_FALSE(is_shard_folder_name("012"));
+  EXPECT_FALSE(is_shard_folder_name("00a1"));
+  EXPECT_THROW(parse_cache_layout("nested"), Error);
+}
+
+TEST_F(HiddenCacheStoreTest, LookupFindsEachFileInEitherLayout) {
+  const CacheStore store(options());  // writes flat; reads both
+  auto sharded = options();
+  sharded.layout = CacheLayout::kSharded;
+  const CacheStore sharded_store(sharded);
+  write_sample(store.path_for(3), 3);
+  write_sample(sharded_store.path_for_writing(1003), 4);
+  write_sample(store.path_for(5), 5);
+  for (int pass = 0; pass < 2; ++pass) {  // whichever layout the previous file was found in
+    for (const auto& [row, tokens, path] : std::vector<std::tuple<int, int, std::string>>{
+             {3, 3, (dir_ / "cache" / "hs_3.safetensors").string()},
+             {1003, 4, (dir_ / "cache" / "0001" / "hs_1003.safetensors").string()},
+             {5, 5, (dir_ / "cache" / "hs_5.safetensors").string()}}) {
+      for (const CacheStore* reader : {&store, &sharded_store}) {
+        auto found = reader->lookup(row);
+        ASSERT_TRUE(found.ok()) << found.error().what();
+        ASSERT_TRUE(found.value().has_value()) << row;
+        EXPECT_EQ(found.value()->token_ids.shape[0], tokens);
+        EXPECT_EQ(found.value()->file->path(), path);
+      }
+    }
+  }
+  auto missing = sharded_store.lookup(4);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing.value().has_value());
+  EXPECT_EQ(store.paths_text(4), (dir_ / "cache" / "hs_4.safetensors").string() + " (or " +
+                                     (dir_ / "cache" / "0000" / "hs_4.safetensors").string() + ")");
+}
+
+TEST_F(HiddenCacheStoreTest, AdoptIntoTheShardedLayoutReplacesTheFlatFile) {
+  auto o = options();
+  o.layout = CacheLayout::kSharded;
+  const CacheStore store(o);
+  write_sample((dir_ / "cache" / "hs_2001.safetensors").string(), 2);  // an older flat file
+  const std::string source = (dir_ / "server" / "gen.safetensors").string();
+  write_sample(source, 6);
+  store.adopt(2001, source);
+  EXPECT_TRUE(fs::exists(dir_ / "cache" / "0002" / "hs_2001.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "cache" / "hs_2001.safetensors"));
+  auto found = store.lookup(2001);
+  ASSERT_TRUE(found.ok() && found.value().has_value());
+  EXPECT_EQ(found.value()->token_ids.shape[0], 6);
+  // A copy a killed process left in a shard folder is found and removed there too.
+  const std::string stale = (dir_ / "cache" / "0002" / ".hs_2002.safetensors.adopt-").string() +
+                            [] {
+                              char name[256] = {};
+                              ::gethostname(name, sizeof(name) - 1);
+                              return std::string(name);
+                            }() +
+                            "-999999999-0";
+  { std::ofstream(stale).put('x'); }
+  EXPECT_EQ(store.remove_stale_temporaries(), 1);
+  EXPECT_FALSE(fs::exists(stale));
 }
 
 }  // namespace

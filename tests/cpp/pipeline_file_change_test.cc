@@ -1,8 +1,10 @@
 // Cache files that change while an epoch reads them (another process truncating, rewriting or
 // deleting them between the fetch, which maps and checks a file, and the copy into the batch):
 // no SIGBUS reaches the process; a truncated or rewritten sample is dropped as invalid with the
-// reason and its file named; a deleted one is still read whole (the mapping keeps it). Suites are
-// named Pipeline* so CI also runs them under ThreadSanitizer.
+// reason and its file named; a deleted one is still read whole (the mapping keeps it). Both ways
+// the copy takes a cache file's rows (CacheCopy: read through the descriptor, as on a local disk,
+// or from the mapping, as on a network file system). Suites are named Pipeline* so CI also runs
+// them under ThreadSanitizer.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -82,7 +84,8 @@ class ChangingSource : public SampleSource {
   std::shared_ptr<const CacheStore> store_;
 };
 
-class PipelineFileChangeTest : public TempFolderTest {
+class PipelineFileChangeTest : public TempFolderTest,
+                               public ::testing::WithParamInterface<CacheCopy> {
  protected:
   void SetUp() override {
     make_temp_folder("pipeline_file_change", {"cache"});
@@ -105,6 +108,7 @@ class PipelineFileChangeTest : public TempFolderTest {
     CacheSourceOptions options;
     options.hidden_states_path = (dir_ / "cache").string();
     options.on_missing = OnMissing::kWarn;
+    options.copy = GetParam();
     store_ = std::make_shared<const CacheStore>(options.store());
     source_ = std::make_shared<ChangingSource>(std::make_shared<CacheSampleSource>(store_, options),
                                                store_);
@@ -165,7 +169,7 @@ bool any_contains(const std::vector<std::string>& messages, const std::string& a
   return false;
 }
 
-TEST_F(PipelineFileChangeTest, TruncatedRewrittenAndDeletedFilesNeverCrashTheEpoch) {
+TEST_P(PipelineFileChangeTest, TruncatedRewrittenAndDeletedFilesNeverCrashTheEpoch) {
   SKIP_WHERE_SIGBUS_CANNOT_BE_RECOVERED();
   source_->changes = {{1, Change::kTruncateToZero},
                       {4, Change::kTruncateTail},
@@ -188,7 +192,7 @@ TEST_F(PipelineFileChangeTest, TruncatedRewrittenAndDeletedFilesNeverCrashTheEpo
   EXPECT_EQ(kept, kRows - 3);
 }
 
-TEST_F(PipelineFileChangeTest, ATruncatedFileIsDroppedAtTheFetchWhenItIsGoneBeforeTheCheck) {
+TEST_P(PipelineFileChangeTest, ATruncatedFileIsDroppedAtTheFetchWhenItIsGoneBeforeTheCheck) {
   // Truncated before the fetch maps it: refused as a corrupt file, by the policy for invalid files.
   ASSERT_EQ(::truncate(store_->path_for(5).c_str(), 0), 0);
   std::vector<std::string> drops;
@@ -198,6 +202,12 @@ TEST_F(PipelineFileChangeTest, ATruncatedFileIsDroppedAtTheFetchWhenItIsGoneBefo
   EXPECT_TRUE(any_contains(drops, "hs_5.safetensors", "shorter than the 8-byte header"));
   EXPECT_EQ(kept, kRows - 1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Copies, PipelineFileChangeTest,
+                         ::testing::Values(CacheCopy::kRead, CacheCopy::kMap),
+                         [](const ::testing::TestParamInfo<CacheCopy>& info) {
+                           return std::string(cache_copy_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace draftfeed

@@ -24,12 +24,7 @@ namespace {
 bool file_cached(int fd, std::size_t size) {
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) return false;
-  static const auto kPage = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const auto resident = [&](std::size_t offset) {
-    unsigned char page = 0;
-    return ::mincore(static_cast<char*>(map) + offset, 1, &page) == 0 && (page & 1) != 0;
-  };
-  const bool cached = resident(0) && resident((size - 1) / kPage * kPage);
+  const bool cached = mapped_file_cached(map, size);
   ::munmap(map, size);
   return cached;
 }
@@ -81,27 +76,44 @@ std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   const off_t size = size_to_read(fd, skip_cached);
-  std::size_t done = 0;
-  if (size > 0) {
-    // The kernel's readahead for this file may grow to twice the device's window.
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    const int sink = null_sink();
-    off_t offset = 0;
-    while (offset < size && (stop == nullptr || !stop->load(std::memory_order_relaxed))) {
-      const std::size_t step = std::min(kReadStep, static_cast<std::size_t>(size - offset));
-      const ssize_t n = sink < 0 ? -1 : ::sendfile(sink, fd, &offset, step);
-      if (n > 0) continue;  // sendfile moved `offset` on
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && offset == 0) {
-        // No sendfile from this file system (or no /dev/null): ask for the pages instead.
-        offset = static_cast<off_t>(advise(fd, 0, static_cast<std::size_t>(size), chunk));
-      }
-      break;  // an error, or the file shrank meanwhile: what was read stays read
-    }
-    done = static_cast<std::size_t>(offset);
-  }
+  const std::size_t done =
+      size > 0 ? read_open_file_into_page_cache(fd, static_cast<std::size_t>(size), chunk, stop)
+               : 0;
   ::close(fd);
   return done;
+}
+
+std::size_t read_open_file_into_page_cache(int fd, std::size_t size, std::size_t chunk,
+                                           const std::atomic<bool>* stop) {
+  if (size == 0) return 0;
+  // The kernel's readahead for this file may grow to twice the device's window.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const int sink = null_sink();
+  off_t offset = 0;
+  const auto end = static_cast<off_t>(size);
+  while (offset < end && (stop == nullptr || !stop->load(std::memory_order_relaxed))) {
+    const std::size_t step = std::min(kReadStep, static_cast<std::size_t>(end - offset));
+    const ssize_t n = sink < 0 ? -1 : ::sendfile(sink, fd, &offset, step);
+    if (n > 0) continue;  // sendfile moved `offset` on
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && offset == 0) {
+      // No sendfile from this file system (or no /dev/null): ask for the pages instead.
+      offset = static_cast<off_t>(advise(fd, 0, size, chunk));
+    }
+    break;  // an error, or the file shrank meanwhile: what was read stays read
+  }
+  return static_cast<std::size_t>(offset);
+}
+
+bool mapped_file_cached(const void* data, std::size_t size) {
+  if (data == nullptr || size == 0) return true;
+  static const auto kPage = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  auto* base = static_cast<char*>(const_cast<void*>(data));
+  const auto resident = [&](std::size_t offset) {
+    unsigned char page = 0;
+    return ::mincore(base + offset, 1, &page) == 0 && (page & 1) != 0;
+  };
+  return resident(0) && resident((size - 1) / kPage * kPage);
 }
 
 }  // namespace draftfeed

@@ -12,7 +12,7 @@
 // under 1 MiB) and the queue holds 100+ of them; the device delivered 0.6-1.3 GB/s that way,
 // against 1.6-2.3 GB/s for the same files read sequentially by two threads, whose kernel readahead
 // allocates large folios (3-3.5 MiB requests, 5 in flight). Reading is what the disk bound does, so
-// it is the default (cache_readahead.h).
+// it is the default (hidden/cache_prefetch.h).
 //
 // A file whose first and last pages are in the page cache (asked with mincore, which starts no
 // I/O) is taken as read and skipped when `skip_cached`: a file is read from its start, so its end
@@ -45,5 +45,15 @@ inline constexpr std::size_t kReadStep = std::size_t{8} << 20;
 std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk = kReadaheadChunk,
                                       bool skip_cached = true,
                                       const std::atomic<bool>* stop = nullptr);
+
+// The same for a file already open as `fd` and `size` bytes long (its size when opened): no open,
+// no stat (on a network file system each is a round trip). Does not close `fd`.
+std::size_t read_open_file_into_page_cache(int fd, std::size_t size,
+                                           std::size_t chunk = kReadaheadChunk,
+                                           const std::atomic<bool>* stop = nullptr);
+
+// Whether the first and the last page of the `size` bytes mapped at `data` are in the page cache
+// (mincore: no I/O started): the test read_file_into_page_cache's `skip_cached` makes.
+bool mapped_file_cached(const void* data, std::size_t size);
 
 }  // namespace draftfeed

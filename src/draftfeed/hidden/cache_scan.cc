@@ -26,6 +26,7 @@ constexpr std::int64_t kChunkRows = 8;
 
 struct ThreadTally {
   std::array<std::int64_t, kScanStatusCount> counts{};
+  std::array<std::int64_t, kCacheLayoutCount> layouts{};
   std::array<std::vector<ScanExample>, kScanStatusCount> examples;
   std::uint64_t bytes = 0;
   std::vector<std::uint8_t> copy_buffer;  // kMemcpy and kPread only
@@ -111,6 +112,8 @@ void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
   }
   const HiddenStateSample& sample = *found.value();
   tally.bytes += sample.file->file_size();
+  const bool flat = sample.file->path() == cache_file_path(store.root(), row, CacheLayout::kFlat);
+  ++tally.layouts[static_cast<std::size_t>(flat ? CacheLayout::kFlat : CacheLayout::kSharded)];
   if (options.mode == ScanMode::kMemcpy) {
     const auto& mapping = sample.file->mapping();
     if (tally.copy_buffer.size() < mapping->size()) tally.copy_buffer.resize(mapping->size());
@@ -215,6 +218,7 @@ CacheScanReport scan_cache(const CacheStore& store, std::int64_t num_rows,
   for (auto& tally : tallies) {
     report.bytes += tally.bytes;
     report.read_checksum ^= tally.read_checksum;
+    for (std::size_t l = 0; l < report.layouts.size(); ++l) report.layouts[l] += tally.layouts[l];
     for (std::size_t s = 0; s < kScanStatusCount; ++s) {
       report.counts[s] += tally.counts[s];
       auto& examples = report.examples[s];

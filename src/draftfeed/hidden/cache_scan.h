@@ -1,5 +1,6 @@
-// A whole-cache scan (`draftfeed verify`): every row's file checked against its dataset row on a
-// pool of threads, counted by outcome, with the first few examples of each problem.
+// A whole-cache scan (`draftfeed verify`): every row's file (flat or sharded: cache_layout.h)
+// checked against its dataset row on a pool of threads, counted by outcome and by layout, with the
+// first few examples of each problem. Row by row: no folder is listed.
 //
 // Give the store `LockMode::kProbe` for a read-only scan: a file whose writer holds its lock is
 // then counted as locked at once, and no lock file is removed.
@@ -55,6 +56,7 @@ struct CacheScanReport {
   std::array<std::int64_t, kScanStatusCount> counts{};
   std::array<std::vector<ScanExample>, kScanStatusCount> examples;  // lowest rows first
   std::uint64_t bytes = 0;                                          // sizes of the files opened
+  std::array<std::int64_t, kCacheLayoutCount> layouts{};  // files found, by layout (cache_layout.h)
   double seconds = 0;
   unsigned threads = 0;
   // kRead only: the XOR of every 8-byte word read (zero-padded tail), so the reads are not

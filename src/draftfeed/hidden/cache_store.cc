@@ -10,8 +10,9 @@
 #include <cerrno>
 #include <filesystem>
 #include <string_view>
-#include <thread>
 #include <vector>
+
+#include "draftfeed/common/poll_backoff.h"
 
 namespace draftfeed {
 
@@ -138,7 +139,8 @@ long temporary_pid(const std::string& name, const std::string& host) {
 
 std::optional<Error> wait_for_lock(const std::string& lock_path,
                                    std::chrono::duration<double> timeout,
-                                   std::chrono::duration<double> poll, LockMode mode) {
+                                   std::chrono::duration<double> poll, LockMode mode,
+                                   std::int64_t* attempts) {
   // Read-write as the reference opens it; a probe only needs to read.
   const int fd =
       ::open(lock_path.c_str(), (mode == LockMode::kWait ? O_RDWR : O_RDONLY) | O_CLOEXEC);
@@ -149,9 +151,12 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
   // A probe takes a shared lock: it conflicts with the writer's exclusive one, not with other
   // probes.
   const int operation = (mode == LockMode::kWait ? LOCK_EX : LOCK_SH) | LOCK_NB;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
-  while (::flock(fd, operation) != 0) {
+  // No file system notifies a waiter here (network ones have no inotify): ask again, less and less
+  // often (common/poll_backoff.h), at most `poll` apart.
+  PollBackoff backoff(timeout, poll);
+  while (true) {
+    if (attempts != nullptr) ++*attempts;
+    if (::flock(fd, operation) == 0) break;
     const int err = errno;
     if (err == EINTR) continue;
     if (err != EWOULDBLOCK) {
@@ -162,12 +167,11 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
       ::close(fd);
       return Error(ErrorKind::kTimeout, lock_path + ": locked by a writer (not waited for)");
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (!backoff.wait()) {
       ::close(fd);
       return Error(ErrorKind::kTimeout, lock_path + ": timed out after " + seconds_text(timeout) +
                                             " waiting for the writer's lock");
     }
-    std::this_thread::sleep_for(poll);
   }
   ::close(fd);  // releases the lock
   // The writer has let go: the data file is complete and may be read. Removing the lock file is
@@ -195,7 +199,21 @@ CacheStore::CacheStore(CacheStoreOptions options) : options_(std::move(options))
 }
 
 std::string CacheStore::path_for(std::int64_t row) const {
-  return (fs::path(options_.root) / ("hs_" + std::to_string(row) + ".safetensors")).string();
+  return cache_file_path(options_.root, row, options_.layout);
+}
+
+std::string CacheStore::path_for_writing(std::int64_t row) const {
+  std::string path = path_for(row);
+  const std::string folder = fs::path(path).parent_path().string();
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw Error(ErrorKind::kIo, folder + ": cannot create the folder: " + ec.message());
+  return path;
+}
+
+std::string CacheStore::paths_text(std::int64_t row) const {
+  return cache_file_path(options_.root, row, CacheLayout::kFlat) + " (or " +
+         cache_file_path(options_.root, row, CacheLayout::kSharded) + ")";
 }
 
 Result<std::string> CacheStore::confine(const std::string& path) const {
@@ -234,7 +252,19 @@ Result<std::optional<HiddenStateSample>> CacheStore::read_with_lock(const std::s
 
 Result<std::optional<HiddenStateSample>> CacheStore::lookup(std::int64_t row,
                                                             MapOptions map) const {
-  return read_with_lock(path_for(row), map);
+  const auto first = static_cast<CacheLayout>(found_in_.load(std::memory_order_relaxed));
+  const CacheLayout second =
+      first == CacheLayout::kFlat ? CacheLayout::kSharded : CacheLayout::kFlat;
+  for (const CacheLayout layout : {first, second}) {
+    auto found = read_with_lock(cache_file_path(options_.root, row, layout), map);
+    if (!found.ok() || found.value()) {
+      if (layout != first) {
+        found_in_.store(static_cast<std::uint8_t>(layout), std::memory_order_relaxed);
+      }
+      return found;
+    }
+  }
+  return std::optional<HiddenStateSample>();
 }
 
 Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& path,
@@ -253,14 +283,13 @@ void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) con
   if (::stat(from.c_str(), &st) != 0) throw os_error("cannot adopt", from, errno);
   if (!S_ISREG(st.st_mode))
     throw Error(ErrorKind::kIo, from + ": cannot adopt: not a regular file");
-  std::error_code ec;
-  fs::create_directories(options_.root, ec);
-  if (ec)
-    throw Error(ErrorKind::kIo, options_.root + ": cannot create the folder: " + ec.message());
-
-  const std::string target = path_for(row);
+  const std::string target = path_for_writing(row);
+  const std::string folder = fs::path(target).parent_path().string();
   if (!options_.force_copy_on_adopt) {
-    if (::rename(from.c_str(), target.c_str()) == 0) return;
+    if (::rename(from.c_str(), target.c_str()) == 0) {
+      remove_other_layout(row);
+      return;
+    }
     if (errno != EXDEV) throw os_error("cannot move " + from + " to", target, errno);
   }
   // Across file systems: the copy goes to a temporary name in the root, so the final name only
@@ -268,7 +297,7 @@ void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) con
   // The name says which process of which host writes it, so that a later run can tell a copy
   // orphaned by a killed process from one under way (remove_stale_temporaries).
   const std::string temp =
-      (fs::path(options_.root) /
+      (fs::path(folder) /
        (".hs_" + std::to_string(row) + std::string(kAdoptMark) + host_name() + "-" +
         std::to_string(::getpid()) + "-" + std::to_string(adopt_counter.fetch_add(1))))
           .string();
@@ -283,7 +312,8 @@ void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) con
     ::unlink(temp.c_str());
     throw os_error("cannot move " + temp + " to", target, err);
   }
-  fsync_folder(options_.root);
+  fsync_folder(folder);
+  remove_other_layout(row);
   if (::unlink(from.c_str()) != 0 && errno != ENOENT) {
     throw os_error("copied into the cache but cannot remove the source", from, errno);
   }
@@ -292,15 +322,33 @@ void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) con
 std::int64_t CacheStore::remove_stale_temporaries() const {
   const std::string host = host_name();
   std::int64_t removed = 0;
-  std::error_code ec;
-  for (fs::directory_iterator it(options_.root, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const long pid = temporary_pid(name, host);
-    if (pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // it still runs
-    if (::unlink(it->path().c_str()) == 0) ++removed;
+  std::vector<fs::path> folders{options_.root};
+  for (std::size_t f = 0; f < folders.size(); ++f) {
+    std::error_code ec;
+    for (fs::directory_iterator it(folders[f], ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      // The shard folders too (one level: that is where the sharded layout writes).
+      std::error_code type_ec;
+      if (f == 0 && is_shard_folder_name(name) && it->is_directory(type_ec)) {
+        folders.push_back(it->path());
+        continue;
+      }
+      const long pid = temporary_pid(name, host);
+      if (pid <= 0) continue;
+      if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // it still runs
+      if (::unlink(it->path().c_str()) == 0) ++removed;
+    }
   }
   return removed;
+}
+
+void CacheStore::remove_other_layout(std::int64_t row) const {
+  const CacheLayout other =
+      options_.layout == CacheLayout::kFlat ? CacheLayout::kSharded : CacheLayout::kFlat;
+  const std::string path = cache_file_path(options_.root, row, other);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT && errno != ENOTDIR) {
+    throw os_error("cannot remove the file of the other layout", path, errno);
+  }
 }
 
 void CacheStore::remove(const std::string& path) const {

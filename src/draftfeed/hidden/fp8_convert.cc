@@ -53,9 +53,23 @@ std::uint64_t copy_sample(const std::string& path, const HiddenStateSample& samp
   return 8 + safetensors_header(tensors, metadata).size() + bytes;
 }
 
-void convert_row(const CacheStore& source, const CacheStore* target, std::int64_t row,
-                 const RowIds& ids, const CacheConvertOptions& options, ThreadTally& tally,
-                 CacheConvertProgress* progress) {
+// Moves `from` to `to` (same folder tree, so a rename). Throws Error(kIo) naming both.
+void move_file(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::rename(from, to, ec);
+  if (ec) throw Error(ErrorKind::kIo, "cannot move " + from + " to " + to + ": " + ec.message());
+}
+
+void remove_file(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) throw Error(ErrorKind::kIo, "cannot remove " + path + ": " + ec.message());
+}
+
+// `relayout`: in place with a layout asked for (a store writing that layout), else null.
+void convert_row(const CacheStore& source, const CacheStore* target, const CacheStore* relayout,
+                 std::int64_t row, const RowIds& ids, const CacheConvertOptions& options,
+                 ThreadTally& tally, CacheConvertProgress* progress) {
   CacheConvertReport& report = tally.report;
   auto found = source.lookup(row);
   if (!found.ok()) {
@@ -80,21 +94,29 @@ void convert_row(const CacheStore& source, const CacheStore* target, std::int64_
   write.fsync = options.fsync;
   const bool is_fp8 = sample.hidden_states.dtype == DType::kF8E4M3;
   if (target == nullptr) {
+    // In place: where the file is, or where the layout asked for puts it.
+    const std::string& here = sample.file->path();
+    const std::string there = relayout != nullptr ? relayout->path_for_writing(row) : here;
     if (is_fp8) {
       ++report.already_fp8;
       after = before;
+      if (there != here) {
+        move_file(here, there);
+        ++report.moved;
+      }
     } else {
-      after = write_fp8_sample(source.path_for(row), sample, write).bytes;
+      after = write_fp8_sample(there, sample, write).bytes;
+      if (there != here) remove_file(here);  // the new file is complete: the old one goes
       ++report.converted;
     }
   } else if (const auto existing = valid_fp8(*target, row, ids)) {
     ++report.already_fp8;
     after = existing->file->file_size();
   } else if (is_fp8) {
-    after = copy_sample(target->path_for(row), sample, write);
+    after = copy_sample(target->path_for_writing(row), sample, write);
     ++report.copied;
   } else {
-    after = write_fp8_sample(target->path_for(row), sample, write).bytes;
+    after = write_fp8_sample(target->path_for_writing(row), sample, write).bytes;
     ++report.converted;
   }
   report.bytes_before += before;
@@ -129,7 +151,14 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
     CacheStoreOptions target_options = source.options();
     target_options.root = options.target_root;
     target_options.lock_mode = LockMode::kProbe;
+    target_options.layout = options.layout.value_or(CacheLayout::kFlat);
     target.emplace(target_options);
+  }
+  std::optional<CacheStore> relayout;
+  if (options.target_root.empty() && options.layout) {
+    CacheStoreOptions relayout_options = source.options();
+    relayout_options.layout = *options.layout;
+    relayout.emplace(relayout_options);
   }
 
   const std::int64_t rows = std::max<std::int64_t>(0, end - begin);
@@ -141,8 +170,8 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
   const auto start = std::chrono::steady_clock::now();
   run_workers(threads, [&](unsigned index, const std::atomic<bool>& stop) {
     for (std::int64_t row = next++; row < end && !stop; row = next++) {
-      convert_row(source, target ? &*target : nullptr, row, ids_of_row(row), options,
-                  tallies[index], progress);
+      convert_row(source, target ? &*target : nullptr, relayout ? &*relayout : nullptr, row,
+                  ids_of_row(row), options, tallies[index], progress);
       if (progress != nullptr) ++progress->rows_done;
     }
   });
@@ -155,6 +184,7 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
     const CacheConvertReport& t = tally.report;
     report.converted += t.converted;
     report.already_fp8 += t.already_fp8;
+    report.moved += t.moved;
     report.copied += t.copied;
     report.missing += t.missing;
     report.bytes_before += t.bytes_before;

@@ -30,8 +30,12 @@ namespace draftfeed {
 
 struct CacheConvertOptions {
   std::string target_root;  // empty: convert in place, in the source store's root
-  unsigned threads = 0;     // 0: one per core
-  bool fsync = false;       // fsync each file before its rename
+  // Where the FP8 files go (cache_layout.h). Unset: in place, each file stays where it is; into
+  // another folder, flat. Set in place, a file in the other layout moves there (written anew,
+  // or renamed when already FP8), so the whole cache ends up in one layout.
+  std::optional<CacheLayout> layout;
+  unsigned threads = 0;  // 0: one per core
+  bool fsync = false;    // fsync each file before its rename
   std::size_t max_examples = 5;
 };
 
@@ -46,6 +50,7 @@ struct CacheConvertReport {
   std::int64_t rows = 0;
   std::int64_t converted = 0;    // quantized and written
   std::int64_t already_fp8 = 0;  // FP8 already (in place), or a valid FP8 target kept
+  std::int64_t moved = 0;        // of those in place, renamed into the layout asked for
   std::int64_t copied = 0;       // FP8 sources copied into the target folder
   std::int64_t missing = 0;      // no source file
   // Files left as they are, by what verify would call them (corrupt, mismatched, nonfinite,

@@ -113,6 +113,9 @@ void Loader::stop() {
 PipelineMetrics Loader::metrics() const {
   PipelineMetrics metrics = pipeline_->metrics();
   if (device_stage_) device_stage_->fill_metrics(metrics);
+  if (const auto* cache = dynamic_cast<const CacheSampleSource*>(options_.source.get())) {
+    metrics.prefetch = cache->prefetch_stats();
+  }
   return metrics;
 }
 

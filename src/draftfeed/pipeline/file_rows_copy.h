@@ -38,7 +38,8 @@ struct FileRowsCopy {
   bool unreadable = false;
 };
 
-// Whether `sample` can be copied by copy_file_rows (a file opened with its descriptor kept).
+// Whether `sample` is copied by copy_file_rows (a file opened with its descriptor kept, whose rows
+// its source wants read: FetchedSample::read_rows).
 bool can_read_file_rows(const FetchedSample& sample);
 
 // copy_sample_rows for rows [first, last) of `sample`, read from its file.

@@ -132,9 +132,10 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
   stopping_ = false;
   // The source's blocked fetches get threads of their own (SampleSource::blocking_fetches).
   workers_ = std::make_unique<ThreadPool>(options_.num_threads + source_->blocking_fetches());
-  scheduler_ = std::thread([this, epoch, plan = std::move(batches)]() mutable {
-    run_scheduler(epoch, std::move(plan));
-  });
+  // Shared with the source, which reads the epoch ahead (SampleSource::will_need).
+  auto plan = std::make_shared<const std::vector<PlannedBatch>>(std::move(batches));
+  scheduler_ = std::thread(
+      [this, epoch, plan = std::move(plan)]() mutable { run_scheduler(epoch, std::move(plan)); });
 }
 
 void Pipeline::stop() {
@@ -170,7 +171,12 @@ void Pipeline::stop_locked() {
   in_flight_ = 0;
 }
 
-void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
+void Pipeline::run_scheduler(std::uint64_t epoch,
+                             std::shared_ptr<const std::vector<PlannedBatch>> plan) {
+  // The whole epoch, before any buffer is free: a source that opens and reads ahead (cache files
+  // on a network file system) starts now, as far ahead as its own budgets allow.
+  source_->will_need(plan);
+  const std::vector<PlannedBatch>& batches = *plan;
   if (cuda_) {
     // This thread asks the runtime whether a buffer's device reads have passed.
     try {
@@ -200,7 +206,7 @@ void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batc
     auto job = std::make_shared<Job>();
     job->sequence = static_cast<std::int64_t>(s);
     job->epoch = epoch;
-    job->plan = std::move(batches[s]);
+    job->plan = batches[s];  // a copy: the source may still be reading the plan
     job->buffer = std::move(buffer);
     const std::size_t n = job->plan.rows.size();
     job->outcomes.resize(n);
@@ -214,9 +220,6 @@ void Pipeline::run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batc
       std::lock_guard lock(mutex_);
       ++in_flight_;
     }
-    // The batch's reads start now, before its fetch tasks reach a thread (the threads may still
-    // be copying earlier batches): cold files stream in while earlier batches are assembled.
-    source_->will_need(job->plan.rows);
     if (n == 0) {
       workers_->submit(job->sequence, [this, job] { place_and_copy(job); });
       continue;

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,18 +38,12 @@
 #include "draftfeed/cuda/cuda_runtime.h"
 #include "draftfeed/cuda/device_worker.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
-
-// One batch of the epoch's plan: its position in the full plan (what resume records) and its
-// samples as global dataset rows, in packing order.
-struct PlannedBatch {
-  std::int64_t index = 0;
-  std::vector<std::int64_t> rows;
-};
 
 struct PipelineOptions {
   int num_threads = 2;   // fetch + assembly threads (plus the source's blocking_fetches())
@@ -139,6 +134,9 @@ struct PipelineMetrics {
   std::size_t device_held_slot_bytes = 0;
   std::size_t device_bytes = 0;
   std::size_t device_peak_bytes = 0;
+  // The cache source's opening and reading ahead (hidden/cache_prefetch.h), when that is the
+  // source (filled by the Loader).
+  std::optional<CachePrefetchStats> prefetch;
 };
 
 // Where each tensor of a batch lies in its buffer (the layout's slots).
@@ -182,7 +180,7 @@ class Pipeline {
   struct Job;
   void stop_locked();  // stop() with control_mutex_ held
   void schedule(std::shared_ptr<Job> first);
-  void run_scheduler(std::uint64_t epoch, std::vector<PlannedBatch> batches);
+  void run_scheduler(std::uint64_t epoch, std::shared_ptr<const std::vector<PlannedBatch>> batches);
   void fetch_sample(const std::shared_ptr<Job>& job, std::size_t i);
   void place_and_copy(const std::shared_ptr<Job>& job);
   void copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,

@@ -2,9 +2,11 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "draftfeed/common/enum_names.h"
+#include "draftfeed/common/file_system.h"
 #include "draftfeed/common/fp8.h"
 #include "draftfeed/hidden/validate.h"
 
@@ -25,7 +27,19 @@ constexpr std::array<EnumName<OnMissing>, 4> kOnMissingNames = {{
     {OnMissing::kRaise, "raise"},
 }};
 
+constexpr std::array<EnumName<CacheCopy>, 3> kCacheCopyNames = {{
+    {CacheCopy::kAuto, "auto"},
+    {CacheCopy::kRead, "read"},
+    {CacheCopy::kMap, "map"},
+}};
+
 }  // namespace
+
+CacheCopy parse_cache_copy(std::string_view text) {
+  return parse_enum(text, kCacheCopyNames, "cache copy (DRAFTFEED_CACHE_COPY)");
+}
+
+const char* cache_copy_name(CacheCopy copy) { return enum_name(copy, kCacheCopyNames); }
 
 OnMissing parse_on_missing(std::string_view text) {
   return parse_enum(text, kOnMissingNames, "on_missing");
@@ -39,6 +53,16 @@ void CacheSourceOptions::validate() const {
           std::string("fp8_dequantize_dtype: FP8 values dequantize into bfloat16, float16 or "
                       "float32 (FP8Transfer's dequantize_dtype), got ") +
               torch_dtype_name(fp8_dequantize_dtype));
+}
+
+bool CacheSourceOptions::rows_are_read() const {
+  CacheCopy chosen = copy;
+  if (chosen == CacheCopy::kAuto) {
+    const char* env = std::getenv("DRAFTFEED_CACHE_COPY");  // NOLINT(concurrency-mt-unsafe)
+    if (env != nullptr && *env != '\0') chosen = parse_cache_copy(env);
+  }
+  if (chosen == CacheCopy::kAuto) return !on_network_file_system(hidden_states_path);
+  return chosen == CacheCopy::kRead;
 }
 
 CacheStoreOptions CacheSourceOptions::store() const {
@@ -65,43 +89,58 @@ CacheSampleSource::CacheSampleSource(const CacheSourceOptions& options)
     : CacheSampleSource(std::make_shared<const CacheStore>(checked(options).store()), options) {}
 
 CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
-                                     const CacheSourceOptions& options)
+                                     const CacheSourceOptions& options,
+                                     CachePrefetchOptions prefetch)
     : store_(std::move(store)),
       options_(checked(options)),
-      readahead_(std::make_unique<CacheReadahead>()) {}
+      read_rows_(options_.rows_are_read()),
+      prefetch_(std::make_unique<CachePrefetch>(
+          // Header only, descriptor kept: the rows are read through it (the prefetch's read
+          // ahead, then the copy), never around the header's page when thousands of files are
+          // opened ahead.
+          [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
+          prefetch)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
-  readahead_->reached(global_row);
-  auto found = store_->lookup(global_row, kMapForRowReads);
+  // Opened (and read) ahead, or, when the prefetch has not got there, opened now and read whole
+  // before the copy's preads (as the prefetch would have: read_before_copy).
+  std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
+  if (!prepared) {
+    prepared.emplace(store_->lookup(global_row, kMapForRowReads));
+    if (prepared->ok() && prepared->value()) read_before_copy(*prepared->value()->file->mapping());
+  }
+  CachePrefetch::Prepared found = std::move(*prepared);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  row_text(global_row) + ": " + found.error().what());
   }
   if (!found.value()) {
     const std::string message =
-        row_text(global_row) + ": no cached hidden states at " + store_->path_for(global_row);
+        row_text(global_row) + ": no cached hidden states at " + store_->paths_text(global_row);
     if (options_.on_missing == OnMissing::kRaise)
       return FetchOutcome::dropped(DropReason::kMissing, message, true);
     if (options_.on_missing == OnMissing::kWarn)
       std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
     return FetchOutcome::dropped(DropReason::kMissing, message);
   }
-  return check(global_row, input_ids, *found.value(), options_.fp8_dequantize_dtype);
+  return check(global_row, input_ids, *found.value(), options_.fp8_dequantize_dtype, read_rows_);
 }
 
-void CacheSampleSource::will_need(std::span<const std::int64_t> rows) {
-  std::vector<std::pair<std::int64_t, std::string>> files;
-  files.reserve(rows.size());
-  for (const std::int64_t row : rows) files.emplace_back(row, store_->path_for(row));
-  readahead_->add(std::move(files));
+void CacheSampleSource::will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) {
+  PrefetchPlan plan;
+  plan.batches.reserve(batches->size());
+  for (const PlannedBatch& batch : *batches) plan.batches.emplace_back(batch.rows);
+  plan.owner = std::move(batches);
+  prefetch_->plan(std::move(plan));
 }
 
-void CacheSampleSource::interrupt() { readahead_->clear(); }
+void CacheSampleSource::interrupt() { prefetch_->clear(); }
 
-void CacheSampleSource::resume() { readahead_->clear(); }
+void CacheSampleSource::resume() { prefetch_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
-                                      const HiddenStateSample& sample, DType fp8_dequantize_dtype) {
+                                      const HiddenStateSample& sample, DType fp8_dequantize_dtype,
+                                      bool read_rows) {
   // Values are checked for NaN/Inf later, inside the copy into the batch (one read of the bytes).
   const SampleCheck check = validate_sample(sample, input_ids, global_row, ValueCheck::kSkip);
   if (!check.ok()) {
@@ -125,6 +164,13 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
   // checks touched through the mapping (header, token ids, FP8 scales; on a file system with large
   // folios a fault maps a whole 2 MiB folio) leave this process's memory now.
   if (fetched.file->fd() >= 0) fetched.file->release(0, fetched.file->size());
+  if (!read_rows) {
+    // A network file system (CacheCopy): the copy takes the rows from the mapping, its pages in
+    // the page cache already (read ahead, or read before the copy); should some have left it, a
+    // fault reads around it again instead of page by page (header_only's MADV_RANDOM ends).
+    fetched.read_rows = false;
+    fetched.file->advise_normal();
+  }
   return FetchOutcome::ok(std::move(fetched));
 }
 

@@ -1,5 +1,8 @@
-// The offline sample source: hidden states from the cache folder (`hs_<row>.safetensors`), checked
-// against the dataset row before anything is copied. Finiteness is checked later, inside the copy.
+// The offline sample source: hidden states from the cache folder (`hs_<row>.safetensors`, flat or
+// sharded: cache_layout.h), checked against the dataset row before anything is copied. Finiteness
+// is checked later, inside the copy. The epoch's files are opened and read ahead in plan order
+// (cache_prefetch.h), so a cold cache streams at the disk's speed and a network file system's
+// round trips overlap instead of adding up.
 // Files may be bf16/f16/f32 or hs-connectors' FP8 (F8_E4M3 with per-token scales), mixed in one
 // folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize_dtype`.
 #pragma once
@@ -9,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "draftfeed/hidden/cache_readahead.h"
+#include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/source/sample_source.h"
 
@@ -21,6 +24,18 @@ enum class OnMissing : std::uint8_t { kGenerate, kSkip, kWarn, kRaise };
 OnMissing parse_on_missing(std::string_view text);  // throws kInvalidArgument naming the choices
 const char* on_missing_name(OnMissing on_missing);
 
+// How the batch copy takes a cache file's rows: read through the file's descriptor
+// (pipeline/file_rows_copy.h), or from its mapping. kAuto: mapped when the cache folder is on a
+// network or FUSE file system (common/file_system.h: there each read() of a file whose attributes
+// the client holds longer than its attribute timeout asks the server for them first, one round
+// trip per file in the copy, while a fault on a mapping of cached pages asks nothing; the prefetch
+// has read the file into the page cache by then), read otherwise. The environment variable
+// DRAFTFEED_CACHE_COPY (read, map or auto) overrides kAuto, for tests and for a file system the
+// check does not know.
+enum class CacheCopy : std::uint8_t { kAuto, kRead, kMap };
+CacheCopy parse_cache_copy(std::string_view text);  // throws kInvalidArgument naming the choices
+const char* cache_copy_name(CacheCopy copy);
+
 // The cache folder and how it is read: the cache source's options, and the online source's cache
 // (it looks there first).
 struct CacheSourceOptions {
@@ -31,6 +46,12 @@ struct CacheSourceOptions {
   // FP8 files' values are dequantized in this dtype, as FP8Transfer's dequantize_dtype: bf16,
   // f16 or f32.
   DType fp8_dequantize_dtype = DType::kBF16;
+  CacheCopy copy = CacheCopy::kAuto;
+
+  // Whether the copy reads the rows (else it maps them), as `copy` decides for this folder (a
+  // statfs of it when kAuto; see CacheCopy). Throws kInvalidArgument for a bad
+  // DRAFTFEED_CACHE_COPY.
+  bool rows_are_read() const;
 
   // The only check of these fields (and of the store's, see store()): Error kInvalidArgument
   // naming the field.
@@ -44,26 +65,30 @@ class CacheSampleSource : public SampleSource {
   // Throws kInvalidArgument for bad options; on_missing = generate is the online source's.
   explicit CacheSampleSource(const CacheSourceOptions& options);
   // The same over `store` (options.store() or one it allows more of), shared with its owner.
-  CacheSampleSource(std::shared_ptr<const CacheStore> store, const CacheSourceOptions& options);
+  CacheSampleSource(std::shared_ptr<const CacheStore> store, const CacheSourceOptions& options,
+                    CachePrefetchOptions prefetch = {});
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
-  // Queues the rows' files for reading ahead (hidden/cache_readahead.h), so a cold cache is read
-  // at the disk's speed, in plan order, ahead of the copy.
-  void will_need(std::span<const std::int64_t> rows) override;
-  // The pipeline stops: the queued readahead is dropped, at once and again once its threads have
-  // joined (its scheduler may queue a batch between the two).
+  // The epoch's files are opened and read ahead in this order (hidden/cache_prefetch.h).
+  void will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) override;
+  // The pipeline stops: what was prepared ahead is dropped, at once and again once its threads
+  // have joined.
   void interrupt() override;
   void resume() override;
-  CacheReadaheadStats readahead_stats() const { return readahead_->stats(); }
+  CachePrefetchStats prefetch_stats() const { return prefetch_->stats(); }
 
   // Checks a loaded file against the row: token ids (int64 [T], equal to the row), hidden states
   // (bf16/f16/f32 [T, L, H], or F8_E4M3 with its scales). Shared with the online source.
+  // `read_rows`: the copy reads the rows through the descriptor (else from the mapping: see
+  // CacheCopy).
   static FetchOutcome check(std::int64_t global_row, const IntArrayView& input_ids,
-                            const HiddenStateSample& sample, DType fp8_dequantize_dtype);
+                            const HiddenStateSample& sample, DType fp8_dequantize_dtype,
+                            bool read_rows = true);
 
  private:
   std::shared_ptr<const CacheStore> store_;
   const CacheSourceOptions options_;
-  std::unique_ptr<CacheReadahead> readahead_;
+  const bool read_rows_;  // options_.rows_are_read(), decided once
+  std::unique_ptr<CachePrefetch> prefetch_;
 };
 
 }  // namespace draftfeed

@@ -7,7 +7,8 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <thread>
+
+#include "draftfeed/common/poll_backoff.h"
 
 #include "draftfeed/source/sample_source.h"
 
@@ -100,8 +101,7 @@ std::optional<Error> wait_for_foreign_lock(const std::string& lock_path,
     return Error(ErrorKind::kIo,
                  lock_path + ": cannot open the lock file: " + os_error_text(errno));
   }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  PollBackoff backoff(timeout, poll);  // as wait_for_lock: attempts less and less often
   while (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EINTR) continue;
@@ -109,13 +109,12 @@ std::optional<Error> wait_for_foreign_lock(const std::string& lock_path,
       ::close(fd);
       return Error(ErrorKind::kIo, lock_path + ": cannot lock: " + os_error_text(err));
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (!backoff.wait()) {
       ::close(fd);
       return Error(ErrorKind::kTimeout, lock_path + ": timed out after " +
                                             std::to_string(timeout.count()) +
                                             " s waiting for the writer's lock");
     }
-    std::this_thread::sleep_for(poll);
   }
   ::close(fd);
   return std::nullopt;
@@ -157,7 +156,12 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
   }
   fs::path cache_root = fs::absolute(cache_->root(), ec);
   if (!ec) cache_root = fs::weakly_canonical(cache_root, ec);
-  if (!ec && resolved.parent_path() == cache_root && is_cache_name(resolved.filename())) {
+  // The cache's own files lie in its root or in a shard folder of it (cache_layout.h).
+  const fs::path folder = resolved.parent_path();
+  const bool in_cache_folder =
+      folder == cache_root ||
+      (folder.parent_path() == cache_root && is_shard_folder_name(folder.filename().string()));
+  if (!ec && in_cache_folder && is_cache_name(resolved.filename())) {
     return problem(FileProblem::kCacheFile,
                    where + " names " + path + ", a file of the hidden-state cache itself", path);
   }

@@ -2,8 +2,9 @@
 // (docs/protocol.md, "Generated files"):
 //   * with a server folder, the handle must resolve (links and `..` followed) strictly inside it,
 //     else kOutsideServerDir; without one, any path is read;
-//   * a handle naming one of the cache's own files (`hs_*` / `.hs_*` directly in the cache root)
-//     is refused (kCacheFile): a server must not make the loader validate, move or delete them;
+//   * a handle naming one of the cache's own files (`hs_*` / `.hs_*` in the cache root or one of
+//     its shard folders) is refused (kCacheFile): a server must not make the loader validate, move
+//     or delete them;
 //   * only a regular file of at most `max_file_bytes` is opened;
 //   * a handle that is itself a symbolic link is read through, but never owned nor proven;
 //   * the lock protocol applies; the lock file is removed (as the reference does) only when the

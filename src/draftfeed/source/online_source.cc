@@ -31,6 +31,7 @@ constexpr std::array<EnumName<OnGenerate>, 2> kOnGenerateNames = {{
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
   CacheStoreOptions store = options.cache.store();
   if (!options.server_dir.empty()) store.allowed_folders.push_back(options.server_dir);
+  store.layout = options.cache_layout;
   return std::make_shared<const CacheStore>(store);
 }
 
@@ -111,6 +112,7 @@ const char* on_generate_name(OnGenerate on_generate) {
 
 OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
     : options_(checked(options)),
+      read_rows_(options_.cache.rows_are_read()),
       store_(make_store(options_)),
       reader_(store_, reader_options(options_)),
       client_(options_.client),
@@ -203,8 +205,8 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (!found.value()) return std::nullopt;
-  FetchOutcome outcome =
-      CacheSampleSource::check(row, input_ids, *found.value(), options_.cache.fp8_dequantize_dtype);
+  FetchOutcome outcome = CacheSampleSource::check(
+      row, input_ids, *found.value(), options_.cache.fp8_dequantize_dtype, read_rows_);
   std::lock_guard lock(mutex_);
   ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
   return outcome;
@@ -308,7 +310,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
     finish_generated(row, file);
     record_success();
     return CacheSampleSource::check(row, input_ids, *file.sample,
-                                    options_.cache.fp8_dequantize_dtype);
+                                    options_.cache.fp8_dequantize_dtype, read_rows_);
   }
 
   std::lock_guard lock(mutex_);
@@ -366,9 +368,8 @@ void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile&
     if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
       // Quantized into the cache (the old file, if any, is replaced atomically), then the
       // server's file removed as on_generate = delete removes it.
-      std::error_code ignored;  // a folder that cannot be made fails the write, with its message
-      std::filesystem::create_directories(store_->root(), ignored);
-      write_fp8_sample(store_->path_for(row), *file.sample);
+      write_fp8_sample(store_->path_for_writing(row), *file.sample);
+      store_->remove_other_layout(row);
       release_generated(*store_, file, std::nullopt);
       std::lock_guard lock(mutex_);
       ++stats_.adopted;

@@ -79,6 +79,9 @@ struct OnlineSourceOptions {
   // on_generate = cache: store a generated bf16/f16/f32 file as hs-connectors' FP8 file
   // (fp8_quantize.h, written atomically) and remove the server's file, instead of moving it.
   bool cache_fp8 = false;
+  // on_generate = cache: where generated files go in the cache (cache_layout.h); cached files are
+  // found in either layout.
+  CacheLayout cache_layout = CacheLayout::kFlat;
   // Warnings (each failed round trip, each exhausted row, files left in place) are kept in the
   // source's MessageLog (take_messages); with log_failures they are also printed to stderr.
   bool log_failures = true;
@@ -185,6 +188,7 @@ class OnlineSampleSource : public SampleSource {
   void remove_through_transfer(const std::string& handle);
 
   const OnlineSourceOptions options_;
+  const bool read_rows_;  // options_.cache.rows_are_read(): how cached files are copied
   std::shared_ptr<const CacheStore> store_;
   std::shared_ptr<SampleSource> offline_;  // for skip / warn / raise
   GeneratedFileReader reader_;

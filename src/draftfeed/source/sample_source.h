@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/mapped_file.h"
@@ -50,6 +51,10 @@ struct FetchedSample {
   // The mapped file `hidden.data` points into, when it is one (null for memory a transfer gave):
   // the copy reads it under a fault guard and checks afterwards that the file did not change.
   std::shared_ptr<const MappedFile> file;
+  // The copy reads the rows through `file`'s descriptor when it has one (pipeline/
+  // file_rows_copy.h); false: from the mapping, as for a file without a descriptor (a cache on a
+  // network file system, where a read() may be a round trip: source/cache_source.h's CacheCopy).
+  bool read_rows = true;
 };
 
 struct FetchOutcome {
@@ -70,6 +75,13 @@ struct FetchOutcome {
     outcome.fatal = fatal;
     return outcome;
   }
+};
+
+// One batch of an epoch's plan: its position in the full plan (what resume records) and its samples
+// as global dataset rows, in packing order.
+struct PlannedBatch {
+  std::int64_t index = 0;
+  std::vector<std::int64_t> rows;
 };
 
 // Fetches the hidden states of rows. Called concurrently from the pipeline's threads.
@@ -93,11 +105,15 @@ class SampleSource {
     return fetch(global_row, input_ids);
   }
 
-  // A hint, from the pipeline's scheduler as it takes a batch on (before that batch's fetches run,
-  // and up to `prefetch` batches ahead of the consumer): these rows come soon. A source whose
-  // reads can start early (cache files: page-cache readahead) starts them; must be cheap and must
-  // not block for long. Called from one thread; concurrently with fetch().
-  virtual void will_need(std::span<const std::int64_t> /*rows*/) {}
+  // A hint, from the pipeline as an epoch starts (before its first fetch): the batches it will
+  // fetch, in this order (roughly: fetches run in parallel). The pipeline does not change them
+  // until the epoch ends; the source may keep the pointer. A source whose reads can start early
+  // (cache files: opened and read ahead, cache_prefetch.h) starts them, at its own pace and within
+  // its own budgets, however far ahead of the batch buffers; must be cheap and must not block.
+  // Called from one thread; concurrently with fetch().
+  // By value: an override keeps (moves) the pointer.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
+  virtual void will_need(std::shared_ptr<const std::vector<PlannedBatch>> /*batches*/) {}
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
   // request with a two-minute timeout) end now, and resume() once its threads have joined, before

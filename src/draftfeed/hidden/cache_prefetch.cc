@@ -1,0 +1,381 @@
+#include "draftfeed/hidden/cache_prefetch.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "draftfeed/common/file_readahead.h"
+
+namespace draftfeed {
+
+namespace {
+
+// The mapping of a prepared file worth reading (found, with its descriptor kept), else null.
+std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared& prepared) {
+  if (!prepared.ok() || !prepared.value()) return nullptr;
+  const auto& mapping = prepared.value()->file->mapping();
+  return mapping->fd() >= 0 && mapping->size() > 0 ? mapping : nullptr;
+}
+
+}  // namespace
+
+void read_before_copy(const MappedFile& mapping) {
+  if (mapping.fd() < 0 || mapping.size() == 0) return;
+  if (!mapped_file_cached(mapping.data(), mapping.size())) {
+    read_open_file_into_page_cache(mapping.fd(), mapping.size());
+  }
+}
+
+std::int64_t default_max_open_files() {
+  std::int64_t files = 4096;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    files = std::min<std::int64_t>(files, static_cast<std::int64_t>(limit.rlim_cur / 4));
+  }
+  return std::max<std::int64_t>(16, files);
+}
+
+CachePrefetch::CachePrefetch(Opener opener, CachePrefetchOptions options)
+    : opener_(std::move(opener)),
+      options_(options),
+      max_open_files_(options.max_open_files > 0 ? options.max_open_files
+                                                 : default_max_open_files()),
+      pacer_([this] { pace(); }) {}
+
+CachePrefetch::~CachePrefetch() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    stop_reads_ = true;
+  }
+  work_.notify_all();
+  ready_.notify_all();
+  paced_.notify_all();
+  // No thread starts once stopping_ is set, so threads_ no longer changes once the pacer is gone.
+  pacer_.join();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void CachePrefetch::plan(PrefetchPlan plan) {
+  std::unordered_map<std::int64_t, Entry> dropped;
+  {
+    std::lock_guard lock(mutex_);
+    plan_ = std::move(plan);
+    batch_ = in_batch_ = 0;
+    position_ = 0;
+    dropped.swap(entries_);
+    to_read_.clear();
+    reached_early_.clear();
+    to_hedge_.clear();
+    opens_started_.clear();
+    ahead_bytes_ = 0;
+    ++generation_;
+    start_threads();
+  }
+  work_.notify_all();
+  ready_.notify_all();
+  paced_.notify_all();
+  // `dropped` unmaps and closes its files here, outside the lock.
+}
+
+void CachePrefetch::clear() { plan(PrefetchPlan{}); }
+
+CachePrefetchStats CachePrefetch::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
+  std::unique_lock lock(mutex_);
+  auto it = entries_.find(row);
+  if (it == entries_.end()) {
+    // Not opened yet: the caller opens it, and the prefetch skips it when it gets there.
+    if (batch_ < plan_.batches.size()) reached_early_.insert(row);
+    return std::nullopt;
+  }
+  if (it->second.state == State::kOpening || it->second.state == State::kReading) {
+    ++stats_.waited;
+    const std::uint64_t generation = generation_;
+    const auto settled = [&] {
+      if (stopping_ || generation != generation_) return true;
+      it = entries_.find(row);
+      return it == entries_.end() ||
+             (it->second.state != State::kOpening && it->second.state != State::kReading);
+    };
+    const bool opening = it->second.state == State::kOpening;
+    // Hedged once the usual open time is known (8 opens timed).
+    if (opening && options_.hedge && opens_timed_ >= 8 && !it->second.hedged &&
+        !ready_.wait_until(lock, it->second.opened_at + hedge_delay(), settled) &&
+        it->second.state == State::kOpening) {
+      // Far slower than opens are: ask again (the caller opens it); this open's answer, when it
+      // comes, finds no entry and is dropped.
+      entries_.erase(it);
+      ++stats_.hedged;
+      return std::nullopt;
+    }
+    ready_.wait(lock, settled);
+    if (stopping_ || generation != generation_ || it == entries_.end()) return std::nullopt;
+  }
+  Entry& entry = it->second;
+  const bool read_here = entry.state == State::kOpened;  // opened, its read not started
+  if (read_here) to_read_.erase(entry.position);
+  if (entry.counted_ahead) ahead_bytes_ -= entry.bytes;
+  std::optional<Prepared> prepared = std::move(entry.prepared);
+  entries_.erase(it);
+  ++stats_.taken;
+  lock.unlock();
+  work_.notify_all();
+  // Wanted now and not read yet: read whole here, through the descriptor, before the copy's preads
+  // of 512 KiB slices, as before the read-based copy (at 10 ms / 200 MB/s through slowfs, one run
+  // each: cold epoch 60% of the bound without this and the fetch's read_before_copy, 66% with
+  // them; not the cause of the gap to the branch before the merge, 113%: see README, netfs).
+  // The mapping stays header-only (kMapForRowReads).
+  if (const auto mapping = prepared && read_here ? readable_mapping(*prepared) : nullptr) {
+    read_open_file_into_page_cache(mapping->fd(), mapping->size());
+  }
+  return prepared;
+}
+
+bool CachePrefetch::can_open() const {
+  return batch_ < plan_.batches.size() &&
+         static_cast<std::int64_t>(entries_.size()) < max_open_files_;
+}
+
+bool CachePrefetch::can_read() const {
+  if (to_read_.empty()) return false;
+  const std::uint64_t bytes = entries_.at(to_read_.begin()->second).bytes;
+  const bool reading_room = reading_ == 0 || reading_bytes_ + bytes <= options_.max_reading_bytes;
+  const bool ahead_room = ahead_bytes_ == 0 || ahead_bytes_ + bytes <= options_.max_ahead_bytes;
+  return reading_room && ahead_room;
+}
+
+void CachePrefetch::start_threads() {
+  const auto wanted = static_cast<std::size_t>(std::min(2, std::max(1, options_.max_threads)));
+  while (!stopping_ && threads_.size() < wanted && (can_read() || can_open())) {
+    threads_.emplace_back([this] { run(); });
+    ++stats_.threads;
+  }
+}
+
+std::chrono::steady_clock::duration CachePrefetch::hedge_delay() const {
+  const std::size_t timed = std::min(opens_timed_, open_times_.size());
+  std::chrono::steady_clock::duration median{};
+  if (timed > 0) {
+    std::array<std::chrono::steady_clock::duration, 32> times{};
+    std::copy_n(open_times_.begin(), timed, times.begin());
+    const auto middle = times.begin() + static_cast<std::ptrdiff_t>(timed / 2);
+    std::nth_element(times.begin(), middle, times.begin() + static_cast<std::ptrdiff_t>(timed));
+    median = *middle;
+  }
+  const auto scaled = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      median * options_.hedge_factor);
+  return std::max<std::chrono::steady_clock::duration>(scaled, options_.hedge_after);
+}
+
+bool CachePrefetch::opens_are_slow() const {
+  const std::size_t timed = std::min(opens_timed_, open_times_.size());
+  if (timed < 2) return false;
+  std::array<std::chrono::steady_clock::duration, 32> times{};
+  std::copy_n(open_times_.begin(), timed, times.begin());
+  const auto quarter = times.begin() + static_cast<std::ptrdiff_t>(timed / 4);
+  std::nth_element(times.begin(), quarter, times.begin() + static_cast<std::ptrdiff_t>(timed));
+  return *quarter >= options_.grow_after;
+}
+
+void CachePrefetch::pace() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    const auto now = std::chrono::steady_clock::now();
+    auto wake = std::chrono::steady_clock::time_point::max();
+    // Opens far slower than the usual one: hedged (asked again by a worker; the first answer wins).
+    if (options_.hedge && opens_timed_ >= 8) {
+      const auto delay = hedge_delay();
+      while (!opens_started_.empty()) {
+        const auto [began, row] = opens_started_.front();
+        const auto it = entries_.find(row);
+        if (it == entries_.end() || it->second.state != State::kOpening || it->second.hedged ||
+            it->second.opened_at != began) {
+          opens_started_.pop_front();
+          continue;
+        }
+        if (now < began + delay) {
+          wake = began + delay;
+          break;
+        }
+        it->second.hedged = true;
+        to_hedge_.push_back(row);
+        ++stats_.hedged;
+        opens_started_.pop_front();
+        work_.notify_one();
+      }
+    }
+    // Every thread in a call on a file system that keeps each open waiting, work waiting: more
+    // calls in flight, an eighth more threads per step (from 2 to 256 in about 40 ms).
+    const bool full = static_cast<int>(threads_.size()) >= options_.max_threads;
+    if (!full && idle_ == 0 && slow_opens_ && (can_read() || can_open() || !to_hedge_.empty())) {
+      const std::size_t more =
+          std::min(std::max<std::size_t>(1, threads_.size() / 8),
+                   static_cast<std::size_t>(options_.max_threads) - threads_.size());
+      for (std::size_t k = 0; k < more; ++k) threads_.emplace_back([this] { run(); });
+      stats_.threads += static_cast<std::int64_t>(more);
+      wake = std::min(wake, now + options_.grow_after);
+    }
+    if (wake == std::chrono::steady_clock::time_point::max()) {
+      pacer_idle_ = true;
+      paced_.wait(lock);
+      pacer_idle_ = false;
+    } else {
+      paced_.wait_until(lock, wake);
+    }
+  }
+}
+
+std::int64_t CachePrefetch::next_row() {
+  while (batch_ < plan_.batches.size()) {
+    const std::span<const std::int64_t> rows = plan_.batches[batch_];
+    if (in_batch_ < rows.size()) {
+      ++position_;
+      return rows[in_batch_++];
+    }
+    ++batch_;
+    in_batch_ = 0;
+  }
+  return -1;
+}
+
+void CachePrefetch::run() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    ++idle_;
+    work_.wait(lock,
+               [this] { return stopping_ || !to_hedge_.empty() || can_read() || can_open(); });
+    --idle_;
+    if (stopping_) return;
+    // Hedges first (a file the fetches will want soon, held up), then reads (an opened file is
+    // nearer to its fetch than the next one to open).
+    if (!to_hedge_.empty()) {
+      const std::int64_t row = to_hedge_.front();
+      to_hedge_.pop_front();
+      open_row(lock, row, /*hedge=*/true);
+    } else if (can_read()) {
+      read_one(lock);
+    } else {
+      open_one(lock);
+    }
+  }
+}
+
+void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
+  const std::int64_t row = next_row();
+  if (row < 0) return;
+  if (reached_early_.erase(row) != 0) {
+    ++stats_.overtaken;
+    return;
+  }
+  if (entries_.count(row) != 0) return;  // planned twice: the first one serves both
+  Entry& entry = entries_[row];
+  entry.position = position_;
+  entry.opened_at = std::chrono::steady_clock::now();
+  opens_started_.emplace_back(entry.opened_at, row);
+  open_row(lock, row, /*hedge=*/false);
+}
+
+void CachePrefetch::open_row(std::unique_lock<std::mutex>& lock, std::int64_t row, bool hedge) {
+  ++opening_;
+  stats_.max_opening = std::max(stats_.max_opening, opening_);
+  stats_.max_open_ahead =
+      std::max(stats_.max_open_ahead, static_cast<std::int64_t>(entries_.size()));
+  const std::uint64_t generation = generation_;
+  const auto began = std::chrono::steady_clock::now();
+  // On a slow file system the pacer times this open (to hedge it) and may add a thread.
+  if (slow_opens_ && pacer_idle_) paced_.notify_one();
+  lock.unlock();
+
+  std::optional<Prepared> prepared;
+  try {
+    prepared.emplace(opener_(row));
+  } catch (const Error& error) {
+    prepared.emplace(error);
+  } catch (const std::exception& error) {
+    prepared.emplace(Error(ErrorKind::kIo, "row " + std::to_string(row) + ": " + error.what()));
+  }
+  const auto mapping = readable_mapping(*prepared);
+  const bool cached =
+      mapping && options_.skip_cached && mapped_file_cached(mapping->data(), mapping->size());
+  const bool to_read = options_.read_data && mapping && !cached;
+  // The open touched the header's page(s) (with large folios a fault maps a whole folio, up to 2
+  // MiB): let them go now, as the fetch does after its checks. A file opened ahead waits for its
+  // batch holding no page of this process's memory (thousands may be open ahead; test_batch_memory:
+  // 38.6 MiB mapped on average with them kept, a warm local epoch).
+  if (mapping) mapping->release(0, mapping->size());
+
+  lock.lock();
+  if (!hedge) {
+    open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
+    slow_opens_ = opens_are_slow();
+    ++stats_.opened;
+    // Opens still under way on a slow file system: the pacer times them (to hedge).
+    if (slow_opens_ && pacer_idle_ && !opens_started_.empty()) paced_.notify_one();
+  }
+  --opening_;
+  auto it = entries_.find(row);
+  if (generation != generation_ || it == entries_.end() || it->second.state != State::kOpening) {
+    // Cleared meanwhile, or the other of a hedged pair answered first: dropped (unmapped and
+    // closed outside the lock).
+    lock.unlock();
+    prepared.reset();
+    lock.lock();
+    return;
+  }
+  if (cached) ++stats_.cached;
+  it->second.prepared = std::move(prepared);
+  it->second.bytes = mapping ? mapping->size() : 0;
+  if (to_read) {
+    it->second.state = State::kOpened;
+    to_read_.emplace(it->second.position, row);
+    work_.notify_one();
+  } else {
+    it->second.state = State::kReady;
+  }
+  ready_.notify_all();
+}
+
+void CachePrefetch::read_one(std::unique_lock<std::mutex>& lock) {
+  const std::int64_t row = to_read_.begin()->second;
+  to_read_.erase(to_read_.begin());
+  Entry& entry = entries_.at(row);
+  entry.state = State::kReading;
+  entry.counted_ahead = true;
+  // Held here: the file stays open while it is read, even if the entry is dropped meanwhile.
+  std::shared_ptr<const MappedFile> mapping = readable_mapping(*entry.prepared);
+  const std::uint64_t bytes = entry.bytes;
+  ahead_bytes_ += bytes;
+  reading_bytes_ += bytes;
+  ++reading_;
+  stats_.max_ahead = std::max(stats_.max_ahead, ahead_bytes_);
+  const std::uint64_t generation = generation_;
+  lock.unlock();
+
+  const std::size_t read =
+      read_open_file_into_page_cache(mapping->fd(), bytes, kReadaheadChunk, &stop_reads_);
+  mapping.reset();  // the last reference when the entry was dropped: unmapped outside the lock
+
+  lock.lock();
+  --reading_;
+  reading_bytes_ -= bytes;
+  if (generation == generation_) {
+    auto it = entries_.find(row);
+    if (it != entries_.end()) it->second.state = State::kReady;
+    ++stats_.read;
+    stats_.bytes += read;
+  }
+  work_.notify_one();  // reading room was freed
+  ready_.notify_all();
+}
+
+}  // namespace draftfeed

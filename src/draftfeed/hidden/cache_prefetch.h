@@ -1,0 +1,198 @@
+// Opening and reading the cache ahead of the batch copy, in the order the epoch's plan will fetch
+// it: what keeps a cold cache at the disk's speed, and hides a network file system's latency.
+//
+// On NFS, Lustre, CephFS or an object store's FUSE mount every name lookup, open and first read is
+// a round trip of milliseconds, with tails of seconds. By Little's law a reader that wants R bytes
+// per second from files that each cost L seconds of round trips must keep R x L bytes in flight,
+// whatever L is; so how many files are in flight is not a fixed thread count but follows from
+// budgets in bytes and in open files:
+//   * open ahead: the lock protocol, the open and the header of each file (CacheStore::lookup), in
+//     plan order, up to `max_open_files` files opened and not yet fetched (each keeps its file
+//     open, to be read without a second open, and one memory map). Opens that take long (a tail of
+//     seconds) do not hold the others back: the files after them are opened meanwhile, and only a
+//     fetch of that very file waits for it. Files are mapped header-only (kMapForRowReads:
+//     touching the header reads its page alone, no read-around): the rows are read, not mapped;
+//   * read ahead: the bytes of opened files read into the page cache (sequentially, through the
+//     descriptor the open left: file_readahead.h), nearest in the plan first, at most
+//     `max_reading_bytes` being read at once and `max_ahead_bytes` read and not yet fetched.
+//     A file whose first and last pages are already cached is not read again (a warm epoch reads
+//     nothing and only opens).
+// Each open or read blocks a thread in the kernel. Two threads start with the first plan; a pacer
+// starts more (an eighth more per `grow_after`, 1 ms, up to `max_threads`) while work waits
+// within the budgets, no thread is free, and the opens are slow: a quarter of the latest 32 took
+// `grow_after` or more (on a network file system each open is a few round trips). That is a file
+// system that keeps each call waiting, where many calls must be in flight (Little's law: in flight
+// = rate x latency), and where opening far ahead of the fetches is what hides a slow open's tail:
+// its file is asked for long before its batch. A thread blocked in such a call costs its stack,
+// nothing else. Where opens are quick (a local disk, even one busy with other threads) none start:
+// more threads would only contend for the CPUs and for the process's memory map (every mmap and
+// munmap takes it), and slow each open down.
+//
+// A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
+// read when that is under way, or, when its read has not started, as it is (the copy then reads it
+// through the same descriptor, pipeline/file_rows_copy.h: sequential preads); a row the
+// prefetch has not reached yet is left to the fetch (and skipped when the prefetch gets there).
+// An open taking far longer than opens usually do (4 x the median of the latest 32, at least 50
+// ms: a network file system's tail) is hedged: the pacer has a worker open the file again, and the
+// first answer wins (the late one is dropped); a fetch that finds itself waiting for such an open
+// that was not hedged asks again itself. Where a tail is one request's bad luck (a server's queue,
+// a lost packet), the second ask seldom meets it; where the file itself is stuck, both wait, and
+// the fetch holds its batch as it would have.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "draftfeed/common/error.h"
+#include "draftfeed/hidden/hidden_state_sample.h"
+
+namespace draftfeed {
+
+struct CachePrefetchOptions {
+  std::size_t max_ahead_bytes = std::size_t{256} << 20;   // read ahead, not yet fetched
+  std::size_t max_reading_bytes = std::size_t{32} << 20;  // being read at once (at least 1 file)
+  // Files opened ahead and not yet fetched; 0: a quarter of the process's open-file limit
+  // (RLIMIT_NOFILE), at most 4096 and at least 16.
+  std::int64_t max_open_files = 0;
+  int max_threads = 256;                       // blocked opens and reads at once, at most
+  std::chrono::microseconds grow_after{1000};  // a call under way this long: one more thread
+  // A fetch waiting for its file's open hedges it after `hedge_factor` x the median open time (at
+  // least `hedge_after`): it opens the file again itself, and the first answer wins.
+  bool hedge = true;
+  double hedge_factor = 4;
+  std::chrono::milliseconds hedge_after{50};
+  bool read_data = true;    // read files into the page cache (off: open ahead only)
+  bool skip_cached = true;  // files already in the page cache are not read again
+};
+
+struct CachePrefetchStats {
+  std::int64_t opened = 0;          // files opened ahead (found or not)
+  std::int64_t read = 0;            // files read into the page cache
+  std::int64_t cached = 0;          // files found in the page cache once opened (not read again)
+  std::uint64_t bytes = 0;          // their bytes
+  std::int64_t taken = 0;           // prepared files a fetch took
+  std::int64_t waited = 0;          // fetches that waited for their file's open or read under way
+  std::int64_t hedged = 0;          // opens a waiting fetch asked for again (see hedge)
+  std::int64_t overtaken = 0;       // rows a fetch reached before the prefetch (left to the fetch)
+  std::int64_t threads = 0;         // threads started so far
+  std::int64_t max_opening = 0;     // the most opens under way at once
+  std::int64_t max_open_ahead = 0;  // the most files opened and not yet fetched
+  std::uint64_t max_ahead = 0;      // the most bytes read ahead of the fetches
+};
+
+// Batches of rows in fetch order, viewed where they lie (the pipeline's plan): no copy of an
+// epoch's rows.
+struct PrefetchPlan {
+  std::shared_ptr<const void> owner;  // keeps the rows viewed alive
+  std::vector<std::span<const std::int64_t>> batches;
+};
+
+class CachePrefetch {
+ public:
+  // What opening a row's file means: the cache store's lookup (lock protocol, open, header).
+  using Opener = std::function<Result<std::optional<HiddenStateSample>>(std::int64_t row)>;
+  using Prepared = Result<std::optional<HiddenStateSample>>;
+
+  CachePrefetch(Opener opener, CachePrefetchOptions options = {});
+  ~CachePrefetch();  // stops the threads (after the system call each is in)
+  CachePrefetch(const CachePrefetch&) = delete;
+  CachePrefetch& operator=(const CachePrefetch&) = delete;
+
+  // The rows coming, in the order the fetches will want them (an epoch's plan: batches of rows).
+  // Replaces what was planned before (clear()).
+  void plan(PrefetchPlan plan);
+  // The prepared file of `row`, waiting for its open or read when under way; nothing when the
+  // prefetch has not opened it (the caller opens it itself).
+  std::optional<Prepared> take(std::int64_t row);
+  // Drops the plan, the prepared files and the accounting (an epoch stopped).
+  void clear();
+
+  const CachePrefetchOptions& options() const { return options_; }
+  CachePrefetchStats stats() const;
+
+ private:
+  enum class State : std::uint8_t { kOpening, kOpened, kReading, kReady };
+  struct Entry {
+    State state = State::kOpening;
+    std::int64_t position = 0;                          // in the plan: reads go nearest first
+    std::chrono::steady_clock::time_point opened_at{};  // when its open began
+    bool hedged = false;                                // asked for a second time
+    std::optional<Prepared> prepared;
+    std::uint64_t bytes = 0;     // the file's size, once opened
+    bool counted_ahead = false;  // its bytes count in ahead_bytes_
+  };
+
+  void run();
+  bool can_open() const;
+  bool can_read() const;
+  void start_threads();         // the first two threads, when there is work (mutex_ held)
+  void pace();                  // the pacer thread: one more worker while every call is slow
+  bool opens_are_slow() const;  // see "the opens are slow" above (mutex_ held)
+  // How long a fetch waits for an open under way before hedging it (mutex_ held).
+  std::chrono::steady_clock::duration hedge_delay() const;
+  std::int64_t next_row();                            // the plan's next row, or -1 (mutex_ held)
+  void open_one(std::unique_lock<std::mutex>& lock);  // the plan's next row
+  // Opens `row` (its entry made): the first open, or a hedge of one under way (mutex_ held).
+  void open_row(std::unique_lock<std::mutex>& lock, std::int64_t row, bool hedge);
+  void read_one(std::unique_lock<std::mutex>& lock);
+
+  const Opener opener_;
+  const CachePrefetchOptions options_;
+  const std::int64_t max_open_files_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_;   // workers: something to do, or stopping
+  std::condition_variable ready_;  // fetches: an entry became ready
+  PrefetchPlan plan_;
+  std::size_t batch_ = 0;  // the plan's cursor: batch, then row in it
+  std::size_t in_batch_ = 0;
+  std::int64_t position_ = 0;                        // rows the cursor passed
+  std::unordered_map<std::int64_t, Entry> entries_;  // opening or prepared, not yet taken
+  std::map<std::int64_t, std::int64_t> to_read_;     // opened, not read: position -> row
+  std::unordered_set<std::int64_t> reached_early_;   // taken before the cursor got there
+  std::int64_t opening_ = 0;
+  std::uint64_t reading_bytes_ = 0;
+  std::int64_t reading_ = 0;
+  std::uint64_t ahead_bytes_ = 0;
+  std::uint64_t generation_ = 0;  // bumped by clear(): work under way is then dropped
+  int idle_ = 0;
+  std::array<std::chrono::steady_clock::duration, 32> open_times_{};  // the latest opens' times
+  std::size_t opens_timed_ = 0;
+  std::condition_variable paced_;  // the pacer: work, a call started, or stopping
+  bool pacer_idle_ = false;        // the pacer waits without a deadline (wake it)
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::int64_t>> opens_started_;
+  std::deque<std::int64_t> to_hedge_;  // opens to ask for again, by a worker
+  bool slow_opens_ = false;            // opens_are_slow() as of the latest open
+  bool stopping_ = false;
+  std::atomic<bool> stop_reads_{false};  // read without the lock by reads under way
+  CachePrefetchStats stats_;
+  std::vector<std::thread> threads_;
+  std::thread pacer_;
+};
+
+// The default for max_open_files (see CachePrefetchOptions).
+std::int64_t default_max_open_files();
+
+// Reads the file of `mapping` (opened with keep_descriptor) into the page cache through its
+// descriptor, sequentially, unless its first and last pages are cached already: what a fetch does
+// with a file it is about to copy that was not read ahead (the copy's preads of 512 KiB slices
+// would each wait for the file system on their own).
+void read_before_copy(const MappedFile& mapping);
+
+}  // namespace draftfeed

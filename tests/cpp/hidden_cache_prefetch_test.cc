@@ -1,0 +1,430 @@
+// Reading a file into the page cache leaving all of it there; and the cache's prefetch: files
+// opened and read in plan order, as many in flight as the latency needs (not a fixed number of
+// threads), within its budgets of bytes and open files, a slow open holding back only its own row,
+// rows a fetch reached first left to it, and clear() dropping everything. (Whether the kernel reads
+// is the kernel's business; the bookkeeping is checked here, and bench/bench_cold.py and
+// bench/bench_netfs.py measure the effect.)
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "draftfeed/common/file_readahead.h"
+#include "draftfeed/hidden/cache_prefetch.h"
+#include "draftfeed/hidden/cache_store.h"
+#include "sample_file.h"
+#include "temp_folder.h"
+
+namespace draftfeed {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ConcurrentCacheReadaheadTest : public TempFolderTest {
+ protected:
+  void SetUp() override {
+    make_temp_folder("readahead");
+    for (int row = 0; row < 6; ++row) {
+      std::ofstream(path(row), std::ios::binary) << std::string(10000, 'x');
+    }
+  }
+  std::string path(int row) const { return (dir_ / ("hs_" + std::to_string(row))).string(); }
+};
+
+// Drops `path` from the page cache and says whether it went (mincore on a mapping, which unlike a
+// read, even a non-blocking one, starts no I/O): some file systems keep the pages.
+bool evicted(const std::string& path, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return false;
+  std::vector<unsigned char> pages((size + 4095) / 4096);
+  const bool gone = ::mincore(map, size, pages.data()) == 0 &&
+                    std::none_of(pages.begin(), pages.end(), [](unsigned char p) { return p & 1; });
+  ::munmap(map, size);
+  return gone;
+}
+
+// Whether every page of `path` is in the page cache.
+bool resident(const std::string& path, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return false;
+  std::vector<unsigned char> pages((size + 4095) / 4096);
+  const bool all = ::mincore(map, size, pages.data()) == 0 &&
+                   std::all_of(pages.begin(), pages.end(), [](unsigned char p) { return p & 1; });
+  ::munmap(map, size);
+  return all;
+}
+
+// Waits (bounded) until `done` holds.
+template <typename F>
+bool eventually(F done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, ReadaheadOfAFileAsksForAllOfItUnlessItIsCached) {
+  EXPECT_EQ(readahead_file(path(0), 4096, /*skip_cached=*/false), 10000u);
+  EXPECT_EQ(readahead_file((dir_ / "missing").string()), 0u);
+  // Just written, so in the page cache: nothing to ask for.
+  EXPECT_EQ(readahead_file(path(1), 4096), 0u);
+  // Evicted (where the file system can drop its pages): asked for again. Residency is checked
+  // with mincore, which (unlike a read, even a non-blocking one) starts no I/O.
+  const int fd = ::open(path(1).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  void* map = ::mmap(nullptr, 10000, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  unsigned char pages[3] = {};
+  ASSERT_EQ(::mincore(map, 10000, pages), 0);
+  ::munmap(map, 10000);
+  ::close(fd);
+  if ((pages[0] | pages[1] | pages[2]) & 1) {
+    GTEST_SKIP() << "this file system keeps the pages after POSIX_FADV_DONTNEED";
+  }
+  EXPECT_EQ(readahead_file(path(1), 4096), 10000u);
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, ReadingAFileIntoThePageCacheReadsAllOfItUnlessItIsCached) {
+  // A file larger than one sendfile step of the kernel's pipe (16 pages), and not page-aligned.
+  const std::size_t size = (std::size_t{3} << 20) + 123;
+  const std::string big = (dir_ / "big").string();
+  std::ofstream(big, std::ios::binary) << std::string(size, 'y');
+  EXPECT_EQ(read_file_into_page_cache((dir_ / "missing").string()), 0u);
+  EXPECT_EQ(read_file_into_page_cache(big), 0u);  // just written, so in the page cache
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false), size);
+  if (!evicted(big, size)) GTEST_SKIP() << "this file system keeps the pages after DONTNEED";
+  // It returns once the file is read: every page is resident then, without waiting further.
+  EXPECT_EQ(read_file_into_page_cache(big), size);
+  EXPECT_TRUE(resident(big, size));
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, AFileWithOnlySomePagesCachedIsReadWhole) {
+  // Its last page in the page cache and the rest on the disk (the state a probe that itself
+  // started a read of the last page left behind): not taken as cached.
+  const std::size_t size = 5 * 4096 + 100;
+  const std::string file = (dir_ / "partly").string();
+  std::ofstream(file, std::ios::binary) << std::string(size, 'p');
+  if (!evicted(file, size)) GTEST_SKIP() << "this file system keeps the pages after DONTNEED";
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  char last = 0;
+  ASSERT_EQ(::pread(fd, &last, 1, static_cast<off_t>(size - 1)), 1);
+  ::close(fd);
+  ASSERT_FALSE(resident(file, size));
+  EXPECT_EQ(read_file_into_page_cache(file), size);
+  EXPECT_TRUE(resident(file, size));
+  EXPECT_EQ(read_file_into_page_cache(file), 0u);  // now wholly cached: skipped
+}
+
+TEST_F(ConcurrentCacheReadaheadTest, AStoppedReadStartsNoFurtherStep) {
+  const std::size_t size = kReadStep + 5000;
+  const std::string big = (dir_ / "big").string();
+  std::ofstream(big, std::ios::binary) << std::string(size, 'z');
+  const std::atomic<bool> stopped = true;
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false, &stopped), 0u);
+  const std::atomic<bool> going = false;
+  EXPECT_EQ(read_file_into_page_cache(big, kReadaheadChunk, /*skip_cached=*/false, &going), size);
+}
+
+// Sample files of rows 0..kRows-1 (2 MB each) in a flat cache, opened through the
+// store's lookup, counted and, for tests that need it, made slow or held.
+class ConcurrentCachePrefetchTest : public TempFolderTest {
+ protected:
+  static constexpr int kRows = 12;
+  void SetUp() override {
+    make_temp_folder("prefetch");
+    CacheStoreOptions options;
+    options.root = dir_.string();
+    store_ = std::make_shared<const CacheStore>(options);
+    // 2 MB each: larger than the kernel's read-around of the header's page fault, so an evicted
+    // file is not cached whole by its open.
+    const std::vector<std::uint16_t> hidden(256 * 2 * 2048, 0x3F80);
+    for (int row = 0; row < kRows; ++row) {
+      std::vector<std::int64_t> ids(256, row);
+      write_sample_file(store_->path_for(row), ids, DType::kBF16, 2, 2048, hidden);
+    }
+    file_bytes_ = std::filesystem::file_size(store_->path_for(0));
+  }
+  void TearDown() override {
+    release();
+    TempFolderTest::TearDown();
+  }
+
+  // The store's lookup, counted; `held_` rows wait until release(), each `delay_` long.
+  CachePrefetch::Opener opener() {
+    return [this](std::int64_t row) {
+      const int now = ++opening_;
+      int seen = max_opening_.load();
+      while (now > seen && !max_opening_.compare_exchange_weak(seen, now)) {
+      }
+      {
+        std::unique_lock lock(mutex_);
+        opened_.insert(row);
+        const bool hold = held_.count(row) != 0 && !(hold_once_ && calls_[row]++ > 0);
+        released_.wait_for(lock, std::chrono::seconds(20), [&] { return !hold || release_all_; });
+      }
+      if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+      --opening_;
+      // As the cache source opens its files (kMapForRowReads: the prefetch reads through the fd).
+      return store_->lookup(row, MapOptions{.keep_descriptor = true, .header_only = true});
+    };
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex_);
+      release_all_ = true;
+    }
+    released_.notify_all();
+  }
+  bool was_opened(std::int64_t row) {
+    std::lock_guard lock(mutex_);
+    return opened_.count(row) != 0;
+  }
+  static PrefetchPlan plan_of(std::vector<std::vector<std::int64_t>> batches) {
+    auto owner = std::make_shared<std::vector<std::vector<std::int64_t>>>(std::move(batches));
+    PrefetchPlan plan;
+    for (const auto& batch : *owner) plan.batches.emplace_back(batch);
+    plan.owner = owner;
+    return plan;
+  }
+  static std::vector<std::vector<std::int64_t>> all_rows() {
+    std::vector<std::vector<std::int64_t>> batches(3);
+    for (int row = 0; row < kRows; ++row) batches[static_cast<std::size_t>(row / 4)].push_back(row);
+    return batches;
+  }
+
+  std::shared_ptr<const CacheStore> store_;
+  std::uint64_t file_bytes_ = 0;
+  std::chrono::milliseconds delay_{0};
+  std::atomic<int> opening_{0};
+  std::atomic<int> max_opening_{0};
+  std::mutex mutex_;
+  std::condition_variable released_;
+  std::set<std::int64_t> held_;
+  bool hold_once_ = false;  // only the first open of a held row waits
+  std::map<std::int64_t, int> calls_;
+  std::set<std::int64_t> opened_;
+  bool release_all_ = false;
+};
+
+TEST_F(ConcurrentCachePrefetchTest, ReadsEveryPlannedFileAheadAndHandsItToItsFetch) {
+  for (int row = 0; row < kRows; ++row) {
+    if (!evicted(store_->path_for(row), file_bytes_)) GTEST_SKIP() << "the pages stay cached";
+  }
+  CachePrefetch prefetch(opener());
+  prefetch.plan(plan_of(all_rows()));
+  // Each file read, unless its open alone brought all of it in (the kernel's read-around of the
+  // header's page fault is read_ahead_kb: 8 MB on some disks).
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().read + prefetch.stats().cached == kRows; }));
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);
+    ASSERT_TRUE(taken.has_value()) << row;
+    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
+    EXPECT_EQ(taken->value()->file->path(), store_->path_for(row));
+  }
+  const CachePrefetchStats stats = prefetch.stats();
+  EXPECT_EQ(stats.opened, kRows);  // each file opened once: a take opens nothing again
+  EXPECT_EQ(stats.taken, kRows);
+  EXPECT_EQ(stats.bytes, static_cast<std::uint64_t>(stats.read) * file_bytes_);
+}
+
+TEST_F(ConcurrentCachePrefetchTest, FilesAlreadyCachedAreOpenedNotRead) {
+  CachePrefetch prefetch(opener());  // the files were just written: in the page cache
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
+  EXPECT_EQ(prefetch.stats().read, 0);
+}
+
+// Little's law: while the fetches wait on opens that keep their threads asleep (200 ms each), the
+// prefetch adds threads and keeps the opens in flight by the dozen, not two at a time.
+TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount) {
+  delay_ = std::chrono::milliseconds(200);
+  CachePrefetch prefetch(opener());
+  prefetch.plan(plan_of(all_rows()));
+  const auto start = std::chrono::steady_clock::now();
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);  // waits for its open, or (not started) opens it here
+    if (!taken) taken.emplace(opener()(row));
+    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
+  }
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start);
+  EXPECT_GE(prefetch.stats().max_opening, 8);
+  EXPECT_GE(max_opening_.load(), 8);
+  EXPECT_GE(prefetch.stats().threads, 8);
+  EXPECT_GT(prefetch.stats().waited, 0);
+  // Two at a time: 6 x 200 ms. In flight together: a few rounds (a margin for a loaded machine).
+  EXPECT_LT(seconds.count(), 1.0);
+}
+
+// Where opens are quick and the prefetch keeps ahead of the fetches, no thread is added: more would
+// only contend for the CPUs and the memory map.
+TEST_F(ConcurrentCachePrefetchTest, NoThreadIsAddedWhileThePrefetchKeepsAhead) {
+  CachePrefetch prefetch(opener());
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
+  for (int row = 0; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
+  EXPECT_EQ(prefetch.stats().threads, 2);
+  EXPECT_EQ(prefetch.stats().waited, 0);
+}
+
+// A file whose open takes seconds (a network file system's tail) holds back its own fetch only:
+// the files after it are opened and read meanwhile, and their fetches take them at once.
+TEST_F(ConcurrentCachePrefetchTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
+  {
+    std::lock_guard lock(mutex_);
+    held_ = {1};
+  }
+  CachePrefetchOptions options;
+  options.hedge = false;  // a file stuck for every open: hedging would wait as well
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
+  for (int row = 0; row < kRows; ++row) {
+    if (row == 1) continue;
+    auto taken = prefetch.take(row);  // never waits: each was prepared
+    ASSERT_TRUE(taken.has_value() && taken->ok() && taken->value().has_value()) << row;
+  }
+  EXPECT_EQ(prefetch.stats().waited, 0);
+  std::atomic<bool> done{false};
+  std::thread fetch([&] {
+    auto taken = prefetch.take(1);
+    EXPECT_TRUE(taken.has_value() && taken->ok() && taken->value().has_value());
+    done = true;
+  });
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().waited == 1; }));
+  EXPECT_FALSE(done.load());  // its fetch waits for the open under way, not a second open
+  release();
+  fetch.join();
+  EXPECT_TRUE(done.load());
+  EXPECT_EQ(prefetch.stats().opened, kRows);
+}
+
+// A fetch waiting for an open far slower than the others asks again itself (a hedged request):
+// where the slowness was that one request's, the second answer comes at once.
+TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
+  {
+    std::lock_guard lock(mutex_);
+    held_ = {5};
+    hold_once_ = true;
+  }
+  CachePrefetchOptions options;
+  options.hedge_after = std::chrono::milliseconds(50);
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
+  const auto start = std::chrono::steady_clock::now();
+  auto taken = prefetch.take(5);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  // Hedged: told to open it itself (or, where a loaded machine made the opens look slow, given the
+  // prefetch's own second answer); either way not held until the first open's answer.
+  if (!taken) taken.emplace(opener()(5));  // the caller's own open: answered at once
+  ASSERT_TRUE(taken->ok() && taken->value().has_value());
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  EXPECT_GE(prefetch.stats().hedged, 1);
+  release();  // the first open's late answer is dropped
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
+  EXPECT_FALSE(prefetch.take(5).has_value());
+  for (int row = 6; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
+}
+
+// On a slow file system (opens of 20 ms) an open that takes far longer is asked for again before
+// any fetch waits for it: the file is ready when its fetch comes, the late answer dropped.
+TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
+  {
+    std::lock_guard lock(mutex_);
+    held_ = {9};
+    hold_once_ = true;
+  }
+  delay_ = std::chrono::milliseconds(20);
+  CachePrefetch prefetch(opener());
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().hedged == 1; }));
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);
+    ASSERT_TRUE(taken.has_value() && taken->ok() && taken->value().has_value()) << row;
+  }
+  EXPECT_EQ(prefetch.stats().hedged, 1);  // the fetch of row 9 found it ready
+  release();
+}
+
+TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
+  CachePrefetchOptions options;
+  options.max_ahead_bytes = 2 * file_bytes_ + file_bytes_ / 2;  // room for two files
+  options.skip_cached = false;                                  // read them all, cached or not
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().read == 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(prefetch.stats().read, 2);
+  // Rows 0 and 1 fetched (the two read, unless an open that came late let a later row's read
+  // go first: a fetch reads its file itself when the prefetch did not): room for more.
+  ASSERT_TRUE(prefetch.take(0).has_value());
+  ASSERT_TRUE(prefetch.take(1).has_value());
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().read >= 3; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_LE(prefetch.stats().read, 4);
+  EXPECT_LE(prefetch.stats().max_ahead, options.max_ahead_bytes);
+}
+
+TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfOpenFiles) {
+  CachePrefetchOptions options;
+  options.max_open_files = 3;
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == 3; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(prefetch.stats().opened, 3);
+  EXPECT_TRUE(was_opened(2));
+  EXPECT_FALSE(was_opened(3));
+  // A fetch ahead of the prefetch opens its row itself; the prefetch then skips it.
+  EXPECT_FALSE(prefetch.take(4).has_value());
+  ASSERT_TRUE(prefetch.take(0).has_value());
+  ASSERT_TRUE(prefetch.take(1).has_value());
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == 5; }));  // 3, then 5 (4 skipped)
+  EXPECT_FALSE(was_opened(4));
+  EXPECT_EQ(prefetch.stats().overtaken, 1);
+  EXPECT_LE(prefetch.stats().max_open_ahead, 3);
+}
+
+TEST_F(ConcurrentCachePrefetchTest, ClearDropsThePlanAndWhatWasPrepared) {
+  CachePrefetchOptions options;
+  options.max_open_files = 2;
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of({{0, 1, 2, 3}}));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == 2; }));
+  prefetch.clear();  // an epoch stopped: rows 2 and 3 never come
+  EXPECT_FALSE(prefetch.take(0).has_value());
+  prefetch.plan(plan_of({{6, 7}}));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == 4; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(prefetch.stats().opened, 4);  // 6 and 7, not 2 and 3
+  EXPECT_FALSE(was_opened(2));
+  EXPECT_TRUE(prefetch.take(7).has_value());
+}
+
+}  // namespace
+}  // namespace draftfeed
