@@ -109,6 +109,10 @@ Result<std::size_t> MappedFile::read_at(std::size_t offset, std::span<iovec> par
   return done;
 }
 
+void MappedFile::advise_normal() const {
+  if (data_ != nullptr) ::madvise(const_cast<std::uint8_t*>(data_), size_, MADV_NORMAL);
+}
+
 void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
   if (data_ == nullptr || offset >= size_) return;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));

@@ -13,7 +13,7 @@
 // trip; and without the page-table work a mapping costs, see read_at) and change_since_mapped()
 // asks the open file instead of its path (no name lookup, and the attributes the kernel has: no
 // round trip either). One opened `header_only` reads, when a page is first touched, that page alone
-// (MADV_RANDOM: no read-around): for a file whose header is read at once and
+// (MADV_RANDOM: no read-around), until advise_normal(): for a file whose header is read at once and
 // whose bytes are read later through the descriptor, so that touching the header does not read the
 // megabyte around it (opening thousands of files ahead, that read-around would take the bandwidth
 // the next batch needs). Thread safety: immutable after `open`; any number of threads may read.
@@ -74,6 +74,10 @@ class MappedFile {
   // The same for the bytes from `offset` on, scattered over `parts` in order (preadv; at most
   // IOV_MAX parts). `parts` is consumed: its entries are advanced past what was read.
   Result<std::size_t> read_at(std::size_t offset, std::span<iovec> parts) const;
+
+  // Ends `header_only`: touched pages are read with the kernel's read-around again (MADV_NORMAL):
+  // for a file whose rows are copied through the mapping (a network file system's, CacheCopy).
+  void advise_normal() const;
 
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
   void prefetch(std::size_t offset, std::size_t length) const;
