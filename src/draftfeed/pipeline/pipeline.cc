@@ -134,8 +134,7 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
   workers_ = std::make_unique<ThreadPool>(options_.num_threads + source_->blocking_fetches());
   // Shared with the source, which reads the epoch ahead (SampleSource::will_need).
   auto plan = std::make_shared<const std::vector<PlannedBatch>>(std::move(batches));
-  scheduler_ = std::thread(
-      [this, epoch, plan = std::move(plan)]() mutable { run_scheduler(epoch, std::move(plan)); });
+  scheduler_ = std::thread([this, epoch, plan = std::move(plan)] { run_scheduler(epoch, plan); });
 }
 
 void Pipeline::stop() {
@@ -172,7 +171,7 @@ void Pipeline::stop_locked() {
 }
 
 void Pipeline::run_scheduler(std::uint64_t epoch,
-                             std::shared_ptr<const std::vector<PlannedBatch>> plan) {
+                             const std::shared_ptr<const std::vector<PlannedBatch>>& plan) {
   // The whole epoch, before any buffer is free: a source that opens and reads ahead (cache files
   // on a network file system) starts now, as far ahead as its own budgets allow.
   source_->will_need(plan);

@@ -180,7 +180,8 @@ class Pipeline {
   struct Job;
   void stop_locked();  // stop() with control_mutex_ held
   void schedule(std::shared_ptr<Job> first);
-  void run_scheduler(std::uint64_t epoch, std::shared_ptr<const std::vector<PlannedBatch>> batches);
+  void run_scheduler(std::uint64_t epoch,
+                     const std::shared_ptr<const std::vector<PlannedBatch>>& batches);
   void fetch_sample(const std::shared_ptr<Job>& job, std::size_t i);
   void place_and_copy(const std::shared_ptr<Job>& job);
   void copy_chunk(const std::shared_ptr<Job>& job, std::size_t placed, std::int64_t first,

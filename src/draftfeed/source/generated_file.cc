@@ -9,7 +9,6 @@
 #include <filesystem>
 
 #include "draftfeed/common/poll_backoff.h"
-
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {

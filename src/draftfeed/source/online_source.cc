@@ -205,8 +205,8 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
   if (!found.value()) return std::nullopt;
-  FetchOutcome outcome = CacheSampleSource::check(
-      row, input_ids, *found.value(), options_.cache.fp8_dequantize_dtype, read_rows_);
+  FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
+                                                  options_.cache.fp8_dequantize_dtype, read_rows_);
   std::lock_guard lock(mutex_);
   ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
   return outcome;
