@@ -39,13 +39,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import cli_path, machine, make_cached_dataset, print_table, tree_cpu_seconds  # noqa: E402
+from bench_common import cli_path, machine, make_cached_dataset, parallel_read, print_table, tree_cpu_seconds  # noqa: E402
 from page_cache import evict, evict_checked, resident_bytes  # noqa: E402
 
 ROW_SIZES = {"small": (64, 256, 640), "medium": (256, 2048, 96), "large": (2048, 8192, 24)}
@@ -84,29 +83,7 @@ def split_files(data: str, folder: str, train_ratio: float = 0.9) -> list[str]:
 def disk_bound(paths: list[str], threads: int, chunk: int = 1 << 20) -> float:
     """GB/s of a parallel sequential read of `paths` (evicted first) with `threads` threads."""
     evict(paths)
-    lock, state = threading.Lock(), {"next": 0, "bytes": 0}
-
-    def work() -> None:
-        buf, n = bytearray(chunk), 0
-        while True:
-            with lock:
-                i = state["next"]
-                state["next"] += 1
-            if i >= len(paths):
-                break
-            with open(paths[i], "rb", buffering=0) as f:
-                while k := f.readinto(buf):
-                    n += k
-        with lock:
-            state["bytes"] += n
-
-    start = time.perf_counter()
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return state["bytes"] / (time.perf_counter() - start) / 1e9
+    return parallel_read(paths, threads, chunk)["gbps"]
 
 
 def device_stat(path: str) -> tuple[int, int, int] | None:

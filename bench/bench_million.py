@@ -36,7 +36,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import cli_path, machine, print_table  # noqa: E402
+from bench_common import cli_path, machine, print_table, save_results  # noqa: E402
 
 
 def rss_anon_mb() -> float:
@@ -230,10 +230,7 @@ def main() -> None:
     print(f"A million files ({machine()})")
     print_table(rows, ("what", "seconds", "peak memory MB (anonymous; verify: RSS)", "per row / file"))
     print(f"{results['seconds']:.0f} s (writing {results['write_seconds']:.0f} s of it)")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "million.json").write_text(json.dumps(results, indent=2))
-    if args.json:
-        print(json.dumps(results))
+    save_results(args.out, "million.json", results, args.json)
 
 
 if __name__ == "__main__":

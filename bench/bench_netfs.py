@@ -44,14 +44,13 @@ import selectors
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tools"))
-from bench_common import cli_path, machine, print_table  # noqa: E402
+from bench_common import cli_path, machine, parallel_read, print_table, save_results  # noqa: E402
 from slowfs_process import SlowFs, slowfs_unavailable  # noqa: E402
 
 MAX_LEN = 8192
@@ -96,34 +95,6 @@ class Mount:
         if self.fs is not None:
             self.fs.stop()
             self.fs = None
-
-
-def parallel_read(paths: list[str], threads: int) -> dict:
-    """Every file of `paths` opened and read whole by `threads` threads."""
-    lock, state = threading.Lock(), {"next": 0, "bytes": 0}
-
-    def work() -> None:
-        buf, n = bytearray(1 << 20), 0
-        while True:
-            with lock:
-                i = state["next"]
-                state["next"] += 1
-            if i >= len(paths):
-                break
-            with open(paths[i], "rb", buffering=0) as f:
-                while k := f.readinto(buf):
-                    n += k
-        with lock:
-            state["bytes"] += n
-
-    start = time.perf_counter()
-    pool = [threading.Thread(target=work) for _ in range(min(threads, len(paths)))]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    seconds = time.perf_counter() - start
-    return dict(seconds=seconds, bytes=state["bytes"], gbps=state["bytes"] / seconds / 1e9)
 
 
 def bound(mount: Mount, config: dict, threads: int) -> dict:
@@ -408,10 +379,7 @@ def main() -> None:
     for line in criteria(results):
         print(line)
     print(f"{results['seconds']:.0f} s")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "netfs.json").write_text(json.dumps(results, indent=2))
-    if args.json:
-        print(json.dumps(results))
+    save_results(args.out, "netfs.json", results, args.json)
 
 
 if __name__ == "__main__":
