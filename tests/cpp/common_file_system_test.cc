@@ -29,9 +29,9 @@ TEST(FileSystemTest, NetworkAndFuseFileSystemsAreNetworkOnes) {
 
 TEST(FileSystemTest, LocalFileSystemsAreNot) {
   // ext2/3/4, xfs, btrfs, tmpfs, overlayfs, zfs, f2fs, ramfs, squashfs.
-  for (const std::uint64_t type : {0xEF53ULL, 0x58465342ULL, 0x9123683EULL, 0x01021994ULL,
-                                   0x794C7630ULL, 0x2FC12FC1ULL, 0xF2F52010ULL, 0x858458F6ULL,
-                                   0x73717368ULL}) {
+  for (const std::uint64_t type :
+       {0xEF53ULL, 0x58465342ULL, 0x9123683EULL, 0x01021994ULL, 0x794C7630ULL, 0x2FC12FC1ULL,
+        0xF2F52010ULL, 0x858458F6ULL, 0x73717368ULL}) {
     EXPECT_FALSE(is_network_file_system_type(type)) << std::hex << type;
   }
 }

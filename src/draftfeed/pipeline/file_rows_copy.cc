@@ -202,8 +202,7 @@ FileRowsCopy copy_through_staging(const BatchLayout& layout, const BatchMemory& 
 }  // namespace
 
 bool can_read_file_rows(const FetchedSample& sample) {
-  return sample.read_rows && sample.file && sample.file->fd() >= 0 &&
-         sample.hidden.data != nullptr;
+  return sample.read_rows && sample.file && sample.file->fd() >= 0 && sample.hidden.data != nullptr;
 }
 
 FileRowsCopy copy_file_rows(const BatchLayout& layout, const BatchMemory& batch,
