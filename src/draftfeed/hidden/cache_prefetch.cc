@@ -133,8 +133,10 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   // Wanted now and not read yet: read whole here, through the descriptor, before the copy's preads
   // of 512 KiB slices, as before the read-based copy (at 10 ms / 200 MB/s through slowfs, one run
   // each: cold epoch 60% of the bound without this and the fetch's read_before_copy, 66% with
-  // them; not the cause of the gap to the branch before the merge, 113%: see README, netfs).
-  // The mapping stays header-only (kMapForRowReads).
+  // them). On a network file system the copy then takes the rows from the mapping, in the page
+  // cache now (CacheCopy in source/cache_source.h: there a read() of a file opened long before
+  // asks the server for its attributes first, which was the rest of the gap).
+  // The mapping stays header-only (kMapForRowReads) until the fetch's check.
   if (const auto mapping = prepared && read_here ? readable_mapping(*prepared) : nullptr) {
     read_open_file_into_page_cache(mapping->fd(), mapping->size());
   }
