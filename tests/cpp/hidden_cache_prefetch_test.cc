@@ -184,7 +184,8 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
       {
         std::unique_lock lock(mutex_);
         opened_.insert(row);
-        const bool hold = held_.count(row) != 0 && !(hold_once_ && calls_[row]++ > 0);
+        const bool hold =
+            held_.count(row) != 0 && (hold_calls_ == 0 || calls_[row]++ < hold_calls_);
         released_.wait_for(lock, std::chrono::seconds(20), [&] { return !hold || release_all_; });
       }
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
@@ -225,7 +226,7 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
   std::mutex mutex_;
   std::condition_variable released_;
   std::set<std::int64_t> held_;
-  bool hold_once_ = false;  // only the first open of a held row waits
+  int hold_calls_ = 0;  // 0: every open of a held row waits; N: its first N opens
   std::map<std::int64_t, int> calls_;
   std::set<std::int64_t> opened_;
   bool release_all_ = false;
@@ -329,7 +330,7 @@ TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
   {
     std::lock_guard lock(mutex_);
     held_ = {5};
-    hold_once_ = true;
+    hold_calls_ = 1;
   }
   CachePrefetchOptions options;
   options.hedge_after = std::chrono::milliseconds(50);
@@ -357,7 +358,7 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
   {
     std::lock_guard lock(mutex_);
     held_ = {9};
-    hold_once_ = true;
+    hold_calls_ = 1;
   }
   delay_ = std::chrono::milliseconds(20);
   CachePrefetch prefetch(opener());
@@ -369,6 +370,51 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
   }
   EXPECT_EQ(prefetch.stats().hedged, 1);  // the fetch of row 9 found it ready
   release();
+}
+
+// A second ask that meets the tail too (1% of asks at a 1% tail: every few epochs of a large
+// cache) is asked again, not waited out: the third answer comes at once. (Before: one hedge, then
+// the fetch waited for the stalled asks.)
+TEST_F(ConcurrentCachePrefetchTest, AHedgeThatStallsIsAskedAgain) {
+  {
+    std::lock_guard lock(mutex_);
+    held_ = {5};
+    hold_calls_ = 2;  // the first two opens of row 5 wait (20 s, or until released)
+  }
+  CachePrefetch prefetch(opener());
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
+  const auto start = std::chrono::steady_clock::now();
+  auto taken = prefetch.take(5);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  if (!taken) taken.emplace(opener()(5));  // (before: the caller's own ask, the second: held)
+  ASSERT_TRUE(taken->ok() && taken->value().has_value());
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "the fetch waited for the stalled asks";
+  EXPECT_GE(prefetch.stats().hedged, 2);
+  EXPECT_LE(prefetch.stats().hedged, 2);  // three asks in all (max_asks), no more
+  release();
+}
+
+// A file system that turns slow (every open 100 ms, after fast ones) gets opens in flight by the
+// dozen within a few rounds: more threads once half of the latest 8 opens were slow. (Before: once
+// 24 of the latest 32 were, so a plan of 12 files after 12 fast opens stayed on two threads.)
+TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) {
+  CachePrefetchOptions options;
+  options.hedge = false;  // every open slow alike: nothing to hedge
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
+  for (int row = 0; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
+  ASSERT_EQ(prefetch.stats().threads, 2);
+  delay_ = std::chrono::milliseconds(100);
+  prefetch.plan(plan_of(all_rows()));
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);
+    if (!taken) taken.emplace(opener()(row));
+    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
+  }
+  EXPECT_GT(prefetch.stats().threads, 2);
+  EXPECT_GT(prefetch.stats().max_opening, 2);
 }
 
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {

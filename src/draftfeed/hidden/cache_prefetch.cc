@@ -107,18 +107,24 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
       return it == entries_.end() ||
              (it->second.state != State::kOpening && it->second.state != State::kReading);
     };
-    const bool opening = it->second.state == State::kOpening;
-    // Hedged once the usual open time is known (8 opens timed).
-    if (opening && options_.hedge && opens_timed_ >= 8 && !it->second.hedged &&
-        !ready_.wait_until(lock, it->second.opened_at + hedge_delay(), settled) &&
-        it->second.state == State::kOpening) {
-      // Far slower than opens are: ask again (the caller opens it); this open's answer, when it
-      // comes, finds no entry and is dropped.
-      entries_.erase(it);
-      ++stats_.hedged;
-      return std::nullopt;
+    // Waiting for an open under way: asked for again once it is slower than opens usually are
+    // (its batch waits; the first answer wins).
+    while (!settled()) {
+      Entry& entry = it->second;
+      const bool can_ask = entry.state == State::kOpening && options_.hedge && opens_timed_ >= 8 &&
+                           entry.asks < options_.max_asks;
+      if (!can_ask) {
+        ready_.wait(lock, settled);
+        break;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      const auto due = entry.asked_at + hedge_delay(/*wanted=*/true);
+      if (now < due) {
+        ready_.wait_until(lock, due, settled);
+      } else {
+        ask_again(row, entry);
+      }
     }
-    ready_.wait(lock, settled);
     if (stopping_ || generation != generation_ || it == entries_.end()) return std::nullopt;
   }
   Entry& entry = it->second;
@@ -164,7 +170,7 @@ void CachePrefetch::start_threads() {
   }
 }
 
-std::chrono::steady_clock::duration CachePrefetch::hedge_delay() const {
+std::chrono::steady_clock::duration CachePrefetch::hedge_delay(bool wanted) const {
   const std::size_t timed = std::min(opens_timed_, open_times_.size());
   std::chrono::steady_clock::duration median{};
   if (timed > 0) {
@@ -175,18 +181,46 @@ std::chrono::steady_clock::duration CachePrefetch::hedge_delay() const {
     median = *middle;
   }
   const auto scaled = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      median * options_.hedge_factor);
-  return std::max<std::chrono::steady_clock::duration>(scaled, options_.hedge_after);
+      median * (wanted ? options_.wanted_hedge_factor : options_.hedge_factor));
+  return std::max<std::chrono::steady_clock::duration>(
+      scaled, wanted ? options_.wanted_hedge_after : options_.hedge_after);
+}
+
+bool CachePrefetch::due_another_ask(const Entry& entry, std::chrono::steady_clock::time_point now,
+                                    bool wanted) const {
+  return entry.state == State::kOpening && entry.asks < options_.max_asks &&
+         now >= entry.asked_at + hedge_delay(wanted);
+}
+
+void CachePrefetch::note_ask(Entry& entry) {
+  entry.asked_at = std::chrono::steady_clock::now();
+  ++entry.asks;
+}
+
+void CachePrefetch::ask_again(std::int64_t row, Entry& entry) {
+  note_ask(entry);
+  opens_started_.emplace_back(entry.asked_at, row);  // timed by the pacer, as a first ask
+  to_hedge_.push_back(row);
+  ++stats_.hedged;
+  work_.notify_one();
+  if (pacer_idle_) paced_.notify_one();  // a thread for it, if every one is in a call
 }
 
 bool CachePrefetch::opens_are_slow() const {
-  const std::size_t timed = std::min(opens_timed_, open_times_.size());
+  // Half of the latest 8 opens, not of the 32 the hedges time: a file system that turns slow (a
+  // mount replaced, a server loaded) is seen after two rounds of opens on the two first threads,
+  // where 24 of 32 took 2 s at 50 ms opens (bench_netfs); on a local disk an open of a millisecond
+  // (a thread descheduled on a busy machine) is seldom half of 8 (a quarter of 8 grew threads
+  // there).
+  constexpr std::size_t kWindow = 8;
+  const std::size_t timed = std::min({opens_timed_, open_times_.size(), kWindow});
   if (timed < 2) return false;
-  std::array<std::chrono::steady_clock::duration, 32> times{};
-  std::copy_n(open_times_.begin(), timed, times.begin());
-  const auto quarter = times.begin() + static_cast<std::ptrdiff_t>(timed / 4);
-  std::nth_element(times.begin(), quarter, times.begin() + static_cast<std::ptrdiff_t>(timed));
-  return *quarter >= options_.grow_after;
+  std::size_t slow = 0;
+  for (std::size_t k = 1; k <= timed; ++k) {
+    const std::size_t at = (opens_timed_ - k) % open_times_.size();
+    if (open_times_[at] >= options_.grow_after) ++slow;
+  }
+  return 2 * slow >= timed;  // half of them took grow_after or more
 }
 
 void CachePrefetch::pace() {
@@ -196,30 +230,30 @@ void CachePrefetch::pace() {
     auto wake = std::chrono::steady_clock::time_point::max();
     // Opens far slower than the usual one: hedged (asked again by a worker; the first answer wins).
     if (options_.hedge && opens_timed_ >= 8) {
-      const auto delay = hedge_delay();
+      const auto delay = hedge_delay(/*wanted=*/false);
       while (!opens_started_.empty()) {
         const auto [began, row] = opens_started_.front();
         const auto it = entries_.find(row);
-        if (it == entries_.end() || it->second.state != State::kOpening || it->second.hedged ||
-            it->second.opened_at != began) {
-          opens_started_.pop_front();
+        if (it == entries_.end() || it->second.state != State::kOpening ||
+            it->second.asks >= options_.max_asks || it->second.asked_at != began) {
+          opens_started_.pop_front();  // answered, dropped, asked again since, or asked enough
           continue;
         }
         if (now < began + delay) {
           wake = began + delay;
           break;
         }
-        it->second.hedged = true;
-        to_hedge_.push_back(row);
-        ++stats_.hedged;
         opens_started_.pop_front();
-        work_.notify_one();
+        ask_again(row, it->second);
       }
     }
     // Every thread in a call on a file system that keeps each open waiting, work waiting: more
     // calls in flight, an eighth more threads per step (from 2 to 256 in about 40 ms).
     const bool full = static_cast<int>(threads_.size()) >= options_.max_threads;
-    if (!full && idle_ == 0 && slow_opens_ && (can_read() || can_open() || !to_hedge_.empty())) {
+    // An ask waiting for a thread gets one even where opens are usually quick: every thread may
+    // be in a stalled ask (of the very file it is for).
+    if (!full && idle_ == 0 &&
+        (!to_hedge_.empty() || (slow_opens_ && (can_read() || can_open())))) {
       const std::size_t more =
           std::min(std::max<std::size_t>(1, threads_.size() / 8),
                    static_cast<std::size_t>(options_.max_threads) - threads_.size());
@@ -263,7 +297,11 @@ void CachePrefetch::run() {
     if (!to_hedge_.empty()) {
       const std::int64_t row = to_hedge_.front();
       to_hedge_.pop_front();
-      open_row(lock, row, /*hedge=*/true);
+      const auto it = entries_.find(row);
+      // Not answered meanwhile: ask again.
+      if (it != entries_.end() && it->second.state == State::kOpening) {
+        open_row(lock, row, /*hedge=*/true);
+      }
     } else if (can_read()) {
       read_one(lock);
     } else {
@@ -282,8 +320,8 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
   if (entries_.count(row) != 0) return;  // planned twice: the first one serves both
   Entry& entry = entries_[row];
   entry.position = position_;
-  entry.opened_at = std::chrono::steady_clock::now();
-  opens_started_.emplace_back(entry.opened_at, row);
+  note_ask(entry);
+  opens_started_.emplace_back(entry.asked_at, row);
   open_row(lock, row, /*hedge=*/false);
 }
 
@@ -317,23 +355,23 @@ void CachePrefetch::open_row(std::unique_lock<std::mutex>& lock, std::int64_t ro
   if (mapping) mapping->release(0, mapping->size());
 
   lock.lock();
-  if (!hedge) {
-    open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
-    slow_opens_ = opens_are_slow();
-    ++stats_.opened;
-    // Opens still under way on a slow file system: the pacer times them (to hedge).
-    if (slow_opens_ && pacer_idle_ && !opens_started_.empty()) paced_.notify_one();
-  }
+  if (!hedge) ++stats_.opened;
   --opening_;
   auto it = entries_.find(row);
   if (generation != generation_ || it == entries_.end() || it->second.state != State::kOpening) {
-    // Cleared meanwhile, or the other of a hedged pair answered first: dropped (unmapped and
-    // closed outside the lock).
+    // Cleared meanwhile, or another ask of a hedged file answered first: dropped (unmapped and
+    // closed outside the lock), and not timed (a tail that lost would make the usual open time
+    // look like the tail's: at an epoch's end the latest answers are the tails).
     lock.unlock();
     prepared.reset();
     lock.lock();
     return;
   }
+  // The answer that wins is timed from its own ask (a hedge's too): what an open takes.
+  open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
+  slow_opens_ = opens_are_slow();
+  // Opens still under way on a slow file system: the pacer times them (to hedge).
+  if (slow_opens_ && pacer_idle_ && !opens_started_.empty()) paced_.notify_one();
   if (cached) ++stats_.cached;
   it->second.prepared = std::move(prepared);
   it->second.bytes = mapping ? mapping->size() : 0;

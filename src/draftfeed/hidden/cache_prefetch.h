@@ -19,7 +19,7 @@
 //     nothing and only opens).
 // Each open or read blocks a thread in the kernel. Two threads start with the first plan; a pacer
 // starts more (an eighth more per `grow_after`, 1 ms, up to `max_threads`) while work waits
-// within the budgets, no thread is free, and the opens are slow: a quarter of the latest 32 took
+// within the budgets, no thread is free, and the opens are slow: half of the latest 8 took
 // `grow_after` or more (on a network file system each open is a few round trips). That is a file
 // system that keeps each call waiting, where many calls must be in flight (Little's law: in flight
 // = rate x latency), and where opening far ahead of the fetches is what hides a slow open's tail:
@@ -34,13 +34,14 @@
 // it reads the rows (pipeline/file_rows_copy.h) or maps them (a network file system:
 // source/cache_source.h's CacheCopy); a row the prefetch has not reached yet is left to the fetch
 // (and skipped when the prefetch gets there).
-// An open taking far longer than opens usually do (4 x the median of the latest 32, at least 50
-// ms: a network file system's tail) is hedged: the pacer has a worker open the file again, and the
-// first answer wins (the late one is dropped); a fetch that finds itself waiting for such an open
-// that was not hedged asks again itself. Where a tail is one request's bad luck (a server's queue,
-// a lost packet), the second ask seldom meets it; where the file itself is stuck, both wait, and
-// the fetch holds its batch as it would have.
-//
+// An open taking far longer than opens usually do (4 x the median of the latest 32 answers that
+// won, at least 50 ms: a network file system's tail) is hedged: the pacer has a worker open the
+// file again, and the first answer wins (the late ones are dropped, untimed). A fetch waiting
+// for such an open has it asked again sooner (2 x the median, at least 10 ms: its batch waits). An
+// ask that itself stalls is asked again, up to three asks in all. Where a tail is one request's bad
+// luck (a server's queue, a lost packet), the second ask seldom meets it (1% of asks at a 1% tail:
+// hence the third); where the file itself is stuck, every ask waits, and the fetch holds its batch
+// as it would have.
 // Thread safety: every method may be called from any thread.
 #pragma once
 
@@ -75,11 +76,15 @@ struct CachePrefetchOptions {
   std::int64_t max_open_files = 0;
   int max_threads = 256;                       // blocked opens and reads at once, at most
   std::chrono::microseconds grow_after{1000};  // a call under way this long: one more thread
-  // A fetch waiting for its file's open hedges it after `hedge_factor` x the median open time (at
-  // least `hedge_after`): it opens the file again itself, and the first answer wins.
+  // An open under way `hedge_factor` x the median open time (at least `hedge_after`) is asked for
+  // again, sooner (`wanted_hedge_factor`, `wanted_hedge_after`) when a fetch waits for it; the
+  // first answer wins. At most `max_asks` asks of one file.
   bool hedge = true;
   double hedge_factor = 4;
   std::chrono::milliseconds hedge_after{50};
+  double wanted_hedge_factor = 2;
+  std::chrono::milliseconds wanted_hedge_after{10};
+  int max_asks = 3;
   bool read_data = true;    // read files into the page cache (off: open ahead only)
   bool skip_cached = true;  // files already in the page cache are not read again
 };
@@ -91,7 +96,7 @@ struct CachePrefetchStats {
   std::uint64_t bytes = 0;          // their bytes
   std::int64_t taken = 0;           // prepared files a fetch took
   std::int64_t waited = 0;          // fetches that waited for their file's open or read under way
-  std::int64_t hedged = 0;          // opens a waiting fetch asked for again (see hedge)
+  std::int64_t hedged = 0;          // opens asked for again (see hedge)
   std::int64_t overtaken = 0;       // rows a fetch reached before the prefetch (left to the fetch)
   std::int64_t threads = 0;         // threads started so far
   std::int64_t max_opening = 0;     // the most opens under way at once
@@ -133,9 +138,9 @@ class CachePrefetch {
   enum class State : std::uint8_t { kOpening, kOpened, kReading, kReady };
   struct Entry {
     State state = State::kOpening;
-    std::int64_t position = 0;                          // in the plan: reads go nearest first
-    std::chrono::steady_clock::time_point opened_at{};  // when its open began
-    bool hedged = false;                                // asked for a second time
+    std::int64_t position = 0;                         // in the plan: reads go nearest first
+    std::chrono::steady_clock::time_point asked_at{};  // when its latest ask began
+    int asks = 0;                                      // opens asked for (1 + hedges)
     std::optional<Prepared> prepared;
     std::uint64_t bytes = 0;     // the file's size, once opened
     bool counted_ahead = false;  // its bytes count in ahead_bytes_
@@ -147,8 +152,17 @@ class CachePrefetch {
   void start_threads();         // the first two threads, when there is work (mutex_ held)
   void pace();                  // the pacer thread: one more worker while every call is slow
   bool opens_are_slow() const;  // see "the opens are slow" above (mutex_ held)
-  // How long a fetch waits for an open under way before hedging it (mutex_ held).
-  std::chrono::steady_clock::duration hedge_delay() const;
+  // How long an ask may take before the file is asked for again: shorter when a fetch waits for
+  // it (`wanted`) (mutex_ held).
+  std::chrono::steady_clock::duration hedge_delay(bool wanted) const;
+  // Whether `entry`'s open is due another ask: its latest ask under way longer than
+  // hedge_delay(wanted), fewer than max_asks asks (mutex_ held).
+  bool due_another_ask(const Entry& entry, std::chrono::steady_clock::time_point now,
+                       bool wanted) const;
+  // Marks the start of an ask of `entry` (mutex_ held).
+  void note_ask(Entry& entry);
+  // Has a worker ask for `row`'s file again (mutex_ held).
+  void ask_again(std::int64_t row, Entry& entry);
   std::int64_t next_row();                            // the plan's next row, or -1 (mutex_ held)
   void open_one(std::unique_lock<std::mutex>& lock);  // the plan's next row
   // Opens `row` (its entry made): the first open, or a hedge of one under way (mutex_ held).
