@@ -6,6 +6,7 @@ open, lookup, listing and first read, a heavy tail, a bandwidth cap) for tests a
         fs.mountpoint                      # the folder to read through
         fs.stats()                         # counters: calls and injected seconds per operation
         fs.reset_stats()
+        fs.set_tail(False)                 # the tail off (and on again) without a new mount
 
 The program is compiled on first use from tools/slowfs/slowfs.cc (Debian's libfuse3-dev, via
 pkg-config) into build/slowfs/ of this tree, and rebuilt when the source changes.
@@ -237,6 +238,21 @@ class SlowFs:
 
     def reset_stats(self) -> None:
         self._signal_and_read(signal.SIGUSR2)
+
+    def set_tail(self, on: bool) -> None:
+        """Turns the --tail on or off for the calls from now on (those waiting keep their delay): a
+        benchmark compares epochs with and without the tail on the same client."""
+        stats = self._signal_and_read(signal.SIGRTMIN + (1 if on else 0))
+        if stats.get("tail") is not on:
+            raise RuntimeError(f"slowfs did not turn its tail {'on' if on else 'off'}: {stats}")
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Waits until no reply is held back (the tails of earlier calls answered)."""
+        deadline = time.monotonic() + timeout
+        while self.stats()["waiting"] > 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slowfs still holds replies after {timeout:.0f} s")
+            time.sleep(0.05)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Unmounts (SIGTERM; then SIGKILL and a lazy unmount if it does not end)."""

@@ -114,6 +114,23 @@ def test_a_tail_slows_the_given_share_of_opens(source, tmp_path):
         assert 4 <= slow <= 20, f"{slow} of 24 opens in the tail (half expected)"
 
 
+def test_the_tail_is_switched_off_and_on_without_a_new_mount(source, tmp_path):
+    """What bench_netfs compares warm epochs with and without the tail by (one client)."""
+    with SlowFs(source, tmp_path / "mnt", latency_ms=1, sigma=0, tail=(1.0, 0.3, 0.3)) as fs:
+        mnt = Path(fs.mountpoint)
+        seconds, _ = timed((mnt / "f0").read_bytes)
+        assert seconds >= 0.3, "every open in the tail"
+        fs.set_tail(False)
+        assert fs.stats()["tail"] is False
+        seconds, _ = timed(lambda: [(mnt / f"f{i}").read_bytes() for i in range(8)])
+        assert seconds < 0.3 * 2, f"8 opens with the tail off took {seconds:.2f} s"
+        fs.set_tail(True)
+        seconds, _ = timed((mnt / "f1").read_bytes)
+        assert seconds >= 0.3, "the tail on again"
+        fs.wait_idle()
+        assert fs.stats()["waiting"] == 0
+
+
 def test_reads_share_the_bandwidth_cap(source, tmp_path):
     with SlowFs(source, tmp_path / "mnt", bandwidth_mbps=20) as fs:
         seconds, data = timed(lambda: (Path(fs.mountpoint) / "big").read_bytes())

@@ -32,7 +32,10 @@
 //
 // --latency-ms M sets the median of every class (lookup, open, readdir, read); the others set one.
 // Stats: SIGUSR1 writes the counters (per operation: calls, injected seconds; bytes read; replies
-// waiting now and at most) as JSON to --stats, atomically; SIGUSR2 resets them. Lifetime: the
+// waiting now and at most, whether the tail is on) as JSON to --stats, atomically; SIGUSR2 resets
+// them; SIGRTMIN turns the tail off and SIGRTMIN+1 back on (then writes the stats): a benchmark
+// compares warm epochs with and without the tail on one client, its pages and its cached names the
+// same, instead of across two mounts whose epochs differ by more than the tail costs. Lifetime: the
 // process dies with its parent (PR_SET_PDEATHSIG) and unmounts on SIGTERM, SIGINT or SIGHUP; the
 // mount's source is named `slowfs-<pid>`, so that a mount left by a killed slowfs can be found and
 // lazily unmounted (tools/slowfs_process.py does, at start). Prints "ready" once mounted.
@@ -99,6 +102,10 @@ class LatencyModel {
  public:
   explicit LatencyModel(const Options& options) : options_(options), random_(options.seed) {}
 
+  // Whether --tail applies (SIGRTMIN turns it off, SIGRTMIN+1 on).
+  void set_tail(bool on) { tail_enabled_ = on; }
+  bool tail_enabled() const { return tail_enabled_; }
+
   // Seconds a lookup of a name that does not exist waits (--missing-lookup-ms, no tail).
   double missing_lookup() {
     const double median = options_.missing_lookup_ms / 1000.0;
@@ -115,7 +122,7 @@ class LatencyModel {
       if (slow != options_.slow_names.end()) return slow->second;
     }
     std::lock_guard lock(mutex_);
-    if (options_.tail_on[c] && options_.tail_probability > 0 &&
+    if (options_.tail_on[c] && options_.tail_probability > 0 && tail_enabled_ &&
         uniform_(random_) < options_.tail_probability) {
       return options_.tail_low + (options_.tail_high - options_.tail_low) * uniform_(random_);
     }
@@ -130,6 +137,7 @@ class LatencyModel {
   std::mt19937_64 random_;
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
   std::normal_distribution<double> normal_{0.0, 1.0};
+  std::atomic<bool> tail_enabled_{true};
 };
 
 // ---------------------------------------------------------------- counters
@@ -846,7 +854,9 @@ void write_stats(const std::string& path) {
   const std::string temp = path + ".tmp";
   FILE* out = std::fopen(temp.c_str(), "w");
   if (out == nullptr) return;
-  const std::string text = g_fs->stats().json() + "\n";
+  std::string text = g_fs->stats().json();
+  text.pop_back();  // its closing brace: the tail's switch joins the counters
+  text += std::string(", \"tail\": ") + (g_fs->latency().tail_enabled() ? "true" : "false") + "}\n";
   std::fwrite(text.data(), 1, text.size(), out);
   std::fclose(out);
   std::rename(temp.c_str(), path.c_str());
@@ -874,6 +884,8 @@ int main(int argc, char** argv) {
   sigemptyset(&stats_signals);
   sigaddset(&stats_signals, SIGUSR1);
   sigaddset(&stats_signals, SIGUSR2);
+  sigaddset(&stats_signals, SIGRTMIN);
+  sigaddset(&stats_signals, SIGRTMIN + 1);
   sigemptyset(&exit_signals);
   sigaddset(&exit_signals, SIGTERM);
   sigaddset(&exit_signals, SIGINT);
@@ -925,6 +937,7 @@ int main(int argc, char** argv) {
       int signal = 0;
       if (sigwait(&stats_signals, &signal) != 0) continue;
       if (signal == SIGUSR2) g_fs->stats().reset();
+      if (signal == SIGRTMIN || signal == SIGRTMIN + 1) g_fs->latency().set_tail(signal != SIGRTMIN);
       write_stats(options.stats_path);
     }
   }).detach();
