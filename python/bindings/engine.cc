@@ -245,6 +245,8 @@ struct PyLoader {
       prefetch["bytes"] = p.bytes;
       prefetch["taken"] = p.taken;
       prefetch["waited"] = p.waited;
+      prefetch["waited_opening"] = p.waited_opening;
+      prefetch["wait_seconds"] = p.wait_seconds;
       prefetch["hedged"] = p.hedged;
       prefetch["overtaken"] = p.overtaken;
       prefetch["threads"] = p.threads;

@@ -116,6 +116,23 @@ def test_a_file_stuck_for_seconds_holds_back_only_its_batch(data, tmp_path, wher
         assert times[0] >= stall and times[-1] - times[0] < 1.0, times
 
 
+def test_fetches_waiting_for_stuck_opens_do_not_stop_the_other_batches(data, tmp_path):
+    """Two batches' files stuck (as many as the loader's threads): the fetches waiting for them have
+    threads of their own on a network file system, so every other batch still comes meanwhile.
+    (Before: both of the pipeline's threads waited, and nothing came until the stall ended.)"""
+    plan = loader(data, data / "hidden_states").batch_sampler._generate_batches(0)
+    stuck = [int(plan[0][0]), int(plan[1][0])]
+    stall = 3.0
+    with SlowFs(data / "hidden_states", tmp_path / "mnt", latency_ms=5, sigma=0,
+                slow={f"hs_{row}.safetensors": stall for row in stuck}) as fs:
+        load = loader(data, Path(fs.mountpoint), in_order=False)
+        seconds, batches, times = epoch(load)
+        load.close()
+    assert len(batches) == len(plan)
+    assert seconds >= stall
+    assert max(times[:-2]) < stall, f"batches came only after the stall: {times}"
+
+
 def getattr_round_trips(stats: dict, latency_ms: float) -> int:
     """slowfs's attribute reads answered late (sigma=0: each waits exactly `latency_ms`)."""
     return round(stats["delayed_seconds"].get("getattr", 0.0) / (latency_ms / 1000))

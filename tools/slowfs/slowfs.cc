@@ -937,7 +937,8 @@ int main(int argc, char** argv) {
       int signal = 0;
       if (sigwait(&stats_signals, &signal) != 0) continue;
       if (signal == SIGUSR2) g_fs->stats().reset();
-      if (signal == SIGRTMIN || signal == SIGRTMIN + 1) g_fs->latency().set_tail(signal != SIGRTMIN);
+      if (signal == SIGRTMIN || signal == SIGRTMIN + 1)
+        g_fs->latency().set_tail(signal != SIGRTMIN);
       write_stats(options.stats_path);
     }
   }).detach();

@@ -94,6 +94,7 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
     : store_(std::move(store)),
       options_(checked(options)),
       read_rows_(options_.rows_are_read()),
+      blocking_fetches_(on_network_file_system(options_.hidden_states_path) ? 8 : 0),
       prefetch_(std::make_unique<CachePrefetch>(
           // Header only, descriptor kept: the rows are read through it (the prefetch's read
           // ahead, then the copy), never around the header's page when thousands of files are
