@@ -155,11 +155,16 @@ def draftfeed_build(cli: str) -> dict:
     up_to_date = None
     build_dir = core.parent
     if from_tree:
-        # As make decides: the build is up to date when its products are newer than every source
-        # they are built from (the C++ sources, the bindings and the build files).
-        sources = git("ls-files", "src", "python/bindings", "CMakeLists.txt").splitlines()
-        newest = max((REPO / f).stat().st_mtime for f in sources if (REPO / f).exists())
-        up_to_date = min(core.stat().st_mtime, program.stat().st_mtime) >= newest
+        # As make decides: the build is up to date when each product is newer than every source it
+        # is built from: the module from the C++ sources, the bindings and the build files; the
+        # program from the C++ sources and the build files (not the bindings: an edit there once
+        # made a fresh program look stale).
+        def newest(*paths: str) -> float:
+            files = git("ls-files", *paths).splitlines()
+            return max((REPO / f).stat().st_mtime for f in files if (REPO / f).exists())
+
+        up_to_date = (core.stat().st_mtime >= newest("src", "python/bindings", "CMakeLists.txt")
+                      and program.stat().st_mtime >= newest("src", "CMakeLists.txt"))
     if from_tree:
         state = {True: "up to date", False: "NOT up to date with the sources", None: "freshness unknown"}[up_to_date]
         description = f"built from this tree ({build_dir.relative_to(REPO)}, {state}; program {program.relative_to(REPO)})"
