@@ -131,10 +131,11 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
         break;
       }
       const auto now = std::chrono::steady_clock::now();
-      if (due_another_ask(entry, now, /*wanted=*/true)) {
+      const auto delay = hedge_delay(/*wanted=*/true);
+      if (due_another_ask(entry, now, delay)) {
         ask_again(row, entry);
       } else {
-        ready_.wait_until(lock, entry.asked_at + hedge_delay(/*wanted=*/true), settled);
+        ready_.wait_until(lock, entry.asked_at + delay, settled);
       }
     }
     stats_.wait_seconds +=
@@ -201,9 +202,9 @@ std::chrono::steady_clock::duration CachePrefetch::hedge_delay(bool wanted) cons
 }
 
 bool CachePrefetch::due_another_ask(const Entry& entry, std::chrono::steady_clock::time_point now,
-                                    bool wanted) const {
+                                    std::chrono::steady_clock::duration delay) const {
   return entry.state == State::kOpening && entry.asks < options_.max_asks &&
-         now >= entry.asked_at + hedge_delay(wanted);
+         now >= entry.asked_at + delay;
 }
 
 void CachePrefetch::note_ask(Entry& entry) {
@@ -261,14 +262,15 @@ void CachePrefetch::pace() {
         ask_again(row, it->second);
       }
       // Opens for the batches being put together: asked again sooner.
+      const auto wanted_delay = hedge_delay(/*wanted=*/true);
       for (const auto& [batch, row] : opening_by_batch_) {
         if (batch >= wanted_batches_) break;
         Entry& entry = entries_.at(row);
         if (entry.asks >= options_.max_asks) continue;
-        if (due_another_ask(entry, now, /*wanted=*/true)) {
+        if (due_another_ask(entry, now, wanted_delay)) {
           ask_again(row, entry);
         } else {
-          wake = std::min(wake, entry.asked_at + hedge_delay(/*wanted=*/true));
+          wake = std::min(wake, entry.asked_at + wanted_delay);
         }
       }
     }

@@ -162,10 +162,10 @@ class CachePrefetch {
   // How long an ask may take before the file is asked for again: shorter when a fetch waits for
   // it (`wanted`) (mutex_ held).
   std::chrono::steady_clock::duration hedge_delay(bool wanted) const;
-  // Whether `entry`'s open is due another ask: its latest ask under way longer than
-  // hedge_delay(wanted), fewer than max_asks asks (mutex_ held).
+  // Whether `entry`'s open is due another ask: its latest ask under way `delay` or longer (a
+  // hedge_delay()), fewer than max_asks asks (mutex_ held).
   bool due_another_ask(const Entry& entry, std::chrono::steady_clock::time_point now,
-                       bool wanted) const;
+                       std::chrono::steady_clock::duration delay) const;
   // Marks the start of an ask of `entry` (mutex_ held).
   void note_ask(Entry& entry);
   // Has a worker ask for `row`'s file again (mutex_ held).
