@@ -40,6 +40,7 @@ Written to OUT/netfs.json. Needs FUSE (/dev/fuse, libfuse3-dev); where it cannot
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -197,18 +198,28 @@ def read_marked(proc: subprocess.Popen, deadline: float, what: str) -> dict:
     raise SystemExit(f"{what}: no result (exit status {proc.poll()}):\n{err[-3000:]}")
 
 
-def side_run(mount: Mount, config: dict, side: str, *, workers: int, batches: int | None, in_order: bool,
-             slow: dict, timeout: float, warm_repeats: int = 1) -> dict:
-    """One side in its own process: start-up on a fast mount, then a cold and a warm epoch on a fresh
-    slow one."""
-    mount.fresh({})  # no latency: the start-up epoch spawns workers and imports, nothing measured
+@contextlib.contextmanager
+def side_process(mount: Mount, config: dict, side: str, *flags: str, workers: int, in_order: bool):
+    """One side in its own process, started on a mount without latency (its start-up epoch spawns
+    workers and imports, nothing measured); killed on the way out if it has not ended."""
+    mount.fresh({})
     proc = subprocess.Popen(
         [sys.executable, __file__, "--side", side, "--config", json.dumps(config), "--mountpoint",
-         mount.mountpoint, "--workers", str(workers), "--side-batches", str(batches or 0),
-         "--warm-repeats", str(warm_repeats),
-         *([] if in_order else ["--as-ready"])],
+         mount.mountpoint, "--workers", str(workers), *flags, *([] if in_order else ["--as-ready"])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def side_run(mount: Mount, config: dict, side: str, *, workers: int, batches: int | None, in_order: bool,
+             slow: dict, timeout: float, warm_repeats: int = 1) -> dict:
+    """One side: start-up on a fast mount, then a cold and a warm epoch on a fresh slow one."""
+    with side_process(mount, config, side, "--side-batches", str(batches or 0), "--warm-repeats",
+                      str(warm_repeats), workers=workers, in_order=in_order) as proc:
         deadline = time.monotonic() + timeout
         startup = read_marked(proc, deadline, f"{side} start-up")
         fs = mount.fresh(slow)  # a cold client
@@ -219,10 +230,6 @@ def side_run(mount: Mount, config: dict, side: str, *, workers: int, batches: in
         result.update(startup, slowfs=fs.stats())
         proc.wait(timeout=60)
         return result
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def tail_run(mount: Mount, config: dict, *, workers: int, in_order: bool, slow: dict, tail: tuple,
@@ -236,20 +243,15 @@ def tail_run(mount: Mount, config: dict, *, workers: int, in_order: bool, slow: 
     warm epochs here run in a cycle of about four (slowfs's 1 s attribute timeout: every fourth or so
     pays the lookups again), which a fixed ABBA order turned into a +5-7% "cost" with the tail off on
     both sides."""
-    mount.fresh({})
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--side", "draftfeed", "--config", json.dumps(config), "--mountpoint",
-         mount.mountpoint, "--workers", str(workers), "--commands", *([] if in_order else ["--as-ready"])],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdin is not None
-    deadline = time.monotonic() + timeout
+    with side_process(mount, config, "draftfeed", "--commands", workers=workers, in_order=in_order) as proc:
+        assert proc.stdin is not None
+        deadline = time.monotonic() + timeout
 
-    def epoch() -> dict:
-        proc.stdin.write("epoch\n")
-        proc.stdin.flush()
-        return read_marked(proc, deadline, "draftfeed tail epoch")
+        def epoch() -> dict:
+            proc.stdin.write("epoch\n")
+            proc.stdin.flush()
+            return read_marked(proc, deadline, "draftfeed tail epoch")
 
-    try:
         startup = read_marked(proc, deadline, "draftfeed start-up")
         result: dict = {"without": {"startup": startup}, "with": {"startup": startup}}
         fs = mount.fresh(slow)
@@ -271,20 +273,15 @@ def tail_run(mount: Mount, config: dict, *, workers: int, in_order: bool, slow: 
         for key in ("with", "without"):
             result[key]["warm"] = median_run(warm[key])
         differences = [w["seconds"] - o["seconds"] for w, o in zip(warm["with"], warm["without"])]
-        mean_without = statistics.mean(o["seconds"] for o in warm["without"])
         result["warm_paired"] = dict(
             pairs=warm_pairs, mean_difference=statistics.mean(differences),
             standard_error=statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else 0.0,
-            mean_without=mean_without)
+            mean_without=statistics.mean(o["seconds"] for o in warm["without"]))
         result["with"]["slowfs"] = fs.stats()
         proc.stdin.write("quit\n")
         proc.stdin.flush()
         proc.wait(timeout=60)
         return result
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 # ---------------------------------------------------------------- the tables
