@@ -250,6 +250,7 @@ struct PyLoader {
       prefetch["hedged"] = p.hedged;
       prefetch["overtaken"] = p.overtaken;
       prefetch["threads"] = p.threads;
+      prefetch["running"] = p.running;
       prefetch["max_opening"] = p.max_opening;
       prefetch["max_open_ahead"] = p.max_open_ahead;
       prefetch["max_ahead_bytes"] = p.max_ahead;

@@ -446,6 +446,32 @@ TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) 
   EXPECT_GT(prefetch.stats().max_opening, 2);
 }
 
+// The threads a slow file system's epoch started end once idle (down to two), and a later plan is
+// served as before. (Before: they stayed, up to 256 of them, for the rest of the run.)
+TEST_F(ConcurrentCachePrefetchTest, IdleThreadsEndDownToTwo) {
+  CachePrefetchOptions options;
+  options.hedge = false;
+  options.idle_exit_after = std::chrono::milliseconds(200);
+  delay_ = std::chrono::milliseconds(100);
+  CachePrefetch prefetch(opener(), options);
+  prefetch.plan(plan_of(all_rows()));
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);
+    if (!taken) taken.emplace(opener()(row));
+    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
+  }
+  ASSERT_GT(prefetch.stats().threads, 2);
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().running == 2; }))
+      << "running " << prefetch.stats().running;
+  delay_ = std::chrono::milliseconds(0);
+  prefetch.plan(plan_of(all_rows()));
+  for (int row = 0; row < kRows; ++row) {
+    auto taken = prefetch.take(row);
+    if (!taken) taken.emplace(opener()(row));
+    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
+  }
+}
+
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
   CachePrefetchOptions options;
   options.max_ahead_bytes = 2 * file_bytes_ + file_bytes_ / 2;  // room for two files

@@ -89,7 +89,9 @@ void CachePrefetch::clear() { plan(PrefetchPlan{}); }
 
 CachePrefetchStats CachePrefetch::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  CachePrefetchStats stats = stats_;
+  stats.running = static_cast<std::int64_t>(threads_.size() - ended_.size());
+  return stats;
 }
 
 std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
@@ -238,9 +240,21 @@ bool CachePrefetch::opens_are_slow() const {
   return 2 * slow >= timed;  // half of them took grow_after or more
 }
 
+void CachePrefetch::join_ended() {
+  for (const std::thread::id id : ended_) {
+    const auto it = std::find_if(threads_.begin(), threads_.end(),
+                                 [id](const std::thread& thread) { return thread.get_id() == id; });
+    // It has left run() (and with it the lock): the join waits for nothing of ours.
+    it->join();
+    threads_.erase(it);
+  }
+  ended_.clear();
+}
+
 void CachePrefetch::pace() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
+    join_ended();
     const auto now = std::chrono::steady_clock::now();
     auto wake = std::chrono::steady_clock::time_point::max();
     // Opens far slower than the usual one: hedged (asked again by a worker; the first answer wins).
@@ -315,10 +329,20 @@ void CachePrefetch::run() {
   std::unique_lock lock(mutex_);
   while (true) {
     ++idle_;
-    work_.wait(lock,
-               [this] { return stopping_ || !to_hedge_.empty() || can_read() || can_open(); });
+    const bool work = work_.wait_for(lock, options_.idle_exit_after, [this] {
+      return stopping_ || !to_hedge_.empty() || can_read() || can_open();
+    });
     --idle_;
     if (stopping_) return;
+    if (!work) {
+      // Idle for long: this thread ends, unless it is one of the last two (joined by the pacer).
+      if (threads_.size() - ended_.size() > 2) {
+        ended_.push_back(std::this_thread::get_id());
+        paced_.notify_one();
+        return;
+      }
+      continue;
+    }
     // Hedges first (a file the fetches will want soon, held up), then reads (an opened file is
     // nearer to its fetch than the next one to open).
     if (!to_hedge_.empty()) {

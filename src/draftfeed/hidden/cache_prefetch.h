@@ -24,9 +24,9 @@
 // system that keeps each call waiting, where many calls must be in flight (Little's law: in flight
 // = rate x latency), and where opening far ahead of the fetches is what hides a slow open's tail:
 // its file is asked for long before its batch. A thread blocked in such a call costs its stack,
-// nothing else. Where opens are quick (a local disk, even one busy with other threads) none start:
-// more threads would only contend for the CPUs and for the process's memory map (every mmap and
-// munmap takes it), and slow each open down.
+// nothing else; one idle for `idle_exit_after` (30 s) ends, down to two. Where opens are quick (a
+// local disk, even one busy with other threads) none start: more threads would only contend for the
+// CPUs and for the process's memory map (every mmap and munmap takes it), and slow each open down.
 //
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or, when its read has not started, after reading it whole there
@@ -80,6 +80,9 @@ struct CachePrefetchOptions {
   std::int64_t max_open_files = 0;
   int max_threads = 256;                       // blocked opens and reads at once, at most
   std::chrono::microseconds grow_after{1000};  // a call under way this long: one more thread
+  // A thread with nothing to do this long ends (down to two): a slow file system's epoch leaves
+  // no hundreds of idle threads behind for the rest of the run.
+  std::chrono::milliseconds idle_exit_after{30000};
   // An open under way `hedge_factor` x the median open time (at least `hedge_after`) is asked for
   // again, sooner (`wanted_hedge_factor`, `wanted_hedge_after`) when a fetch waits for it; the
   // first answer wins. At most `max_asks` asks of one file.
@@ -105,6 +108,7 @@ struct CachePrefetchStats {
   std::int64_t hedged = 0;          // opens asked for again (see hedge)
   std::int64_t overtaken = 0;       // rows a fetch reached before the prefetch (left to the fetch)
   std::int64_t threads = 0;         // threads started so far
+  std::int64_t running = 0;         // threads running now (idle ones end: idle_exit_after)
   std::int64_t max_opening = 0;     // the most opens under way at once
   std::int64_t max_open_ahead = 0;  // the most files opened and not yet fetched
   std::uint64_t max_ahead = 0;      // the most bytes read ahead of the fetches
@@ -158,6 +162,7 @@ class CachePrefetch {
   bool can_read() const;
   void start_threads();         // the first two threads, when there is work (mutex_ held)
   void pace();                  // the pacer thread: one more worker while every call is slow
+  void join_ended();            // joins the workers that ended idle (mutex_ held)
   bool opens_are_slow() const;  // see "the opens are slow" above (mutex_ held)
   // How long an ask may take before the file is asked for again: shorter when a fetch waits for
   // it (`wanted`) (mutex_ held).
@@ -210,7 +215,8 @@ class CachePrefetch {
   bool stopping_ = false;
   std::atomic<bool> stop_reads_{false};  // read without the lock by reads under way
   CachePrefetchStats stats_;
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_;    // started, not yet joined
+  std::vector<std::thread::id> ended_;  // of them, those that ended idle (the pacer joins)
   std::thread pacer_;
 };
 
