@@ -372,14 +372,15 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
   release();
 }
 
-// A second ask that meets the tail too (1% of asks at a 1% tail: every few epochs of a large
-// cache) is asked again, not waited out: the third answer comes at once. (Before: one hedge, then
-// the fetch waited for the stalled asks.)
+// Asks that meet the tail too (1% of asks at a 1% tail: every few epochs of a large cache; a third
+// in a row about once in 700 warm epochs of bench_netfs's cache) are asked again, not waited out:
+// the fourth answer comes at once. (Before stop 34: one hedge, then the fetch waited for the
+// stalled asks; before stop 35: three asks, then it waited.)
 TEST_F(ConcurrentCachePrefetchTest, AHedgeThatStallsIsAskedAgain) {
   {
     std::lock_guard lock(mutex_);
     held_ = {5};
-    hold_calls_ = 2;  // the first two opens of row 5 wait (20 s, or until released)
+    hold_calls_ = 3;  // the first three opens of row 5 wait (20 s, or until released)
   }
   CachePrefetch prefetch(opener());
   prefetch.plan(plan_of(all_rows()));
@@ -390,8 +391,8 @@ TEST_F(ConcurrentCachePrefetchTest, AHedgeThatStallsIsAskedAgain) {
   if (!taken) taken.emplace(opener()(5));  // (before: the caller's own ask, the second: held)
   ASSERT_TRUE(taken->ok() && taken->value().has_value());
   EXPECT_LT(waited, std::chrono::seconds(5)) << "the fetch waited for the stalled asks";
-  EXPECT_GE(prefetch.stats().hedged, 2);
-  EXPECT_LE(prefetch.stats().hedged, 2);  // three asks in all (max_asks), no more
+  EXPECT_GE(prefetch.stats().hedged, 3);
+  EXPECT_LE(prefetch.stats().hedged, 3);  // four asks in all (max_asks), no more
   release();
 }
 
