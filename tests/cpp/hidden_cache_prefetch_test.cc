@@ -205,6 +205,15 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
     std::lock_guard lock(mutex_);
     return opened_.count(row) != 0;
   }
+  // Every row, from the prefetch or, where it has not opened the row, opened here (as a fetch
+  // does).
+  void take_or_open_each(CachePrefetch& prefetch) {
+    for (int row = 0; row < kRows; ++row) {
+      auto taken = prefetch.take(row);
+      if (!taken) taken.emplace(opener()(row));
+      ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
+    }
+  }
   static PrefetchPlan plan_of(std::vector<std::vector<std::int64_t>> batches) {
     auto owner = std::make_shared<std::vector<std::vector<std::int64_t>>>(std::move(batches));
     PrefetchPlan plan;
@@ -438,11 +447,7 @@ TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) 
   ASSERT_EQ(prefetch.stats().threads, 2);
   delay_ = std::chrono::milliseconds(100);
   prefetch.plan(plan_of(all_rows()));
-  for (int row = 0; row < kRows; ++row) {
-    auto taken = prefetch.take(row);
-    if (!taken) taken.emplace(opener()(row));
-    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
-  }
+  ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));
   EXPECT_GT(prefetch.stats().threads, 2);
   EXPECT_GT(prefetch.stats().max_opening, 2);
 }
@@ -456,21 +461,13 @@ TEST_F(ConcurrentCachePrefetchTest, IdleThreadsEndDownToTwo) {
   delay_ = std::chrono::milliseconds(100);
   CachePrefetch prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
-  for (int row = 0; row < kRows; ++row) {
-    auto taken = prefetch.take(row);
-    if (!taken) taken.emplace(opener()(row));
-    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
-  }
+  ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));
   ASSERT_GT(prefetch.stats().threads, 2);
   ASSERT_TRUE(eventually([&] { return prefetch.stats().running == 2; }))
       << "running " << prefetch.stats().running;
   delay_ = std::chrono::milliseconds(0);
   prefetch.plan(plan_of(all_rows()));
-  for (int row = 0; row < kRows; ++row) {
-    auto taken = prefetch.take(row);
-    if (!taken) taken.emplace(opener()(row));
-    ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
-  }
+  ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));
 }
 
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
