@@ -14,8 +14,13 @@ starts from an empty cache and deletes what it generated, as the reference does)
     the batches holding a buffer (--prefetch) in flight at once up to the bound;
   * draftfeed +lookahead, in order and as ready (in_order=False): the same with the source told the
     epoch's rows (the Loader does it each epoch), so it fetches up to --lookahead rows ahead of the buffers;
-  * ideal: the total service time of the epoch's own requests / concurrency (no scheduling loss),
-    or the epoch's longest request when that is longer (no epoch can end before it does).
+  * ideal: the total service time of the epoch's requests / concurrency (no scheduling loss), or
+    the epoch's longest request when that is longer (no schedule that asks once per row ends before
+    it does); each row's first request of the epoch, with the service time the server drew for it.
+    draftfeed's lookahead may hedge: ask again for a row whose request ran far past its prediction
+    and close the slower connection; the server stops serving it (as vLLM aborts a request whose
+    client went away). Such "abandoned" requests are counted (with the server time they took), and
+    a hedged epoch may end before the ideal (x ideal < 1).
 --service prefill replaces the keyed lognormal by a vLLM-prefill-like model: the time grows with the
 prompt's tokens, times a heavy tail drawn anew at each request (tools/sim_vllm_server.py).
 With --dropin, the runs are instead both `create_train_val_loaders` called exactly as speculators
@@ -73,8 +78,9 @@ def dropin_epochs(args, side: str, data: str, url: str, cache: str) -> list[dict
     train, val = create_train_val_loaders(**call_090(args, data, url, cache))
     results = []
     for epoch in range(args.epochs):
+        set_at = time.monotonic()
         train.batch_sampler.set_epoch(epoch)
-        results.append(time_epoch(train))
+        results.append(dict(time_epoch(train), set_at=set_at))
     del train, val
     return results
 
@@ -108,8 +114,9 @@ def reference_epoch(args, data: str, url: str, cache: str, in_order: bool = True
             worker_init_fn=train.worker_init_fn, in_order=False)
     results = []
     for epoch in range(args.epochs):
+        set_at = time.monotonic()
         train.batch_sampler.set_epoch(epoch)
-        results.append(time_epoch(train))
+        results.append(dict(time_epoch(train), set_at=set_at))
     del train
     return results
 
@@ -127,12 +134,30 @@ def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_o
         pin_memory=False, source=source)
     results = []
     for epoch in range(args.epochs):
+        set_at = time.monotonic()
         loader.set_epoch(epoch)  # the Loader hands a lookahead source the epoch's rows itself
-        results.append(time_epoch(loader))
+        results.append(dict(time_epoch(loader), set_at=set_at))
+        lookahead_stats = source.stats().get("lookahead")
+        if lookahead_stats:
+            results[-1]["hedges"] = lookahead_stats["hedges"]  # so far, over the run's epochs
+            results[-1]["hedges_won"] = lookahead_stats["hedges_won"]
+            results[-1]["hedges_lost"] = lookahead_stats["hedges_lost"]
         if results[-1]["tokens"] == 0:
             raise SystemExit(f"draftfeed generated nothing: {source.stats()}")
     loader.close()
     return results
+
+
+def requests_by_epoch(timeline: list[dict], boundaries: list[float]) -> dict[int, list[dict]]:
+    """The server's requests by epoch: those started from `boundaries[e]` (time.monotonic() when
+    epoch e was set, before a lookahead may ask for its rows) until the next epoch's. A request the
+    client hung up on (a hedge that lost, or the request a hedge beat) counts in the epoch it
+    started in, as an abandoned one."""
+    out: dict[int, list[dict]] = {}
+    for t in timeline:
+        epoch = sum(1 for b in boundaries[1:] if t["start"] >= b)
+        out.setdefault(epoch, []).append(t)
+    return out
 
 
 def main() -> None:
@@ -197,13 +222,20 @@ def main() -> None:
                     epochs = draftfeed_epoch(args, data, sim.url, cache, server_dir, in_order,
                                              side == "lookahead")
                 stats = sim.stats()
+                by_epoch = requests_by_epoch(stats["timeline"], [r["set_at"] for r in epochs])
                 for epoch, result in enumerate(epochs):
-                    # The epoch's own requests (a lookahead may already have asked for the next
-                    # epoch's): each prompt's n-th request belongs to epoch n.
-                    own = [t["service"] for t in stats["timeline"] if t["occurrence"] == epoch]
+                    requests = by_epoch.get(epoch, [])
+                    # Each row's first request of the epoch, as drawn: what a schedule that asks
+                    # once per row has to serve (a hedge asks a second time; see the docstring).
+                    first: dict[int, dict] = {}
+                    for t in sorted(requests, key=lambda t: t["start"]):
+                        first.setdefault(t["prompt"], t)
+                    own = [t["service"] for t in first.values()]
+                    lost = [t["served"] for t in requests if t["abandoned"]]
                     result.update(name=f"{name}, epoch {epoch}", epoch=epoch,
                                   ideal_seconds=max(sum(own) / args.concurrency, max(own)),
-                                  epoch_service_seconds=sum(own), epoch_longest=max(own))
+                                  epoch_service_seconds=sum(own), epoch_longest=max(own),
+                                  abandoned=len(lost), abandoned_seconds=sum(lost))
                     runs.append(result)
                 summary = dict(requests=stats["completions"], service_seconds=stats["service_seconds"],
                                longest_request=stats["max_service_seconds"],
@@ -239,8 +271,10 @@ def main() -> None:
         ref = reference.get((order(r["name"]), r["epoch"]))
         rows.append((r["name"], f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}", r["batches"],
                      f"{r['seconds'] / r['ideal_seconds']:.2f}",
+                     f"{r['abandoned']} ({r['abandoned_seconds']:.1f} s)",
                      f"{ref['seconds'] / r['seconds']:.2f}" if ref else "-"))
     print_table(rows, ("run", "epoch s", "first batch s", "batches", "x ideal",
+                       "abandoned requests (server s)",
                        "reference / this (same order, same epoch)"))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

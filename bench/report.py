@@ -271,6 +271,14 @@ def online_key(run: dict) -> tuple[str, int]:
     return ("as ready" if "as ready" in run["name"] else "in order", run["epoch"])
 
 
+ONLINE_HEDGE_NOTE = (
+    " The ideal serves each row's first request of the epoch as the server drew it, asked once. draftfeed's "
+    "lookahead hedges: it asks again for a row whose request ran far past its prediction (when it has a "
+    "request slot for it) and closes the slower connection, which the server then stops serving, as vLLM "
+    "aborts such a request; so a hedged epoch can end before that ideal (x ideal < 1). \"hedges lost\" "
+    "counts the closed requests and the server time they took, the hedging's cost.")
+
+
 def online_tables(results: dict) -> list[dict]:
     out = []
     for key, title, note in (
@@ -300,14 +308,16 @@ def online_tables(results: dict) -> list[dict]:
         rows = [(r["name"] + f", epoch {r['epoch']}" if "epoch" not in r["name"] else r["name"],
                  f"{r['seconds']:.1f}", f"{r['first_batch']:.1f}",
                  f"{r['seconds'] / r.get('ideal_seconds', ideal):.2f}",
+                 f"{r.get('abandoned', 0)} ({r.get('abandoned_seconds', 0.0):.1f} s)",
                  f"{ref[online_key(r)]['seconds'] / r['seconds']:.2f}x" if online_key(r) in ref else "-")
                 for r in online["runs"]]
         out.append(table(
             f"{title} ({a['rows']} rows, {a['concurrency']} requests in flight, "
             f"{'prefill-like' if a.get('service') == 'prefill' else 'lognormal'} service time median "
             f"{a['median']} s, p99 {a['p99']} s; ideal {ideal:.1f} s per epoch, longest request {longest:.1f} s)",
-            ("run", "epoch s", "first batch s", "x ideal", "speed-up vs reference (same order, same epoch)"),
-            rows, note))
+            ("run", "epoch s", "first batch s", "x ideal", "hedges lost (server s)",
+             "speed-up vs reference (same order, same epoch)"),
+            rows, note + ONLINE_HEDGE_NOTE))
     return out
 
 

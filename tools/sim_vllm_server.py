@@ -80,7 +80,9 @@ The service time, slept before each generation answer, follows one of two models
 injected (per fault), ok (generation answers with a file), files_written, service_seconds (latency
 slept in total), max_service_seconds (the longest one), timeline (the first 100000 generation
 requests: prompt (crc32 of the int64 ids, seeded), tokens, occurrence (earlier requests for the same prompt since the reset), start
-(time.monotonic(), the machine's CLOCK_MONOTONIC) and service seconds), handles (every handle answered, in order),
+(time.monotonic(), the machine's CLOCK_MONOTONIC), service seconds (drawn), served seconds (until the
+answer, or until the client hung up: then abandoned is true; the request's rest is not slept, as vLLM
+aborts a request whose connection closed)), abandoned (requests whose client hung up during the service time), handles (every handle answered, in order),
 chat_requests (the first 1000 chat requests: messages, add_generation_prompt, continue_final_message), pending_writes (files still to be
 written after their answer). `POST /admin/reset` zeroes them.
 
@@ -318,6 +320,7 @@ class SimServer:
             "service_seconds": 0.0,
             "max_service_seconds": 0.0,
             "timeline": [],
+            "abandoned": 0,
             "handles": [],
             "chat_requests": [],
         }
@@ -503,14 +506,20 @@ class SimServer:
 
         fault = self.pick_fault(ids)
         latency, occurrence = self.service.draw(ids, self.rng)
+        entry = {"prompt": self.service.prompt_key(ids), "tokens": len(ids),
+                 "occurrence": occurrence, "start": time.monotonic(), "service": latency,
+                 "served": latency, "abandoned": False}
         if len(self.stats["timeline"]) < 100_000:
-            self.stats["timeline"].append({"prompt": self.service.prompt_key(ids),
-                                           "tokens": len(ids), "occurrence": occurrence,
-                                           "start": time.monotonic(), "service": latency})
+            self.stats["timeline"].append(entry)
         self.stats["service_seconds"] += latency
         self.stats["max_service_seconds"] = max(self.stats["max_service_seconds"], latency)
-        if latency > 0:
-            await asyncio.sleep(latency)
+        if latency > 0 and not await self.wait_unless_hung_up(request, latency):
+            # As vLLM aborts a request whose client went away (a hedged request that lost, a
+            # timeout): the rest of its service time is not spent.
+            entry["served"] = time.monotonic() - entry["start"]
+            entry["abandoned"] = True
+            self.stats["abandoned"] += 1
+            raise asyncio.CancelledError()
         name = fault.name if fault is not None else None
         if name == "drop":
             transport = request.transport

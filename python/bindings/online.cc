@@ -326,7 +326,8 @@ void init_online(nb::module_& m) {
           "__init__",
           [](PyOnlineSource* self, OnlineSourceOptions options,
              const std::optional<std::filesystem::path>& data_path, std::optional<int> lookahead,
-             std::optional<std::int64_t> lookahead_bytes, nb::object transfer) {
+             std::optional<std::int64_t> lookahead_bytes, nb::object transfer, double hedge_factor,
+             double hedge_min_seconds) {
             // Python reports the source's warnings through `logging`: the loader drains them with
             // take_messages() when log_failures is set. Printed to stderr too, they would be said
             // twice, and past any logging configuration.
@@ -362,7 +363,9 @@ void init_online(nb::module_& m) {
               require(dataset != nullptr, ErrorKind::kInvalidArgument,
                       "lookahead needs data_path (the lookahead reads the rows' token ids)");
               const auto budget = static_cast<std::uint64_t>(lookahead_bytes.value_or(0));
-              ahead = std::make_shared<LookaheadSource>(online, dataset, window, budget);
+              ahead = std::make_shared<LookaheadSource>(
+                  online, dataset, window, budget,
+                  LookaheadHedge{.factor = hedge_factor, .min_seconds = hedge_min_seconds});
               description += ", lookahead " + std::to_string(window) + " rows";
               if (budget > 0) description += " or " + std::to_string(budget) + " bytes";
             }
@@ -374,11 +377,15 @@ void init_online(nb::module_& m) {
           },
           nb::arg("options"), nb::arg("data_path").none() = nb::none(),
           nb::arg("lookahead").none() = nb::none(), nb::arg("lookahead_bytes").none() = nb::none(),
-          nb::arg("transfer") = nb::none(),
+          nb::arg("transfer") = nb::none(), nb::arg("hedge_factor") = LookaheadHedge{}.factor,
+          nb::arg("hedge_min_seconds") = LookaheadHedge{}.min_seconds,
           "options: OnlineSourceOptions; data_path: the dataset (multimodal rows' messages, the "
           "lookahead, the cache folder's default <data_path>/hidden_states); lookahead: rows "
           "fetched ahead at most (None: 4 x fetch_threads with data_path, else 0); "
-          "lookahead_bytes: their bytes at most (None or 0: the loader's batch memory)")
+          "lookahead_bytes: their bytes at most (None or 0: the loader's batch memory); "
+          "hedge_factor, "
+          "hedge_min_seconds: the lookahead asks again for a row whose request ran that many times "
+          "its predicted time and at least that long, when it has a request slot idle (0: never)")
       .def("stats",
            [](const PyOnlineSource& s) {
              nb::dict out = source_stats(s.online->stats());
@@ -398,6 +405,9 @@ void init_online(nb::module_& m) {
                d["budget_bytes"] = l.budget_bytes;
                d["trusts_history"] = l.trusts_history;
                d["tail_factor"] = l.tail_factor;
+               d["hedges"] = l.hedges;
+               d["hedges_won"] = l.hedges_won;
+               d["hedges_lost"] = l.hedges_lost;
                out["lookahead"] = d;
              }
              return out;

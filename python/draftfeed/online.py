@@ -39,6 +39,8 @@ def OnlineSource(
     lookahead: int | None = None,
     lookahead_bytes: int | None = None,
     lookahead_next_epoch: bool = False,
+    hedge_factor: float = 2.0,
+    hedge_min_seconds: float = 1.0,
     transfer: Any = None,
     **options: Any,
 ) -> _core.OnlineSource:
@@ -61,6 +63,12 @@ def OnlineSource(
         epoch's last ones are slow. Off by default: those are requests beyond the epoch (after the
         last epoch, up to `lookahead` rows fetched for nothing; a loader dropped without close()
         keeps them going until it is collected), which a drop-in of the reference must not make.
+    hedge_factor, hedge_min_seconds: the lookahead asks the servers again for a row whose request
+        has run hedge_factor x its predicted time (the service times it observed) and at least
+        hedge_min_seconds, once per row, when one of its request slots is idle (so never more than
+        fetch_threads requests at once); the first answer is used, the other request is cancelled
+        (its connection closed). A server's slow request is often slow for the request's sake
+        (queued, preempted), not the prompt's. 0: never.
     transfer: None (the native file store) or an object with the hs-connectors interface (a
         Mooncake transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`,
         `delete(handle)`, optional `setup()` (called once before the first load) and
@@ -75,7 +83,8 @@ def OnlineSource(
         options["vllm_endpoint"] = vllm_endpoint
     source = _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
                                 lookahead=lookahead, lookahead_bytes=lookahead_bytes,
-                                transfer=transfer)
+                                transfer=transfer, hedge_factor=hedge_factor,
+                                hedge_min_seconds=hedge_min_seconds)
     source.lookahead_next_epoch = lookahead_next_epoch
     return source
 

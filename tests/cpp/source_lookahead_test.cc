@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/source/lookahead_source.h"
 
@@ -276,6 +277,136 @@ TEST_F(OnlineLookaheadTest, InterruptDropsTheQueueAndResumeWaitsForIdleThreads) 
   ahead.prefetch({5, 6});
   EXPECT_EQ(fake->wait_calls(3), std::vector<std::int64_t>({10, 5, 6}));
   EXPECT_TRUE(ahead.fetch(6, dataset_->input_ids(6)).sample);
+}
+
+}  // namespace
+}  // namespace draftfeed
+
+namespace draftfeed {
+namespace {
+
+// Rows answer at once, but for `slow_row`: its fetches in `stall_calls` (0: the first, 1: the
+// second) wait until their task is cancelled (cancel_scope.h) or `stall_for` passes; the others
+// take `slow_row_takes`.
+class StallingSource : public SampleSource {
+ public:
+  FetchOutcome fetch(std::int64_t row, const IntArrayView& ids) override {
+    int call = 0;
+    {
+      std::lock_guard lock(mutex);
+      if (row == slow_row) call = slow_calls++;
+    }
+    if (row == slow_row) {
+      const bool stall =
+          std::find(stall_calls.begin(), stall_calls.end(), call) != stall_calls.end();
+      const auto until = std::chrono::steady_clock::now() + (stall ? stall_for : slow_row_takes);
+      while (std::chrono::steady_clock::now() < until) {
+        if (CancelScope::cancelled()) {
+          std::lock_guard lock(mutex);
+          cancelled_calls.push_back(call);
+          return FetchOutcome::dropped(DropReason::kGenerationFailed, "cancelled");
+        }
+        std::this_thread::sleep_for(2ms);
+      }
+    }
+    FetchedSample sample;
+    sample.hidden.tokens = ids.size();
+    sample.hidden.layers = row == slow_row ? 100 + call : 0;  // which call answered
+    return FetchOutcome::ok(sample);
+  }
+  FetchOutcome fetch_not_stored(std::int64_t row, const IntArrayView& ids) override {
+    return fetch(row, ids);
+  }
+  int blocking_fetches() const override { return 2; }
+
+  std::int64_t slow_row = 3;
+  std::vector<int> stall_calls{0};
+  std::chrono::steady_clock::duration stall_for = 20s;
+  std::chrono::steady_clock::duration slow_row_takes = 0s;
+  std::mutex mutex;
+  int slow_calls = 0;
+  std::vector<int> cancelled_calls;
+};
+
+double seconds_to_claim(LookaheadSource& ahead, const TokenDataset& dataset, std::int64_t row,
+                        FetchOutcome& outcome) {
+  const auto start = std::chrono::steady_clock::now();
+  outcome = ahead.fetch(row, dataset.input_ids(row));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIsCancelled) {
+  auto fake = std::make_shared<StallingSource>();
+  LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 2, .min_seconds = 0.05});
+  std::vector<std::int64_t> rows(12);
+  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
+  ahead.prefetch(rows);
+  for (std::int64_t r = 0; r < 12; ++r) {
+    if (r == fake->slow_row) continue;
+    ASSERT_TRUE(ahead.fetch(r, dataset_->input_ids(r)).sample.has_value());
+  }
+  FetchOutcome outcome;
+  // 20 s if it waits out the stall; a margin of half that for a loaded machine.
+  EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0)
+      << "the claim waited for the stalled fetch: it was not hedged";
+  ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
+  EXPECT_EQ(outcome.sample->hidden.layers, 101) << "the second fetch's sample";
+  // The first fetch sees its cancel within its poll.
+  for (int i = 0; i < 500; ++i) {
+    if (ahead.stats().running == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  const LookaheadStats stats = ahead.stats();
+  EXPECT_EQ(stats.running, 0) << "the stalled first fetch was not cancelled";
+  EXPECT_EQ(stats.hedges, 1);
+  EXPECT_EQ(stats.hedges_won, 1);
+  std::lock_guard lock(fake->mutex);
+  EXPECT_EQ(fake->slow_calls, 2) << "one hedge per row";
+  EXPECT_EQ(fake->cancelled_calls, std::vector<int>{0});
+}
+
+TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
+  auto fake = std::make_shared<StallingSource>();
+  fake->stall_calls = {1};       // the hedge stalls
+  fake->slow_row_takes = 300ms;  // the first is slow, not stuck
+  LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 2, .min_seconds = 0.05});
+  std::vector<std::int64_t> rows(12);
+  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
+  ahead.prefetch(rows);
+  for (std::int64_t r = 0; r < 12; ++r) {
+    if (r == fake->slow_row) continue;
+    ASSERT_TRUE(ahead.fetch(r, dataset_->input_ids(r)).sample.has_value());
+  }
+  FetchOutcome outcome;
+  EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);
+  ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
+  EXPECT_EQ(outcome.sample->hidden.layers, 100) << "the first fetch's sample";
+  for (int i = 0; i < 500; ++i) {
+    if (ahead.stats().running == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  const LookaheadStats stats = ahead.stats();
+  EXPECT_EQ(stats.running, 0) << "the stalled hedge was not cancelled";
+  EXPECT_EQ(stats.hedges, 1);
+  EXPECT_EQ(stats.hedges_won, 0);
+  EXPECT_EQ(stats.hedges_lost, 1);
+  std::lock_guard lock(fake->mutex);
+  EXPECT_EQ(fake->cancelled_calls, std::vector<int>{1});
+}
+
+TEST_F(OnlineLookaheadTest, NoHedgeWhenTheFactorIsZero) {
+  auto fake = std::make_shared<StallingSource>();
+  fake->stall_for = 1s;
+  LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 0, .min_seconds = 0});
+  std::vector<std::int64_t> rows(12);
+  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
+  ahead.prefetch(rows);
+  for (std::int64_t r = 0; r < 12; ++r) {
+    ASSERT_TRUE(ahead.fetch(r, dataset_->input_ids(r)).sample.has_value());
+  }
+  EXPECT_EQ(ahead.stats().hedges, 0);
+  std::lock_guard lock(fake->mutex);
+  EXPECT_EQ(fake->slow_calls, 1);
 }
 
 }  // namespace

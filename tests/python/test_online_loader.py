@@ -272,6 +272,47 @@ def test_lookahead_window_bounds_the_rows_fetched_ahead(data, clean_sim, tmp_pat
         no_lookahead.prefetch(np.arange(3, dtype=np.int64))
 
 
+def test_a_request_stalled_far_past_its_prediction_is_asked_again(run_cli, data, clean_sim,
+                                                                   tmp_path):
+    """The lookahead's hedge: one row's first request stalls for 120 s; a second request for it is
+    sent once a request slot is free, its answer is used, the stalled one is closed, and the epoch
+    is the cache's epoch, batch for batch."""
+    cache = tmp_path / "filled"
+    assert generate(run_cli, data, clean_sim, cache)[0] == 0
+    offline = loader_batches(make_loader(data, hidden_states_path=str(cache)))
+
+    dataset = draftfeed.open_dataset(str(data))
+    first_ids = [int(dataset.input_ids(r)[0]) for r in range(ROWS)]
+    stalled = next(r for r in range(ROWS // 3, ROWS) if first_ids.count(first_ids[r]) == 1)
+    clean_sim.set_faults({"latency": {"median": 0.02},
+                          "stall": {"match": [first_ids[stalled]], "times": 1, "seconds": 120}})
+    clean_sim.reset()
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, data_path=data, hidden_states_path=tmp_path / "empty",
+        server_dir=clean_sim.server_dir, fetch_threads=4, retry_backoff=0.01)
+    loader = make_loader(data, source=source, prefetch=2)
+    start = time.monotonic()
+    online = loader_batches(loader)
+    # Without the hedge the epoch waits out the 120 s stall; with it, ~1 s past the last row.
+    assert time.monotonic() - start < 60, "the stalled request was waited for"
+    assert sorted(online) == sorted(offline)
+    for index, batch in offline.items():
+        for key in batch:
+            assert torch.equal(batch[key], online[index][key]), (index, key)
+    ahead = source.stats()["lookahead"]
+    assert ahead["hedges"] >= 1 and ahead["hedges_won"] >= 1, ahead
+    stats = clean_sim.stats()
+    assert stats["injected"]["stall"] == 1
+    assert stats["completions"] == ROWS + ahead["hedges"]
+    # The stalled request's connection is closed (a cancel ends it within ~1 s): the server
+    # stops serving it.
+    deadline = time.monotonic() + 30
+    while clean_sim.stats()["in_flight"] > 0:
+        assert time.monotonic() < deadline, "the stalled request was not closed"
+        time.sleep(0.05)
+    loader.close()
+
+
 @pytest.mark.parametrize("lookahead", [0, 8])
 def test_stopping_mid_epoch_ends_requests_in_flight_and_the_next_epoch_runs(
         run_cli, data, clean_sim, tmp_path, lookahead):

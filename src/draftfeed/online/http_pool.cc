@@ -6,6 +6,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
@@ -40,8 +41,12 @@ std::size_t on_body(char* data, std::size_t size, std::size_t count, void* user)
   return bytes;
 }
 
+// Also ends a transfer whose task was cancelled alone (cancel_scope.h: runs on the caller's
+// thread, as curl_easy_perform does).
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-  return static_cast<Transfer*>(user)->cancelled->load() ? 1 : 0;  // non-zero aborts
+  const bool cancelled =
+      static_cast<Transfer*>(user)->cancelled->load() || CancelScope::cancelled();
+  return cancelled ? 1 : 0;  // non-zero aborts
 }
 
 }  // namespace
@@ -107,7 +112,7 @@ HttpResult HttpPool::post_json(const std::string& path, const std::string& body,
 HttpResult HttpPool::perform(const std::string& path, const std::string* post_body,
                              std::chrono::duration<double> timeout) {
   HttpResult result;
-  if (cancelled_.load()) {
+  if (cancelled_.load() || CancelScope::cancelled()) {
     result.outcome = HttpResult::Outcome::kCancelled;
     result.error = "cancelled before the request";
     return result;

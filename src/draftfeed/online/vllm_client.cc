@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
@@ -88,13 +89,22 @@ void VllmClient::resume() {
   cancelled_.store(false);
 }
 
-void VllmClient::take_slot() {
+// A task cancelled alone (cancel_scope.h) signals no condition variable: waits look at its flag
+// this often.
+constexpr std::chrono::milliseconds kScopePoll{20};
+
+bool VllmClient::take_slot() {
   std::unique_lock lock(mutex_);
-  slot_freed_.wait(lock,
-                   [this] { return slots_used_ < options_.fetch_threads || cancelled_.load(); });
+  while (!slot_freed_.wait_for(lock, kScopePoll, [this] {
+    return slots_used_ < options_.fetch_threads || cancelled_.load();
+  })) {
+    if (CancelScope::cancelled()) return false;
+  }
+  if (CancelScope::cancelled()) return false;
   ++slots_used_;
   counts_.in_flight = slots_used_;
   counts_.max_in_flight = std::max<std::int64_t>(counts_.max_in_flight, slots_used_);
+  return true;
 }
 
 void VllmClient::give_slot() {
@@ -107,9 +117,16 @@ void VllmClient::give_slot() {
 }
 
 bool VllmClient::sleep_unless_cancelled(std::chrono::duration<double> time) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(time);
   std::unique_lock lock(mutex_);
-  cancel_signal_.wait_for(lock, time, [this] { return cancelled_.load(); });
-  return !cancelled_.load();
+  while (!cancelled_.load() && !CancelScope::cancelled()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) break;
+    cancel_signal_.wait_until(lock, std::min(until, now + kScopePoll),
+                              [this] { return cancelled_.load(); });
+  }
+  return !cancelled_.load() && !CancelScope::cancelled();
 }
 
 GenerationResult VllmClient::run(RequestKind kind, std::string_view payload,
@@ -117,13 +134,18 @@ GenerationResult VllmClient::run(RequestKind kind, std::string_view payload,
   GenerationResult result;
   const int total = options_.max_retries + 1;
   for (int attempt = 1; attempt <= total; ++attempt) {
-    if (cancelled_.load()) {
+    if (cancelled_.load() || CancelScope::cancelled()) {
       result.failure = GenerationResult::Failure::kCancelled;
-      result.message = "the client was cancelled";
+      result.message = cancelled_.load() ? "the client was cancelled" : "the request was cancelled";
       return result;
     }
     bool retryable = false;
-    take_slot();  // first: the endpoint is chosen when the request can go, by the load then
+    // First: the endpoint is chosen when the request can go, by the load then.
+    if (!take_slot()) {
+      result.failure = GenerationResult::Failure::kCancelled;
+      result.message = "the request was cancelled while it waited for a slot";
+      return result;
+    }
     {
       EndpointSet::Lease lease = endpoints_.acquire();
       result.endpoint = lease.endpoint().pool.base_url();
@@ -142,7 +164,8 @@ GenerationResult VllmClient::run(RequestKind kind, std::string_view payload,
       const auto backoff = options_.retry_backoff * std::pow(2.0, attempt - 1);
       if (!sleep_unless_cancelled(backoff)) {
         result.failure = GenerationResult::Failure::kCancelled;
-        result.message = "the client was cancelled";
+        result.message =
+            cancelled_.load() ? "the client was cancelled" : "the request was cancelled";
         return result;
       }
     }

@@ -13,7 +13,9 @@
 //
 // Concurrency: at most `fetch_threads` requests are on the wire at once, over all callers; callers
 // beyond that wait for a slot. Backoff sleeps do not hold a slot. `cancel()` ends transfers and
-// sleeps at once (for shutdown).
+// sleeps at once (for shutdown); a CancelScope's flag ends the calling thread's request alone (a
+// hedged fetch that lost), within ~20 ms when it waits and ~1 s in a transfer (libcurl's progress
+// callback).
 //
 // Thread safety: every method may be called from any number of threads.
 #pragma once
@@ -121,7 +123,8 @@ class VllmClient {
                     std::span<const std::int64_t> ids, GenerationResult& result);
   // The endpoint's model, checking it first if needed; false with `result` filled on failure.
   bool ensure_model(EndpointSet::Lease& lease, GenerationResult& result, bool& retryable);
-  void take_slot();
+  // false: the calling task was cancelled alone (cancel_scope.h) while it waited.
+  bool take_slot();
   void give_slot();
   bool sleep_unless_cancelled(std::chrono::duration<double> time);
 

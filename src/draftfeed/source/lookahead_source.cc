@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 
@@ -29,16 +30,19 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
                                  std::shared_ptr<const TokenDataset> dataset, int window,
-                                 std::uint64_t budget_bytes)
+                                 std::uint64_t budget_bytes, LookaheadHedge hedge)
     : inner_(std::move(inner)),
       dataset_(std::move(dataset)),
       window_(window),
       budget_bytes_(budget_bytes),
+      hedge_(hedge),
       schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
   require(window >= 1, ErrorKind::kInvalidArgument,
           "the lookahead needs window >= 1, got " + std::to_string(window));
+  require(hedge.factor >= 0 && hedge.min_seconds >= 0, ErrorKind::kInvalidArgument,
+          "the lookahead's hedge needs factor >= 0 and min_seconds >= 0");
   const int threads = std::max(1, inner_->blocking_fetches());
   for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { run(); });
 }
@@ -87,16 +91,65 @@ void LookaheadSource::observe(const FetchSchedule::Item& item, double seconds) {
   }
 }
 
+std::shared_ptr<LookaheadSource::Entry> LookaheadSource::hedge_candidate(
+    std::chrono::steady_clock::time_point now,
+    std::chrono::steady_clock::time_point& next_due) const {
+  if (hedge_.factor <= 0 || model_.observations() < kMinHedgeObservations) return nullptr;
+  std::shared_ptr<Entry> best;
+  std::chrono::steady_clock::time_point best_due;
+  for (const auto& entry : running_entries_) {
+    if (entry->orphan || entry->decided || entry->hedged) continue;
+    const double predicted = model_.predict(entry->item.row, entry->item.tokens);
+    const double after = std::max(hedge_.factor * predicted, hedge_.min_seconds);
+    const auto due =
+        entry->started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(after));
+    if (due > now) {
+      next_due = std::min(next_due, due);
+    } else if (!best || due < best_due) {
+      best = entry;
+      best_due = due;
+    }
+  }
+  return best;
+}
+
 void LookaheadSource::run() {
+  std::unique_lock lock(mutex_);
   while (true) {
-    std::unique_lock lock(mutex_);
     std::optional<FetchSchedule::Item> item;
-    work_.wait(lock, [&] {
-      if (stopping_) return true;
+    std::shared_ptr<Entry> hedge;
+    while (!stopping_) {
+      // A due hedge goes before new rows once hedges have paid (see hedges_pay()): the row it
+      // serves was due long ago, and its answer ends the slow request, freeing its slot.
+      const auto now = std::chrono::steady_clock::now();
+      auto next_due = std::chrono::steady_clock::time_point::max();
+      hedge = hedge_candidate(now, next_due);
+      if (hedge && hedges_pay()) break;
       item = schedule_.pick([this](std::int64_t tokens) { return fits(tokens); });
-      return item.has_value();
-    });
+      if (item) {
+        hedge = nullptr;  // the row goes first
+        break;
+      }
+      // Nothing else to start: an idle thread hedges, one at a time until hedges pay, and not
+      // once they clearly do not (the slow requests are slow for the prompt's sake).
+      if (hedge && hedges_running_ == 0 && stats_.hedges_lost < stats_.hedges_won + 2) break;
+      if (hedge) hedge = nullptr;
+      if (next_due == std::chrono::steady_clock::time_point::max()) {
+        work_.wait(lock);
+      } else {
+        work_.wait_until(lock, next_due);
+      }
+    }
     if (stopping_) return;
+    if (hedge) {
+      hedge->hedged = true;
+      ++stats_.hedges;
+      ++hedges_running_;
+      run_attempt(lock, hedge, 1, true);
+      --hedges_running_;
+      continue;
+    }
     const bool not_stored = not_stored_.erase(item->row) > 0;
     auto entry = std::make_shared<Entry>();
     entry->item = *item;
@@ -104,29 +157,54 @@ void LookaheadSource::run() {
     entries_[item->row].push_back(entry);
     ++held_rows_;
     hold(entry->bytes);
-    ++stats_.running;
     if (item->next) ++stats_.next_plan_started;
-    lock.unlock();
-    results_.notify_all();  // a claim waiting for this row to start
+    entry->started = std::chrono::steady_clock::now();
+    running_entries_.push_back(entry);
+    run_attempt(lock, entry, 0, not_stored);
+  }
+}
 
-    FetchOutcome outcome;
-    const auto start = std::chrono::steady_clock::now();
+void LookaheadSource::run_attempt(std::unique_lock<std::mutex>& lock,
+                                  const std::shared_ptr<Entry>& entry, int attempt,
+                                  bool not_stored) {
+  const FetchSchedule::Item item = entry->item;
+  ++entry->attempts;
+  ++stats_.running;
+  lock.unlock();
+  results_.notify_all();  // a claim waiting for this row to start
+  work_.notify_all();     // a thread waiting to hedge: the deadline of a new fetch
+
+  FetchOutcome outcome;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const CancelScope scope(&entry->cancel[static_cast<std::size_t>(attempt)]);
     try {
-      outcome = not_stored ? inner_->fetch_not_stored(item->row, dataset_->input_ids(item->row))
-                           : inner_->fetch(item->row, dataset_->input_ids(item->row));
+      // A hedge asks for the sample anew: the first fetch already looked in the store.
+      outcome = not_stored ? inner_->fetch_not_stored(item.row, dataset_->input_ids(item.row))
+                           : inner_->fetch(item.row, dataset_->input_ids(item.row));
     } catch (const std::exception& error) {
       // The pipeline treats a throwing source as fatal; carry that to the claiming fetch().
       outcome = FetchOutcome::dropped(DropReason::kInvalid, error.what(), true);
     }
-    const double seconds = seconds_since(start);
+  }
+  const double seconds = seconds_since(start);
 
-    lock.lock();
-    --stats_.running;
+  lock.lock();
+  --stats_.running;
+  --entry->attempts;
+  // This fetch decides the entry unless the other one did, or this one failed (not fatally) while
+  // the other may still bring the sample.
+  const bool decides = !entry->decided && (outcome.sample || outcome.fatal || entry->attempts == 0);
+  if (decides) {
+    entry->decided = true;
+    // The other fetch, if any, lost: its request ends.
+    if (entry->attempts > 0) entry->cancel[static_cast<std::size_t>(1 - attempt)] = true;
+    if (outcome.sample && entry->hedged) ++(attempt == 1 ? stats_.hedges_won : stats_.hedges_lost);
     if (outcome.sample) {
-      observe(*item, seconds);
-      if (item->tokens > 0) {
+      observe(item, seconds);
+      if (item.tokens > 0) {
         bytes_per_token_ = std::max(bytes_per_token_, sample_bytes(*outcome.sample) /
-                                                          static_cast<std::uint64_t>(item->tokens));
+                                                          static_cast<std::uint64_t>(item.tokens));
       }
     }
     if (entry->orphan) {
@@ -140,10 +218,12 @@ void LookaheadSource::run() {
       entry->outcome = std::move(outcome);
       entry->done = true;
     }
-    lock.unlock();
-    results_.notify_all();
-    work_.notify_all();
   }
+  if (entry->attempts == 0) std::erase(running_entries_, entry);
+  lock.unlock();
+  results_.notify_all();
+  work_.notify_all();
+  lock.lock();
 }
 
 FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_ids) {

@@ -29,6 +29,22 @@
 // the inner source already cached or deleted their files), failed outcomes too (they are fetched
 // again).
 //
+// Hedged fetches: a lookahead thread that has nothing to start (no queued row fits, or none is
+// left) fetches a row again whose fetch has run `hedge.factor` x its predicted time (and at least
+// `hedge.min_seconds`), once per row; whichever fetch ends first with a sample is the row's, the
+// other is cancelled (cancel_scope.h: the online source ends its request). Why: a server's tail
+// (a preempted or queued request) is often a property of the request, not of the prompt, and one
+// such request started late holds the epoch's end; a second ask usually takes the median. It
+// never adds requests beyond the inner source's bound: the lookahead runs as many threads as the
+// inner source has fetches. A thread hedges when it has nothing else to start, one hedge at a time;
+// once more hedges have won than lost (the server's slow requests are slow for the request's
+// sake, not the prompt's), a due hedge goes before new rows, any number at once. Where the slow
+// requests are slow for the prompt's sake (a long prompt, a server's cold cache), hedges lose
+// (both asks take long), and after two losses more than wins no more are started; the prompt's
+// history then predicts its time in later epochs, so none is due there. Not before the service-time
+// model has kMinHedgeObservations (one observation is no median). A hedge that fails leaves the
+// row to its first fetch.
+//
 // The pipeline's stop mid-epoch (interrupt) forgets every plan and interrupts the inner source
 // (rows under way end at once and are dropped); resume() waits for the lookahead threads to be
 // idle, then resumes the inner source. At an epoch's normal end the pipeline does not interrupt,
@@ -37,6 +53,9 @@
 // Thread safety: every method may be called from any number of threads.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -66,12 +85,21 @@ struct LookaheadStats {
   std::uint64_t held_bytes = 0;        // see the header's formula
   std::uint64_t peak_held_bytes = 0;
   std::uint64_t budget_bytes = 0;
-  bool trusts_history = true;  // the service-time model's choice (service_time_model.h)
-  double tail_factor = 1;      // and how far off it is
+  std::int64_t hedges = 0;       // second fetches started (see the header)
+  std::int64_t hedges_won = 0;   // rows whose second fetch ended first with the sample
+  std::int64_t hedges_lost = 0;  // rows hedged whose first fetch ended first with the sample
+  bool trusts_history = true;    // the service-time model's choice (service_time_model.h)
+  double tail_factor = 1;        // and how far off it is
+};
+
+struct LookaheadHedge {
+  double factor = 2;         // x the predicted time; 0: no hedged fetches
+  double min_seconds = 1.0;  // and at least this long
 };
 
 class LookaheadSource : public SampleSource {
  public:
+  static constexpr std::int64_t kMinHedgeObservations = 8;
   // The byte budget when neither the constructor nor a plan gives one.
   static constexpr std::uint64_t kDefaultBudgetBytes = std::uint64_t{1} << 30;
 
@@ -80,7 +108,7 @@ class LookaheadSource : public SampleSource {
   // threads, so a slow inner fetch (a request with a long timeout) ends at once, and resumes it
   // after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  int window, std::uint64_t budget_bytes = 0);
+                  int window, std::uint64_t budget_bytes = 0, LookaheadHedge hedge = {});
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;
@@ -117,8 +145,23 @@ class LookaheadSource : public SampleSource {
     FetchOutcome outcome;
     std::uint64_t bytes = 0;  // counted in held_bytes_: the estimate, then the sample's own
     bool orphan = false;      // under way, wanted by no plan any more: dropped when it ends
+    std::chrono::steady_clock::time_point started;
+    int attempts = 0;      // fetches under way: 1, or 2 once hedged
+    bool hedged = false;   // a second fetch was started (at most one per entry)
+    bool decided = false;  // a fetch's outcome is the entry's (done unless orphaned)
+    std::array<std::atomic<bool>, 2> cancel{};  // per fetch: [0] the first, [1] the hedge
   };
   void run();
+  // Runs fetch `attempt` (0 the first, 1 the hedge) of `entry` with the lock released, then settles
+  // the entry with the lock held again.
+  void run_attempt(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Entry>& entry,
+                   int attempt, bool not_stored);
+  // The running entry most overdue for a hedge, if any; else `next_due` is lowered to the next
+  // time one may become due.
+  // Hedges have won more often than they lost (see the header).
+  bool hedges_pay() const { return stats_.hedges_won > stats_.hedges_lost; }
+  std::shared_ptr<Entry> hedge_candidate(std::chrono::steady_clock::time_point now,
+                                         std::chrono::steady_clock::time_point& next_due) const;
   bool fits(std::int64_t tokens) const;
   std::uint64_t budget() const;
   // Keeps the samples some plan still wants (marking their occurrences started), drops the rest.
@@ -132,6 +175,7 @@ class LookaheadSource : public SampleSource {
   const std::shared_ptr<const TokenDataset> dataset_;
   const int window_;
   const std::uint64_t budget_bytes_;
+  const LookaheadHedge hedge_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_;     // a row may start (plan, room in the window), or stop
@@ -143,6 +187,9 @@ class LookaheadSource : public SampleSource {
   std::unordered_map<std::int64_t, std::deque<std::shared_ptr<Entry>>> entries_;
   // Queued rows a claim found not stored (fetch_stored): their thread calls fetch_not_stored.
   std::unordered_set<std::int64_t> not_stored_;
+  // Entries with a fetch under way (orphans included), for hedging.
+  std::vector<std::shared_ptr<Entry>> running_entries_;
+  int hedges_running_ = 0;
   std::int64_t held_rows_ = 0;  // entries not claimed and not orphaned
   std::uint64_t plan_budget_ = 0;
   std::uint64_t held_bytes_ = 0;
