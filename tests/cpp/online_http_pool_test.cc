@@ -3,12 +3,15 @@
 // nobody listens on. Every wait is bounded; a held request is released before the server goes.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/online/http_pool.h"
 #include "local_http_server.h"
 #include "test_gate.h"
@@ -101,6 +104,33 @@ TEST(OnlineHttpPool, CancelEndsATransferInFlightUntilResume) {
   EXPECT_EQ(result.outcome, HttpResult::Outcome::kCancelled);
   EXPECT_EQ(pool.get("/fast", 10s).outcome, HttpResult::Outcome::kCancelled);
   pool.resume();
+  EXPECT_EQ(pool.get("/fast", 10s).outcome, HttpResult::Outcome::kResponse);
+}
+
+TEST(OnlineHttpPool, ACancelScopeEndsItsThreadsTransferAlone) {
+  TestGate gate;
+  LocalHttpServer server([&gate](const HttpRequestSeen& request) {
+    if (request.path == "/v1/slow") gate.pass();
+    return HttpReply{200, "{}"};
+  });
+  HttpPool pool(server.url(), {});
+  std::atomic<bool> cancelled{false};
+  std::promise<HttpResult> done;
+  std::thread request([&] {
+    const CancelScope scope(&cancelled);
+    done.set_value(pool.get("/slow", 30s));
+  });
+  ASSERT_TRUE(gate.wait_arrived(1));
+  cancelled = true;
+  std::future<HttpResult> result = done.get_future();
+  // libcurl's progress callback, which looks at the flag, comes about every 0.15 s while it
+  // waits: 10 s is a loaded machine's margin. Past it, the gate is opened so the thread can end.
+  const bool ended = result.wait_for(10s) == std::future_status::ready;
+  gate.release();
+  request.join();
+  ASSERT_TRUE(ended) << "the cancelled task's transfer went on";
+  EXPECT_EQ(result.get().outcome, HttpResult::Outcome::kCancelled);
+  EXPECT_FALSE(pool.cancelled()) << "the pool itself is not cancelled";
   EXPECT_EQ(pool.get("/fast", 10s).outcome, HttpResult::Outcome::kResponse);
 }
 
