@@ -14,8 +14,8 @@
 // Concurrency: at most `fetch_threads` requests are on the wire at once, over all callers; callers
 // beyond that wait for a slot. Backoff sleeps do not hold a slot. `cancel()` ends transfers and
 // sleeps at once (for shutdown); a CancelScope's flag ends the calling thread's request alone (a
-// hedged fetch that lost), within ~20 ms when it waits and ~0.15 s in a transfer (libcurl's progress
-// callback).
+// hedged fetch that lost), within ~20 ms when it waits and ~0.15 s in a transfer (libcurl's
+// progress callback).
 //
 // Thread safety: every method may be called from any number of threads.
 #pragma once
