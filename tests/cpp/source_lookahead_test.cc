@@ -328,6 +328,24 @@ class StallingSource : public SampleSource {
   std::vector<int> cancelled_calls;
 };
 
+// Plans rows 0-11 and claims each but `skip` (each must come with a sample).
+void plan_and_claim_all_but(LookaheadSource& ahead, const TokenDataset& dataset,
+                            std::int64_t skip) {
+  std::vector<std::int64_t> rows(12);
+  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
+  ahead.prefetch(rows);
+  for (std::int64_t r = 0; r < 12; ++r) {
+    if (r == skip) continue;
+    ASSERT_TRUE(ahead.fetch(r, dataset.input_ids(r)).sample.has_value()) << "row " << r;
+  }
+}
+
+// Waits (5 s at most) until no fetch of the lookahead runs; returns its stats then.
+LookaheadStats stats_once_idle(LookaheadSource& ahead) {
+  for (int i = 0; i < 500 && ahead.stats().running > 0; ++i) std::this_thread::sleep_for(10ms);
+  return ahead.stats();
+}
+
 double seconds_to_claim(LookaheadSource& ahead, const TokenDataset& dataset, std::int64_t row,
                         FetchOutcome& outcome) {
   const auto start = std::chrono::steady_clock::now();
@@ -338,13 +356,7 @@ double seconds_to_claim(LookaheadSource& ahead, const TokenDataset& dataset, std
 TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
   LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 2, .min_seconds = 0.05});
-  std::vector<std::int64_t> rows(12);
-  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
-  ahead.prefetch(rows);
-  for (std::int64_t r = 0; r < 12; ++r) {
-    if (r == fake->slow_row) continue;
-    ASSERT_TRUE(ahead.fetch(r, dataset_->input_ids(r)).sample.has_value());
-  }
+  plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   // 20 s if it waits out the stall; a margin of half that for a loaded machine.
   EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0)
@@ -352,11 +364,7 @@ TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIs
   ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
   EXPECT_EQ(outcome.sample->hidden.layers, 101) << "the second fetch's sample";
   // The first fetch sees its cancel within its poll.
-  for (int i = 0; i < 500; ++i) {
-    if (ahead.stats().running == 0) break;
-    std::this_thread::sleep_for(10ms);
-  }
-  const LookaheadStats stats = ahead.stats();
+  const LookaheadStats stats = stats_once_idle(ahead);
   EXPECT_EQ(stats.running, 0) << "the stalled first fetch was not cancelled";
   EXPECT_EQ(stats.hedges, 1);
   EXPECT_EQ(stats.hedges_won, 1);
@@ -370,22 +378,12 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
   fake->stall_calls = {1};       // the hedge stalls
   fake->slow_row_takes = 300ms;  // the first is slow, not stuck
   LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 2, .min_seconds = 0.05});
-  std::vector<std::int64_t> rows(12);
-  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
-  ahead.prefetch(rows);
-  for (std::int64_t r = 0; r < 12; ++r) {
-    if (r == fake->slow_row) continue;
-    ASSERT_TRUE(ahead.fetch(r, dataset_->input_ids(r)).sample.has_value());
-  }
+  plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);
   ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
   EXPECT_EQ(outcome.sample->hidden.layers, 100) << "the first fetch's sample";
-  for (int i = 0; i < 500; ++i) {
-    if (ahead.stats().running == 0) break;
-    std::this_thread::sleep_for(10ms);
-  }
-  const LookaheadStats stats = ahead.stats();
+  const LookaheadStats stats = stats_once_idle(ahead);
   EXPECT_EQ(stats.running, 0) << "the stalled hedge was not cancelled";
   EXPECT_EQ(stats.hedges, 1);
   EXPECT_EQ(stats.hedges_won, 0);
@@ -398,12 +396,7 @@ TEST_F(OnlineLookaheadTest, NoHedgeWhenTheFactorIsZero) {
   auto fake = std::make_shared<StallingSource>();
   fake->stall_for = 1s;
   LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 0, .min_seconds = 0});
-  std::vector<std::int64_t> rows(12);
-  for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
-  ahead.prefetch(rows);
-  for (std::int64_t r = 0; r < 12; ++r) {
-    ASSERT_TRUE(ahead.fetch(r, dataset_->input_ids(r)).sample.has_value());
-  }
+  plan_and_claim_all_but(ahead, *dataset_, -1);
   EXPECT_EQ(ahead.stats().hedges, 0);
   std::lock_guard lock(fake->mutex);
   EXPECT_EQ(fake->slow_calls, 1);
