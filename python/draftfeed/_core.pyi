@@ -751,7 +751,7 @@ class OnlineSource(SampleSource):
 
     def __init__(self, options: OnlineSourceOptions, data_path: str | os.PathLike | None = None, lookahead: int | None = None, lookahead_bytes: int | None = None, transfer: object | None = None, hedge_factor: float = 2.0, hedge_min_seconds: float = 1.0) -> None:
         """
-        options: OnlineSourceOptions; data_path: the dataset (multimodal rows' messages, the lookahead, the cache folder's default <data_path>/hidden_states); lookahead: rows fetched ahead at most (None: 4 x fetch_threads with data_path, else 0); lookahead_bytes: their bytes at most (None or 0: the loader's batch memory); hedge_factor, hedge_min_seconds: the lookahead asks again for a row whose request ran that many times its predicted time and at least that long, when it has a request slot idle (0: never)
+        options: OnlineSourceOptions; data_path: the dataset (multimodal rows' messages, the lookahead, the cache folder's default <data_path>/hidden_states); lookahead: rows fetched ahead at most (None: 8 x fetch_threads with data_path, else 0); lookahead_bytes: their bytes at most (None or 0: the loader's batch memory); hedge_factor, hedge_min_seconds: the lookahead asks again for a row whose request ran that many times its predicted time and at least that long, in a request slot of its own (0: never)
         """
 
     def stats(self) -> dict: ...

@@ -54,7 +54,7 @@ def OnlineSource(
     lookahead: rows fetched ahead of the loader and not yet taken (with those under way) at most.
         The source's own threads (one per request in flight) fetch the rows the Loader says are
         coming (`source.plan(...)`, each epoch: this epoch's batches and the next epoch's) in the
-        order they are due, a long request early. Default 4 * fetch_threads with data_path, else
+        order they are due, a long request early. Default 8 * fetch_threads with data_path, else
         off (0). Needs `data_path`.
     lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): four times
         the loader's batch buffers' bytes (prefetch x batch bytes; loader.LOOKAHEAD_BUDGET_BUFFERS).
