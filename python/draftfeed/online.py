@@ -65,8 +65,9 @@ def OnlineSource(
         keeps them going until it is collected), which a drop-in of the reference must not make.
     hedge_factor, hedge_min_seconds: the lookahead asks the servers again for a row whose request
         has run hedge_factor x its predicted time (the service times it observed) and at least
-        hedge_min_seconds, once per row, when one of its request slots is idle (so never more than
-        fetch_threads requests at once); the first answer is used, the other request is cancelled
+        hedge_min_seconds, once per row, in one of its own request slots (never more than
+        fetch_threads requests on the wire): when a slot is idle, or before new rows once hedges
+        have won more often than lost. The first answer is used, the other request is cancelled
         (its connection closed). A server's slow request is often slow for the request's sake
         (queued, preempted), not the prompt's. 0: never.
     transfer: None (the native file store) or an object with the hs-connectors interface (a
