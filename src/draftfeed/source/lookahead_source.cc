@@ -134,7 +134,7 @@ void LookaheadSource::run() {
       // Nothing else to start: an idle thread hedges, one at a time until hedges pay, and not
       // once they clearly do not (the slow requests are slow for the prompt's sake).
       if (hedge && hedges_running_ == 0 && stats_.hedges_lost < stats_.hedges_won + 2) break;
-      if (hedge) hedge = nullptr;
+      hedge = nullptr;
       if (next_due == std::chrono::steady_clock::time_point::max()) {
         work_.wait(lock);
       } else {
