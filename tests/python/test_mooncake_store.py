@@ -309,7 +309,12 @@ def test_a_master_that_dies_mid_epoch_gives_the_failure_policy_not_a_hang(reques
             for step, batch in enumerate(iterate_live(train), 1):
                 seen.append((step, batch["error_records"], batch.get(RECOVERY_METADATA_KEY)))
                 if step == 3:
-                    assert master.key_count() == 0, "every key so far was deleted"
+                    # The look-ahead goes on fetching while a batch is delivered: a request whose
+                    # answer came (the server puts after it) but whose read has not ended holds
+                    # its key. Keys of delivered rows (15 or more by now) must all be gone.
+                    in_flight = train._source.options.fetch_threads
+                    left = master.keys()
+                    assert len(left) <= in_flight, f"keys of delivered rows were kept: {left}"
                     requests_before = sim.stats()["completions"]
                     master.kill()
                     killed_at = time.monotonic()
