@@ -12,6 +12,11 @@ load on the machine falls on every figure alike), repeated `--repeat` times afte
   - the **file-read bound**: `draftfeed verify --baseline pread --threads W`, every cache file read
     through its descriptor into a 64 MiB ring of destinations (the kernel's copy out of the page
     cache, which is how the loader reads cache files: the most the loader can reach).
+  - the same drop-in copying the rows from each file's mapping ("(map)": DRAFTFEED_CACHE_COPY=map, the
+    copy a network file system gets) instead of reading them through the descriptor. Which is faster
+    depends on the machine: a read pays the kernel's per-folio work and a copy whose stores first read
+    the destination; a mapping pays page faults (one per 2 MiB where the page cache holds the file in
+    2 MiB folios: a file written, or read, in large pieces) and TLB shootdowns.
 Medians over the repeats. The ratios say how close the loader comes to each bound.
 """
 
@@ -64,10 +69,22 @@ def measure(path: str, hidden: int, workers: int, repeat: int, cli: str) -> dict
     torch.set_num_threads(workers)
     src = torch.ones(1 << 29, dtype=torch.bfloat16)  # 1 GiB, resident
     dst = torch.zeros_like(src)
-    loaders = {
-        "draftfeed": create_train_val_loaders(**loader_args(path, hidden, workers, 0.0))[0],
-        "draftfeed+noise": create_train_val_loaders(**loader_args(path, hidden, workers, NOISE_STD))[0],
-    }
+    loaders = {}
+    # The loader's own choice (rows read through the descriptor on a local file system), and the
+    # same loader copying the rows from the file's mapping instead (DRAFTFEED_CACHE_COPY=map, as on
+    # a network file system): which of the two is faster depends on the machine (see --help).
+    for suffix, copy in (("", None), (" (map)", "map")):
+        before = os.environ.pop("DRAFTFEED_CACHE_COPY", None)
+        if copy is not None:
+            os.environ["DRAFTFEED_CACHE_COPY"] = copy
+        try:
+            loaders["draftfeed" + suffix] = create_train_val_loaders(**loader_args(path, hidden, workers, 0.0))[0]
+            loaders["draftfeed+noise" + suffix] = create_train_val_loaders(
+                **loader_args(path, hidden, workers, NOISE_STD))[0]
+        finally:
+            os.environ.pop("DRAFTFEED_CACHE_COPY", None)
+            if before is not None:
+                os.environ["DRAFTFEED_CACHE_COPY"] = before
     runs: dict[str, list[float]] = {"memcpy": [], "pread": [], **{name: [] for name in loaders}}
     epochs: dict[str, list[dict]] = {name: [] for name in loaders}
     for turn in range(repeat + 1):  # turn 0 warms up every path
@@ -119,7 +136,9 @@ def main() -> None:
         print(f"H={hidden}: draftfeed {g['draftfeed']:.2f} GB/s, +noise {g['draftfeed+noise']:.2f}, "
               f"memcpy {g['memcpy']:.2f}, file-read bound {g['pread']:.2f}: "
               f"{g['draftfeed'] / g['memcpy']:.0%} / {g['draftfeed+noise'] / g['memcpy']:.0%} of memcpy, "
-              f"{g['draftfeed'] / g['pread']:.0%} / {g['draftfeed+noise'] / g['pread']:.0%} of the read bound",
+              f"{g['draftfeed'] / g['pread']:.0%} / {g['draftfeed+noise'] / g['pread']:.0%} of the read bound; "
+              f"mapped copy {g['draftfeed (map)'] / g['memcpy']:.0%} / {g['draftfeed+noise (map)'] / g['memcpy']:.0%}"
+              " of memcpy",
               flush=True)
         results.append(r)
     os.makedirs(args.out, exist_ok=True)
