@@ -11,11 +11,11 @@ load on the machine falls on every figure alike), repeated `--repeat` times afte
     to the worker count (what the machine's memory allows when nothing but a copy runs);
   - the **file-read bound**: `draftfeed verify --baseline pread --threads W`, every cache file read
     through its descriptor into a 64 MiB ring of destinations (the kernel's copy out of the page
-    cache, which is how the loader reads cache files: the most the loader can reach).
-  - the same drop-in copying the rows from each file's mapping ("(map)": DRAFTFEED_CACHE_COPY=map, the
-    copy a network file system gets) instead of reading them through the descriptor. Which is faster
-    depends on the machine: a read pays the kernel's per-folio work and a copy whose stores first read
-    the destination; a mapping pays page faults (one per 2 MiB where the page cache holds the file in
+    cache: the most a reader through read() reaches);
+  - the same drop-in reading the rows through each file's descriptor ("(read)": DRAFTFEED_CACHE_COPY=read)
+    instead of copying them from the file's mapping (its default). Which is faster depends on the
+    machine: a read scatters a token's layers with one small iovec each and pays the kernel's
+    per-folio work; a mapping pays page faults (one per 2 MiB where the page cache holds the file in
     2 MiB folios: a file written, or read, in large pieces) and TLB shootdowns.
 Medians over the repeats. The ratios say how close the loader comes to each bound.
 """
@@ -70,10 +70,9 @@ def measure(path: str, hidden: int, workers: int, repeat: int, cli: str) -> dict
     src = torch.ones(1 << 29, dtype=torch.bfloat16)  # 1 GiB, resident
     dst = torch.zeros_like(src)
     loaders = {}
-    # The loader's own choice (rows read through the descriptor on a local file system), and the
-    # same loader copying the rows from the file's mapping instead (DRAFTFEED_CACHE_COPY=map, as on
-    # a network file system): which of the two is faster depends on the machine (see --help).
-    for suffix, copy in (("", None), (" (map)", "map")):
+    # The loader's own choice (the rows copied from each file's mapping), and the same loader reading
+    # them through the file's descriptor instead (DRAFTFEED_CACHE_COPY=read; see --help).
+    for suffix, copy in (("", None), (" (read)", "read")):
         before = os.environ.pop("DRAFTFEED_CACHE_COPY", None)
         if copy is not None:
             os.environ["DRAFTFEED_CACHE_COPY"] = copy
@@ -137,7 +136,7 @@ def main() -> None:
               f"memcpy {g['memcpy']:.2f}, file-read bound {g['pread']:.2f}: "
               f"{g['draftfeed'] / g['memcpy']:.0%} / {g['draftfeed+noise'] / g['memcpy']:.0%} of memcpy, "
               f"{g['draftfeed'] / g['pread']:.0%} / {g['draftfeed+noise'] / g['pread']:.0%} of the read bound; "
-              f"mapped copy {g['draftfeed (map)'] / g['memcpy']:.0%} / {g['draftfeed+noise (map)'] / g['memcpy']:.0%}"
+              f"read copy {g['draftfeed (read)'] / g['memcpy']:.0%} / {g['draftfeed+noise (read)'] / g['memcpy']:.0%}"
               " of memcpy",
               flush=True)
         results.append(r)

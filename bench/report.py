@@ -338,28 +338,26 @@ def copy_bound_table(results: dict) -> list[dict]:
     rows = []
     for r in c["results"]:
         g = r["gb_per_s"]
-        mapped = "draftfeed (map)" in g  # runs before the mapped side have none
+        other = "draftfeed (read)" in g  # runs before the read side have none
         rows.append((r["hidden_size"], f"{g['draftfeed']:.2f}", f"{g['draftfeed+noise']:.2f}", f"{g['memcpy']:.2f}",
                      f"{g['pread']:.2f}", f"{g['draftfeed'] / g['memcpy']:.0%} / {g['draftfeed+noise'] / g['memcpy']:.0%}",
                      f"{g['draftfeed'] / g['pread']:.0%} / {g['draftfeed+noise'] / g['pread']:.0%}",
-                     f"{g['draftfeed (map)'] / g['memcpy']:.0%} / {g['draftfeed+noise (map)'] / g['memcpy']:.0%}"
-                     if mapped else "-"))
+                     f"{g['draftfeed (read)'] / g['memcpy']:.0%} / {g['draftfeed+noise (read)'] / g['memcpy']:.0%}"
+                     if other else "-"))
     return [table(
         f"{title}: drop-in, {c['rows']} rows, num_workers {c['workers']}, total_seq_len 8192, 3 layers + the "
         f"last, bf16; medians of {c['repeat']} turns",
         ("H", "draftfeed GB/s", "+uniform noise GB/s", "plain memcpy GB/s", "file-read bound GB/s",
          "of memcpy (plain / noise)", "of the read bound (plain / noise)",
-         "rows copied from the mapping instead: of memcpy (plain / noise)"), rows,
+         "rows read through the descriptor instead: of memcpy (plain / noise)"), rows,
         "`bench/bench_copy_bound.py`. The plain memcpy is a torch copy of 1 GiB of resident bf16 on 2 threads in "
         "the loader's process (anonymous memory; no file). The file-read bound is `draftfeed verify --baseline "
         "pread --threads 2`: every cache file read through its descriptor into a 64 MiB ring, the kernel's copy "
-        "out of the page cache, which is how the loader reads cache files on a local file system (a mapping costs "
-        "page faults and TLB shootdowns, see src/draftfeed/pipeline/file_rows_copy.h). They bound different "
+        "out of the page cache. They bound different "
         "things: the read bound is the most a reader of page-cache files through read() reaches; memcpy is "
-        "what memory allows. The last column "
-        "is the same drop-in with DRAFTFEED_CACHE_COPY=map (the rows copied from each file's mapping, as on a "
-        "network file system), in the same turns: where memory, not the CPU, is what limits (a slow memcpy), and "
-        "the page cache holds the files in 2 MiB folios (one fault maps 2 MiB), it can beat the read.")]
+        "what memory allows. draftfeed copies the rows from each file's mapping (source/cache_source.h's "
+        "CacheCopy); the last column is the same drop-in with DRAFTFEED_CACHE_COPY=read (the rows read through "
+        "the file's descriptor, src/draftfeed/pipeline/file_rows_copy.h), in the same turns.")]
 
 
 def memory_table(results: dict) -> list[dict]:

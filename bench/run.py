@@ -26,9 +26,9 @@ processes or engine threads, same noise, same call), and each bound is named for
            at H in --copy-hidden-sizes (500 rows, page-cache resident) in turns with a plain resident
            memcpy (a torch copy of 1 GiB of bf16 on 2 threads: what memory allows when nothing but a
            copy runs) and the file-read bound (`verify --baseline pread --threads 2`: every cache file
-           read through its descriptor, the kernel's copy out of the page cache, which is how the
-           loader reads cache files on a local file system: the most a read() of page-cache files
-           reaches), and the same drop-in copying the rows from each file's mapping (map).
+           read through its descriptor, the kernel's copy out of the page cache: the most a read()
+           of page-cache files reaches), and the same drop-in reading the rows through each file's
+           descriptor (DRAFTFEED_CACHE_COPY=read) instead of copying them from its mapping.
   memory   peak PSS of each side's process tree over two epochs (bench_engine.py --side, H=1024, 500
            rows) at num_workers in --memory-workers, with what each adds to the process it starts in.
   kernels  `draftfeed kernels --threads N`: the batch copy's kernels (every source dtype, batch dtype and
@@ -387,8 +387,8 @@ def copy_bound_section(args, cli: str, results: dict) -> None:
     for r in results["copy_bound"].get("results", []):
         g = r["gb_per_s"]
         print(f"  H={r['hidden_size']}: draftfeed {g['draftfeed']:.2f} GB/s, +noise {g['draftfeed+noise']:.2f}, "
-              f"memcpy {g['memcpy']:.2f}, read bound {g['pread']:.2f}, mapped copy "
-              f"{g.get('draftfeed (map)', float('nan')):.2f} / {g.get('draftfeed+noise (map)', float('nan')):.2f}",
+              f"memcpy {g['memcpy']:.2f}, read bound {g['pread']:.2f}, read copy "
+              f"{g.get('draftfeed (read)', float('nan')):.2f} / {g.get('draftfeed+noise (read)', float('nan')):.2f}",
               flush=True)
 
 

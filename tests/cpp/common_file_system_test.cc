@@ -1,6 +1,6 @@
 // Which file systems count as network ones (common/file_system.h), and how the cache source decides
-// from that whether the copy reads a cache file's rows or maps them (CacheCopy): a fetched sample
-// of a local folder is read (can_read_file_rows), one the copy must map is not.
+// whether the copy reads a cache file's rows or maps them (CacheCopy: mapped unless read is
+// asked for): a fetched sample to be read passes can_read_file_rows, a mapped one does not.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -76,21 +76,21 @@ class CacheCopyTest : public TempFolderTest {
   std::vector<std::int64_t> ids_;
 };
 
-TEST_F(CacheCopyTest, ALocalFolderIsReadAMappedOneIsNot) {
-  // The test's temporary folder is on a local file system here (a network TMPDIR would map).
-  if (on_network_file_system(dir_.string())) GTEST_SKIP() << "the temporary folder is remote";
-  EXPECT_TRUE(options(CacheCopy::kAuto).rows_are_read());
+TEST_F(CacheCopyTest, AutoMapsOnEveryFileSystemReadIsAskedFor) {
+  EXPECT_FALSE(options(CacheCopy::kAuto).rows_are_read());
   EXPECT_TRUE(options(CacheCopy::kRead).rows_are_read());
   EXPECT_FALSE(options(CacheCopy::kMap).rows_are_read());
 
-  const FetchedSample read = fetch(CacheCopy::kAuto);
+  const FetchedSample read = fetch(CacheCopy::kRead);
   EXPECT_TRUE(read.read_rows);
   EXPECT_TRUE(can_read_file_rows(read));
-  const FetchedSample mapped = fetch(CacheCopy::kMap);
-  EXPECT_FALSE(mapped.read_rows);
-  EXPECT_FALSE(can_read_file_rows(mapped));
-  ASSERT_NE(mapped.hidden.data, nullptr);  // the copy takes the rows from the mapping
-  EXPECT_EQ(mapped.hidden.tokens, 5);
+  for (const CacheCopy copy : {CacheCopy::kAuto, CacheCopy::kMap}) {
+    const FetchedSample mapped = fetch(copy);
+    EXPECT_FALSE(mapped.read_rows) << cache_copy_name(copy);
+    EXPECT_FALSE(can_read_file_rows(mapped)) << cache_copy_name(copy);
+    ASSERT_NE(mapped.hidden.data, nullptr);  // the copy takes the rows from the mapping
+    EXPECT_EQ(mapped.hidden.tokens, 5);
+  }
 }
 
 TEST_F(CacheCopyTest, TheEnvironmentOverridesAutoOnly) {

@@ -11,7 +11,7 @@
 //     open, to be read without a second open, and one memory map). Opens that take long (a tail of
 //     seconds) do not hold the others back: the files after them are opened meanwhile, and only a
 //     fetch of that very file waits for it. Files are mapped header-only (kMapForRowReads:
-//     touching the header reads its page alone, no read-around): the rows are read, not mapped;
+//     touching the header reads its page alone, no read-around; the fetch's check ends that);
 //   * read ahead: the bytes of opened files read into the page cache (sequentially, through the
 //     descriptor the open left: file_readahead.h), nearest in the plan first, at most
 //     `max_reading_bytes` being read at once and `max_ahead_bytes` read and not yet fetched.

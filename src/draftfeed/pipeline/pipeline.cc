@@ -358,7 +358,7 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   std::int64_t bad = 0;
   bool read = true;
   if (can_read_file_rows(sample)) {
-    // A cache file: its rows are read, not mapped (file_rows_copy.h).
+    // A cache file whose rows its source wants read, not mapped (file_rows_copy.h).
     const FileRowsCopy copied = copy_file_rows(*job->layout, job->memory, placement, sample,
                                                job->plan.rows[i], noise, first, last);
     bad = copied.nonfinite;

@@ -61,8 +61,7 @@ bool CacheSourceOptions::rows_are_read() const {
     const char* env = std::getenv("DRAFTFEED_CACHE_COPY");  // NOLINT(concurrency-mt-unsafe)
     if (env != nullptr && *env != '\0') chosen = parse_cache_copy(env);
   }
-  if (chosen == CacheCopy::kAuto) return !on_network_file_system(hidden_states_path);
-  return chosen == CacheCopy::kRead;
+  return chosen == CacheCopy::kRead;  // kAuto maps (see CacheCopy)
 }
 
 CacheStoreOptions CacheSourceOptions::store() const {
@@ -96,8 +95,8 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
       read_rows_(options_.rows_are_read()),
       blocking_fetches_(on_network_file_system(options_.hidden_states_path) ? 8 : 0),
       prefetch_(std::make_unique<CachePrefetch>(
-          // Header only, descriptor kept: the rows are read through it (the prefetch's read
-          // ahead, then the copy), never around the header's page when thousands of files are
+          // Header only, descriptor kept: the prefetch reads ahead through it (and the copy too
+          // with CacheCopy kRead), never around the header's page when thousands of files are
           // opened ahead.
           [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
           prefetch)) {}
