@@ -76,7 +76,7 @@ class MappedFile {
   Result<std::size_t> read_at(std::size_t offset, std::span<iovec> parts) const;
 
   // Ends `header_only`: touched pages are read with the kernel's read-around again (MADV_NORMAL):
-  // for a file whose rows are copied through the mapping (a network file system's, CacheCopy).
+  // for a file whose rows are copied through the mapping (CacheCopy's default).
   void advise_normal() const;
 
   // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.

@@ -31,8 +31,8 @@
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or, when its read has not started, after reading it whole there
 // (through the same descriptor, sequentially), so that the copy finds it in the page cache, whether
-// it reads the rows (pipeline/file_rows_copy.h) or maps them (a network file system:
-// source/cache_source.h's CacheCopy); a row the prefetch has not reached yet is left to the fetch
+// it maps the rows (the default) or reads them (pipeline/file_rows_copy.h; source/cache_source.h's
+// CacheCopy); a row the prefetch has not reached yet is left to the fetch
 // (and skipped when the prefetch gets there).
 // An open taking far longer than opens usually do (4 x the median of the latest 32 answers that
 // won, at least 50 ms: a network file system's tail) is hedged: the pacer has a worker open the

@@ -52,8 +52,8 @@ struct FetchedSample {
   // the copy reads it under a fault guard and checks afterwards that the file did not change.
   std::shared_ptr<const MappedFile> file;
   // The copy reads the rows through `file`'s descriptor when it has one (pipeline/
-  // file_rows_copy.h); false: from the mapping, as for a file without a descriptor (a cache on a
-  // network file system, where a read() may be a round trip: source/cache_source.h's CacheCopy).
+  // file_rows_copy.h); false: from the mapping, as for a file without a descriptor (the cache
+  // sources' default: source/cache_source.h's CacheCopy).
   bool read_rows = true;
 };
 
