@@ -264,6 +264,21 @@ void bind_online_options(nb::module_& m) {
           nb::arg("value").none(),
           "the folder the servers write into: handles elsewhere are refused (None: anywhere)")
       .def_prop_rw(
+          "generated_file_clock_skew",
+          [](const O& o) { return o.generated_file_clock_skew.count(); },
+          [](O& o, double v) { o.generated_file_clock_skew = seconds(v); },
+          "seconds a generated file may look older than its request and still be its output "
+          "(clock skew between this host and a shared file system's server); an older file is "
+          "never removed or moved")
+      .def_prop_rw(
+          "api_key", [](const O& o) { return !o.client.endpoint.http.api_key.empty(); },
+          [](O& o, const std::optional<std::string>& v) {
+            o.client.endpoint.http.api_key = v.value_or("");
+          },
+          nb::arg("value").none(),
+          "the key of servers started with --api-key, sent as 'Authorization: Bearer ...' (None: "
+          "$OPENAI_API_KEY, as the OpenAI client reads it); reads back only whether one is set")
+      .def_prop_rw(
           "max_response_bytes", [](const O& o) { return o.client.endpoint.http.max_body_bytes; },
           [](O& o, std::size_t v) { o.client.endpoint.http.max_body_bytes = v; })
       .def_rw("max_file_bytes", &O::max_file_bytes)

@@ -46,7 +46,8 @@ what is left. A cache that mixes bf16 and FP8 files (half converted) is fine to 
                        is (with --layout, files of the other layout move: the cache ends in one)
   --threads N          converting threads (default: one per core)
   --rows A:B           only rows A..B-1 (either side may be left out)
-  --fsync              fsync each file before its rename
+  --fsync              fsync each file before its rename (always done with --in-place, where
+                       the new file replaces the only copy)
   --examples K         problems listed per kind (default 5)
   --no-progress        no progress bar
   --json               one JSON object: rows, converted, already_fp8, copied, missing, skipped (by

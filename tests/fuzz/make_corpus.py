@@ -18,12 +18,15 @@ files in practice:
                        FP8 sample hs-connectors writes (hidden_states F8_E4M3 [T, L, H] +
                        hidden_states_scales F32 [T, 1, 1] + token_ids I64), metadata, empty and
                        scalar tensors
+  dataset_state_fuzz/  the JSON files `datasets` writes beside its shards (state.json of one and of
+                       several shards, dataset_info.json, a DatasetDict's dataset_dict.json), and
+                       hostile ones (nested deep, a non-object entry, a path as a shard name)
   vllm_response_fuzz/  bodies tools/sim_vllm_server.py answers (completions, chat, /models, its
                        error bodies and injected faults), for the prompt [1, 2, 3] the fuzz target
                        checks against, plus `messages` arrays (has_multimodal_content)
 
 Seeds are small (rows of a few tokens, hidden size 8) so the fuzzer's mutations stay cheap.
-Run from the repository root:   python3 tests/fuzz/make_corpus.py [--out DIR]
+Run from the repository root:   python3 tests/fuzz/make_corpus.py [--out DIR] [--only FUZZER]
 Outputs are deterministic for given package versions; the script replaces each fuzzer's folder.
 """
 
@@ -320,6 +323,27 @@ def vllm_seeds() -> dict[str, bytes]:
 # ---------------------------------------------------------------------------------------------
 
 
+def dataset_state_seeds() -> dict[str, bytes]:
+    """The JSON files a `datasets` folder holds, written by `datasets` itself, and hostile ones."""
+    import datasets
+
+    seeds: dict[str, bytes] = {}
+    columns = _token_rows(6, seed=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        for shards in (1, 3):
+            folder = Path(tmp) / f"ds{shards}"
+            datasets.Dataset.from_dict(columns).save_to_disk(str(folder), num_shards=shards)
+            seeds[f"state_{shards}_shards.json"] = (folder / "state.json").read_bytes()
+            seeds[f"dataset_info_{shards}_shards.json"] = (folder / "dataset_info.json").read_bytes()
+        folder = Path(tmp) / "dict"
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict(columns)}).save_to_disk(str(folder))
+        seeds["dataset_dict.json"] = (folder / "dataset_dict.json").read_bytes()
+    seeds["nested_deep.json"] = b'{"_data_files": [' + b"[" * 200 + b"]" * 200 + b"]}"
+    seeds["entry_not_object.json"] = b'{"_data_files": [{"filename": "data-00000-of-00001.arrow"}, 7]}'
+    seeds["shard_name_path.json"] = b'{"_data_files": [{"filename": "../x.arrow"}]}'
+    return seeds
+
+
 def write(out: Path, fuzzer: str, seeds: dict[str, bytes]) -> None:
     folder = out / fuzzer
     if folder.exists():
@@ -335,15 +359,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "tests" / "fuzz" / "corpus"),
                         help="corpus root (default tests/fuzz/corpus)")
+    parser.add_argument("--only", help="one fuzzer's corpus (e.g. dataset_state_fuzz)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     makers: dict[str, Callable[[], dict[str, bytes]]] = {
         "arrow_ipc_fuzz": arrow_seeds,
         "safetensors_fuzz": safetensors_seeds,
         "vllm_response_fuzz": vllm_seeds,
+        "dataset_state_fuzz": dataset_state_seeds,
     }
     for fuzzer, make in makers.items():
-        write(out, fuzzer, make())
+        if args.only is None or args.only == fuzzer:
+            write(out, fuzzer, make())
     return 0
 
 

@@ -26,8 +26,15 @@ std::int64_t modified_ns(const struct stat& st) {
 
 Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path,
                                                            MapOptions options) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or a device) under a cache file's name must not block the open; it is then
+  // refused as not a regular file. O_NOCTTY: a terminal named so never becomes ours.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return os_error("cannot open", path, errno);
+  return map_descriptor(fd, path, options);
+}
+
+Result<std::shared_ptr<const MappedFile>> MappedFile::map_descriptor(int fd, std::string path,
+                                                                     MapOptions options) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -55,7 +62,7 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& pa
   const Identity identity{static_cast<std::uint64_t>(st.st_dev),
                           static_cast<std::uint64_t>(st.st_ino), modified_ns(st)};
   return std::shared_ptr<const MappedFile>(
-      new MappedFile(path, data, size, identity, options.keep_descriptor ? fd : -1));
+      new MappedFile(std::move(path), data, size, identity, options.keep_descriptor ? fd : -1));
 }
 
 std::shared_ptr<const MappedFile> MappedFile::open_or_throw(const std::string& path) {

@@ -50,7 +50,14 @@ class MappedFile {
   static Result<std::shared_ptr<const MappedFile>> open(const std::string& path,
                                                         MapOptions options = {});
 
-  // Same, but throws the Error.
+  // Maps the file open at `fd`, which it takes over (closed now, or with the mapping when
+  // keep_descriptor); `path` names it in messages and for change_since_mapped() without a kept
+  // descriptor. For a file opened by its folder's descriptor (common/held_file.h): what was
+  // checked is what is mapped. Errors as open's.
+  static Result<std::shared_ptr<const MappedFile>> map_descriptor(int fd, std::string path,
+                                                                  MapOptions options = {});
+
+  // Same as open, but throws the Error.
   static std::shared_ptr<const MappedFile> open_or_throw(const std::string& path);
 
   ~MappedFile();

@@ -1,5 +1,8 @@
 #include "draftfeed/dataset/dataset_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/held_file.h"
 #include "draftfeed/dataset/arrow_ipc_writer.h"
 
 namespace draftfeed {
@@ -24,8 +28,24 @@ std::string shard_name(std::size_t index, std::size_t count) {
   return name;
 }
 
-std::string temp_shard_name(std::size_t index) {
-  return ".draftfeed-writing-" + std::to_string(index) + ".arrow";
+// Unique to this writer (host, process, counter): two writers of one folder never share a file.
+std::string temp_shard_name(const std::string& writer, std::size_t index) {
+  return ".draftfeed-writing-" + writer + "-" + std::to_string(index) + ".arrow";
+}
+
+// A new file opened for writing: O_EXCL (never an existing file, never through a link).
+std::FILE* create_new(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    throw Error(ErrorKind::kIo, path.string() + ": cannot create: " + os_error_text(errno));
+  }
+  std::FILE* file = ::fdopen(fd, "wb");
+  if (file == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(ErrorKind::kIo, path.string() + ": cannot create: " + os_error_text(err));
+  }
+  return file;
 }
 
 bool starts_ends(const std::string& name, const char* prefix, const char* suffix) {
@@ -46,14 +66,15 @@ ordered_json list_feature(const char* dtype) {
 }
 
 void write_text_file(const fs::path& path, const std::string& text) {
-  const fs::path temp = path.string() + ".tmp";
-  std::FILE* file = std::fopen(temp.c_str(), "wb");
-  if (file == nullptr) {
-    throw Error(ErrorKind::kIo, temp.string() + ": cannot create: " + os_error_text(errno));
-  }
+  std::string hidden(".");
+  hidden += path.filename().string();
+  const fs::path temp = path.parent_path() / process_unique_name(hidden, "tmp");
+  std::FILE* file = create_new(temp);
   const bool ok = std::fwrite(text.data(), 1, text.size(), file) == text.size();
   if (std::fclose(file) != 0 || !ok) {
-    throw Error(ErrorKind::kIo, temp.string() + ": cannot write: " + os_error_text(errno));
+    const int err = errno;
+    fs::remove(temp);
+    throw Error(ErrorKind::kIo, temp.string() + ": cannot write: " + os_error_text(err));
   }
   fs::rename(temp, path);
 }
@@ -70,7 +91,8 @@ struct DatasetWriter::State {
   fs::path file_path;
   std::unique_ptr<arrow::IpcStreamWriter> stream;
   std::int64_t shard_rows = 0;
-  std::vector<fs::path> temp_paths;  // every shard so far, in order
+  std::vector<fs::path> temp_paths;                                // every shard so far, in order
+  const std::string writer_name = process_unique_name("w", "id");  // in temporary shard names
   bool finished = false;
 
   // The record batch being filled.
@@ -97,11 +119,8 @@ struct DatasetWriter::State {
   }
 
   void open_shard() {
-    file_path = folder / temp_shard_name(temp_paths.size());
-    file = std::fopen(file_path.c_str(), "wb");
-    if (file == nullptr) {
-      throw Error(ErrorKind::kIo, file_path.string() + ": cannot create: " + os_error_text(errno));
-    }
+    file_path = folder / temp_shard_name(writer_name, temp_paths.size());
+    file = create_new(file_path);
     temp_paths.push_back(file_path);
     std::setvbuf(file, nullptr, _IOFBF, 1 << 20);
     const ordered_json metadata{{"info", {{"features", features()}}}};

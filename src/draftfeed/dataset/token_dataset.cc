@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "draftfeed/dataset/arrow_ipc.h"
 #include "draftfeed/dataset/arrow_json.h"
+#include "draftfeed/dataset/dataset_state.h"
 #include "draftfeed/dataset/feature_types.h"
 #include "draftfeed/dataset/token_columns.h"
 
@@ -51,38 +53,16 @@ using Json = nlohmann::ordered_json;  // keeps the files' key order (column orde
 
 constexpr const char* kMessagesColumn = "messages";
 
-Json read_json(const fs::path& path) {
+std::string read_text(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw Error(ErrorKind::kIo, path.string() + ": cannot read");
-  try {
-    return Json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    throw Error(ErrorKind::kFormat, path.string() + ": not valid JSON: " + error.what());
-  }
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// `state.json["_data_files"][i]["filename"]`, in row order. Names must be plain file names: the
-// folder is the only place shards may come from.
+Json read_json(const fs::path& path) { return parse_dataset_json(read_text(path), path.string()); }
+
 std::vector<std::string> shard_names_from_state(const fs::path& state_path) {
-  const Json state = read_json(state_path);
-  const std::string where = state_path.string();
-  if (!state.is_object() || !state.contains("_data_files") || !state["_data_files"].is_array()) {
-    throw Error(ErrorKind::kFormat, where + ": no '_data_files' list");
-  }
-  std::vector<std::string> names;
-  for (const auto& entry : state["_data_files"]) {
-    if (!entry.is_object() || !entry.contains("filename") || !entry["filename"].is_string()) {
-      throw Error(ErrorKind::kFormat,
-                  where + ": a '_data_files' entry has no 'filename' string: " + entry.dump());
-    }
-    const std::string name = entry["filename"].get<std::string>();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-      throw Error(ErrorKind::kFormat,
-                  where + ": shard name '" + name + "' is not a plain file name in the folder");
-    }
-    names.push_back(name);
-  }
-  return names;  // empty for a 0-row dataset saved by datasets 5
+  return shard_names_from_state_json(read_text(state_path), state_path.string());
 }
 
 // A dataset with no shards (datasets 5 saves 0 rows that way): its columns come from

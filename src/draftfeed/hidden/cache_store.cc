@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "draftfeed/common/held_file.h"
 #include "draftfeed/common/poll_backoff.h"
 
 namespace draftfeed {
@@ -57,65 +58,7 @@ fs::path resolve(const std::string& path, std::error_code& ec) {
   return without_trailing_separator(fs::weakly_canonical(absolute, ec));
 }
 
-void fsync_folder(const std::string& folder) {
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
-}
-
-// Copies `source` to a new file `target` and fsyncs it. Throws Error(kIo) naming the file.
-void copy_and_sync(const std::string& source, const std::string& target) {
-  const int in = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) throw os_error("cannot open", source, errno);
-  const int out = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (out < 0) {
-    const int err = errno;
-    ::close(in);
-    throw os_error("cannot create", target, err);
-  }
-  std::vector<char> buffer(std::size_t{4} << 20);
-  auto fail = [&](const std::string& what, const std::string& path, int err) {
-    ::close(in);
-    ::close(out);
-    ::unlink(target.c_str());
-    throw os_error(what, path, err);
-  };
-  while (true) {
-    const ssize_t got = ::read(in, buffer.data(), buffer.size());
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      fail("cannot read", source, errno);
-    }
-    if (got == 0) break;
-    for (ssize_t done = 0; done < got;) {
-      const ssize_t put = ::write(out, buffer.data() + done, static_cast<std::size_t>(got - done));
-      if (put < 0) {
-        if (errno == EINTR) continue;
-        fail("cannot write", target, errno);
-      }
-      done += put;
-    }
-  }
-  if (::fsync(out) != 0) fail("cannot fsync", target, errno);
-  ::close(in);
-  if (::close(out) != 0) {
-    const int err = errno;
-    ::unlink(target.c_str());
-    throw os_error("cannot close", target, err);
-  }
-}
-
-std::atomic<std::uint64_t> adopt_counter{0};
-
 constexpr std::string_view kAdoptMark = ".safetensors.adopt-";
-
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
 
 // The pid of an adopt temporary named by this host ("...adopt-<host>-<pid>-<n>"), or -1.
 long temporary_pid(const std::string& name, const std::string& host) {
@@ -141,12 +84,20 @@ std::optional<Error> wait_for_lock(const std::string& lock_path,
                                    std::chrono::duration<double> timeout,
                                    std::chrono::duration<double> poll, LockMode mode,
                                    std::int64_t* attempts) {
-  // Read-write as the reference opens it; a probe only needs to read.
-  const int fd =
-      ::open(lock_path.c_str(), (mode == LockMode::kWait ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  // Read-write as the reference opens it; a probe only needs to read. Never through a link, and
+  // never blocking: a FIFO planted as the lock file is refused, not waited on.
+  const int fd = ::open(lock_path.c_str(), (mode == LockMode::kWait ? O_RDWR : O_RDONLY) |
+                                               O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT) return std::nullopt;  // no writer, or it finished and the lock is gone
+    if (errno == ELOOP)
+      return Error(ErrorKind::kIo, lock_path + ": the lock file is a symbolic link");
     return os_error("cannot open the lock file", lock_path, errno);
+  }
+  struct stat lock_st {};
+  if (::fstat(fd, &lock_st) != 0 || !S_ISREG(lock_st.st_mode)) {
+    ::close(fd);
+    return Error(ErrorKind::kIo, lock_path + ": the lock file is not a regular file");
   }
   // A probe takes a shared lock: it conflicts with the writer's exclusive one, not with other
   // probes.
@@ -275,48 +226,41 @@ Result<std::optional<HiddenStateSample>> CacheStore::load(const std::string& pat
 }
 
 void CacheStore::adopt(std::int64_t row, const std::string& source) const {
-  adopt_unconfined(row, confine(source).value());
+  const std::string confined = confine(source).value();
+  const PlainPath plain = split_plain_path(confined).value();
+  auto held = HeldFile::open(open_folder(plain.folder).value(), plain.folder, plain.name, false);
+  if (!held.ok()) {
+    const Error& error = held.error();
+    throw Error(error.kind() == ErrorKind::kNotFound ? ErrorKind::kNotFound : ErrorKind::kIo,
+                "cannot adopt " + source + ": " + error.what());
+  }
+  if (auto error = adopt_held(row, held.value())) throw *error;
 }
 
-void CacheStore::adopt_unconfined(std::int64_t row, const std::string& from) const {
-  struct stat st {};
-  if (::stat(from.c_str(), &st) != 0) throw os_error("cannot adopt", from, errno);
-  if (!S_ISREG(st.st_mode))
-    throw Error(ErrorKind::kIo, from + ": cannot adopt: not a regular file");
-  const std::string target = path_for_writing(row);
-  const std::string folder = fs::path(target).parent_path().string();
-  if (!options_.force_copy_on_adopt) {
-    if (::rename(from.c_str(), target.c_str()) == 0) {
-      remove_other_layout(row);
-      return;
-    }
-    if (errno != EXDEV) throw os_error("cannot move " + from + " to", target, errno);
-  }
-  // Across file systems: the copy goes to a temporary name in the root, so the final name only
-  // ever appears complete (the rename is atomic within the root's file system).
-  // The name says which process of which host writes it, so that a later run can tell a copy
-  // orphaned by a killed process from one under way (remove_stale_temporaries).
-  const std::string temp =
-      (fs::path(folder) /
-       (".hs_" + std::to_string(row) + std::string(kAdoptMark) + host_name() + "-" +
-        std::to_string(::getpid()) + "-" + std::to_string(adopt_counter.fetch_add(1))))
-          .string();
+std::optional<Error> CacheStore::adopt_held(std::int64_t row, const HeldFile& source) const {
+  std::string target;
   try {
-    copy_and_sync(from, temp);
+    target = path_for_writing(row);
   } catch (const Error& error) {
-    throw Error(error.kind(), "cannot copy " + from + " into the cache as " + target + ": " +
-                                  error.what() + " (nothing was written under " + target + ")");
+    return error;
   }
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    throw os_error("cannot move " + temp + " to", target, err);
+  const PlainPath plain = split_plain_path(target).value();
+  auto folder = open_folder(plain.folder);
+  if (!folder.ok()) return folder.error();
+  // A temporary name that says which process of which host writes it, so that a later run can
+  // tell a copy orphaned by a killed process from one under way (remove_stale_temporaries).
+  const std::string temporary =
+      process_unique_name(".hs_" + std::to_string(row) + ".safetensors", "adopt");
+  if (auto error = source.move_to(folder.value().get(), plain.folder, plain.name, temporary,
+                                  options_.force_copy_on_adopt)) {
+    return error;
   }
-  fsync_folder(folder);
-  remove_other_layout(row);
-  if (::unlink(from.c_str()) != 0 && errno != ENOENT) {
-    throw os_error("copied into the cache but cannot remove the source", from, errno);
+  try {
+    remove_other_layout(row);
+  } catch (const Error& error) {
+    return error;
   }
+  return std::nullopt;
 }
 
 std::int64_t CacheStore::remove_stale_temporaries() const {

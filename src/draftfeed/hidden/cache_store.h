@@ -17,10 +17,10 @@
 // a lock file; a lock held by a writer is reported at once as kTimeout ("locked"), a stale one (no
 // holder) is left alone and the data file is read as usual.
 //
-// Files are moved or deleted only inside the folders the store was given (the root plus
-// `allowed_folders`), checked after resolving symbolic links and `..`: a path a server hands back
-// cannot make the loader delete or move anything else. (The check and the operation are separate
-// system calls; a local attacker able to swap folders between them is out of scope.)
+// adopt/load/remove take paths from the store's user (not from a server) and act only inside the
+// folders the store was given (the root plus `allowed_folders`), checked after resolving symbolic
+// links and `..`. Files a server names are never handled by name here: source/generated_file.h
+// holds them by descriptor and moves them with adopt_held.
 //
 // Thread safety: every method is const and may be called from any number of threads.
 #pragma once
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/held_file.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/hidden_state_sample.h"
 
@@ -97,16 +98,16 @@ class CacheStore {
   // protocol deletes the lock file beside it.
   Result<std::optional<HiddenStateSample>> load(const std::string& path, MapOptions map = {}) const;
 
-  // Moves `source` (inside the allowed folders) to `path_for(row)` atomically, creating the root:
-  // a rename, or across file systems a copy to a temporary file in the root, fsync, rename, and
-  // removal of the source. A reader never sees half a file. Replaces an existing cached file.
-  // Does not wait for the source's lock: load() and validate it first. Throws Error:
-  // kInvalidArgument for a source outside the allowed folders, kNotFound for a missing source, kIo
-  // otherwise.
+  // Moves `source` (inside the allowed folders, not a link) to `path_for(row)` atomically,
+  // creating the root: a rename, or across file systems a copy to a temporary file in the root,
+  // fsync, rename, and removal of the source (HeldFile::move_to: what was opened is what moves). A
+  // reader never sees half a file. Replaces an existing cached file. Does not wait for the
+  // source's lock: load() and validate it first. Throws Error: kInvalidArgument for a source
+  // outside the allowed folders, kNotFound for a missing source, kIo otherwise.
   void adopt(std::int64_t row, const std::string& source) const;
-  // The same for a source anywhere, which the caller proved to be the row's sample (a generated
-  // file that passed validation, see source/generated_file.h): the confinement is the caller's.
-  void adopt_unconfined(std::int64_t row, const std::string& source) const;
+  // The same for a file already held by its descriptors (a generated file that may be moved, see
+  // source/generated_file.h): returns the error instead of throwing it.
+  std::optional<Error> adopt_held(std::int64_t row, const HeldFile& source) const;
 
   // Removes the adopt temporaries (`.hs_<row>.safetensors.adopt-<host>-<pid>-<n>` in the root or
   // a shard folder) that a process of this host left behind when it was killed mid-copy: those

@@ -91,7 +91,9 @@ void convert_row(const CacheStore& source, const CacheStore* target, const Cache
   const std::uint64_t before = sample.file->file_size();
   std::uint64_t after = 0;
   SafetensorsWriteOptions write;
-  write.fsync = options.fsync;
+  // In place, the new file replaces the only copy: it is on disk before the rename, whatever
+  // --fsync says (after a power loss the row is then the old file or the new one, never empty).
+  write.fsync = options.fsync || target == nullptr;
   const bool is_fp8 = sample.hidden_states.dtype == DType::kF8E4M3;
   if (target == nullptr) {
     // In place: where the file is, or where the layout asked for puts it.

@@ -35,7 +35,7 @@ struct CacheConvertOptions {
   // or renamed when already FP8), so the whole cache ends up in one layout.
   std::optional<CacheLayout> layout;
   unsigned threads = 0;  // 0: one per core
-  bool fsync = false;    // fsync each file before its rename
+  bool fsync = false;    // fsync each new file before its rename (always done in place)
   std::size_t max_examples = 5;
 };
 

@@ -126,6 +126,10 @@ HttpResult HttpPool::perform(const std::string& path, const std::string* post_bo
   curl_slist* headers = nullptr;
   headers = curl_slist_append(headers, "Content-Type: application/json");
   headers = curl_slist_append(headers, "Accept: application/json");
+  if (!options_.api_key.empty()) {
+    // Sent as the OpenAI client sends it; never logged (libcurl's verbose output stays off).
+    headers = curl_slist_append(headers, ("Authorization: Bearer " + options_.api_key).c_str());
+  }
   // Timeouts across threads: no signals (libcurl would use SIGALRM for DNS otherwise).
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -160,6 +164,8 @@ HttpResult HttpPool::perform(const std::string& path, const std::string* post_bo
   result.new_connections = connects;
   connections_opened_.fetch_add(connects);
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, nullptr);
+  // The buffer is this frame's: the handle waits in the pool after it returns.
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);
   curl_slist_free_all(headers);
 
   if (code == CURLE_OK) {

@@ -42,6 +42,8 @@ struct HttpPoolOptions {
   // Longer bodies are refused (a hidden-state response is a few hundred bytes plus the echoed
   // prompt ids: 1 MiB holds about 100k ids).
   std::size_t max_body_bytes = std::size_t{1} << 20;
+  // Sent as `Authorization: Bearer <api_key>` when not empty: for servers started with --api-key.
+  std::string api_key;
 
   // The only check of these fields (Error kInvalidArgument naming the field).
   void validate() const;

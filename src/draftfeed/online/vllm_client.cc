@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/common/error.h"
@@ -55,9 +56,15 @@ void VllmClientOptions::validate() const {
 
 namespace {
 
-const VllmClientOptions& checked(const VllmClientOptions& options) {
+// The options as used: checked, and the API key taken from the environment variable the OpenAI
+// client reads (OPENAI_API_KEY) when none was given.
+VllmClientOptions checked(const VllmClientOptions& options) {
   options.validate();
-  return options;
+  VllmClientOptions out = options;
+  if (out.endpoint.http.api_key.empty()) {
+    if (const char* key = std::getenv(kApiKeyVariable)) out.endpoint.http.api_key = key;
+  }
+  return out;
 }
 
 }  // namespace

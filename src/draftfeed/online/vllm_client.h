@@ -36,6 +36,10 @@
 
 namespace draftfeed {
 
+// The environment variable a key for servers started with --api-key is taken from when the options
+// give none: the one the reference's OpenAI client reads.
+inline constexpr const char* kApiKeyVariable = "OPENAI_API_KEY";
+
 struct VllmClientOptions {
   std::vector<std::string> endpoints{"http://localhost:8000/v1"};
   std::string model;  // expected data[0].id; empty: accept what the first endpoint serves

@@ -1,8 +1,5 @@
 #include "draftfeed/source/online_source.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -41,6 +38,7 @@ GeneratedFileOptions reader_options(const OnlineSourceOptions& options) {
   out.max_file_bytes = options.max_file_bytes;
   out.lock_timeout = options.cache.lock_timeout;
   out.lock_poll = options.cache.lock_poll;
+  out.clock_skew = options.generated_file_clock_skew;
   return out;
 }
 
@@ -89,6 +87,22 @@ void OnlineSourceOptions::validate() const {
           "the online source needs hidden_states_path (the cache folder)");
   cache.validate();
   client.validate();
+  require(generated_file_clock_skew.count() >= 0, ErrorKind::kInvalidArgument,
+          "generated_file_clock_skew must be >= 0, got " +
+              std::to_string(generated_file_clock_skew.count()));
+  if (!server_dir.empty()) {
+    // draftfeed never removes or moves a file in the cache folder that it did not write
+    // (generated_file.h): a server folder there would fill up.
+    std::error_code ec;
+    const fs::path server = fs::weakly_canonical(fs::absolute(server_dir), ec);
+    const fs::path root = fs::weakly_canonical(fs::absolute(cache.hidden_states_path), ec);
+    const auto [end, _] = std::mismatch(root.begin(), root.end(), server.begin(), server.end());
+    require(ec || end != root.end(), ErrorKind::kInvalidArgument,
+            "server_dir " + server_dir + " lies in the cache folder (hidden_states_path " +
+                cache.hidden_states_path +
+                "), where draftfeed never removes files it did not write: give the servers a "
+                "folder of their own");
+  }
   require(generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
           "generation_validation_retries must be >= 0, got " +
               std::to_string(generation_validation_retries));
@@ -128,37 +142,46 @@ OnlineSampleSource::~OnlineSampleSource() {
     log_.warn(
         std::to_string(abandoned_.size()) +
         " failed generated file(s) are still locked by their writer and stay in place, e.g. " +
-        abandoned_.front());
+        abandoned_.front().held->path());
   }
 }
 
 void OnlineSampleSource::sweep_abandoned() {
-  std::vector<std::string> paths;
+  std::vector<AbandonedFile> files;
   {
     std::lock_guard lock(mutex_);
-    paths.swap(abandoned_);
+    files.swap(abandoned_);
   }
-  if (paths.empty()) return;
-  std::vector<std::string> still_locked;
+  if (files.empty()) return;
+  std::vector<AbandonedFile> still_locked;
   std::int64_t removed = 0;
-  for (const std::string& path : paths) {
-    // One try, no wait: a free lock is removed as the protocol says, then the data file.
-    const auto lock_error =
-        wait_for_lock(path + ".lock", std::chrono::duration<double>(0), options_.cache.lock_poll);
-    if (lock_error) {
-      still_locked.push_back(path);
+  std::int64_t kept = 0;
+  for (AbandonedFile& file : files) {
+    const HeldFile& held = *file.held;
+    // One try, no wait: a lock still held stays its writer's.
+    if (wait_for_lock_at(held.folder(), held.name() + ".lock", held.path() + ".lock",
+                         std::chrono::duration<double>(0), options_.cache.lock_poll)) {
+      still_locked.push_back(std::move(file));
       continue;
     }
-    try {
-      store_->remove(path);
-      ++removed;
-    } catch (const Error& error) {
-      log_.warn("cannot remove a failed generated file: " + std::string(error.what()));
+    // Asked again now: the file held may have been given another name meanwhile.
+    const std::string keep = reader_.keep_reason(held, true, file.request_sent);
+    if (!keep.empty()) {
+      ++kept;
+      warn_left_in_place(held.path(), keep);
+      continue;
     }
+    if (auto error = held.remove()) {
+      log_.warn("cannot remove a failed generated file: " + std::string(error->what()));
+      continue;
+    }
+    remove_released_lock(held);
+    ++removed;
   }
   std::lock_guard lock(mutex_);
   stats_.deleted += removed;
-  abandoned_.insert(abandoned_.end(), still_locked.begin(), still_locked.end());
+  stats_.left_in_place += kept;
+  for (AbandonedFile& file : still_locked) abandoned_.push_back(std::move(file));
   stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
 }
 
@@ -261,6 +284,7 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       std::lock_guard lock(mutex_);
       ++stats_.round_trips;
     }
+    const auto request_sent = std::chrono::system_clock::now();
     GenerationResult generation =
         messages.value() ? client_.generate_chat(*messages.value(), ids) : client_.generate(ids);
     if (generation.failure == GenerationResult::Failure::kCancelled) {
@@ -297,14 +321,14 @@ FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayVi
       record_success();
       return FetchOutcome::ok(std::move(*sample));
     }
-    GeneratedFile file = reader_.read(generation.handle, RowIds(ids), row);
+    GeneratedFile file = reader_.read(generation.handle, RowIds(ids), row, request_sent);
     if (!file.ok()) {
       {
         std::lock_guard lock(mutex_);
         ++stats_.failures.file[static_cast<std::size_t>(file.problem)];
       }
       last_error = generation.endpoint + ": " + file.message;
-      discard_failed(file);
+      discard_failed(file, request_sent);
       continue;
     }
     finish_generated(row, file);
@@ -355,36 +379,55 @@ void OnlineSampleSource::record_success() {
 
 void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile& file) {
   const bool cache = options_.on_generate == OnGenerate::kCache;
-  if (!file.proven && !file.owned) {
-    // A symbolic link: read through, never moved or removed (nor its target).
+  if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
+    // Quantized into the cache (replacing an older file atomically, on disk before the rename:
+    // the server's file, the only other copy, goes next), then the server's file removed as
+    // on_generate = delete removes it.
+    try {
+      write_fp8_sample(store_->path_for_writing(row), *file.sample,
+                       SafetensorsWriteOptions{.atomic = true, .fsync = true});
+      store_->remove_other_layout(row);
+    } catch (const Error& error) {
+      log_.warn("row " + std::to_string(row) +
+                ": generated hidden states used but not cached: " + error.what());
+      std::lock_guard lock(mutex_);
+      ++stats_.cleanup_errors;
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.adopted;
+    }
+    finish_release(row, file, std::nullopt);
+    return;
+  }
+  if (finish_release(row, file, cache ? std::optional<std::int64_t>(row) : std::nullopt)) {
+    std::lock_guard lock(mutex_);
+    ++(cache ? stats_.adopted : stats_.deleted);
+  }
+}
+
+bool OnlineSampleSource::finish_release(std::int64_t row, const GeneratedFile& file,
+                                        std::optional<std::int64_t> cache_row) {
+  if (!file.removable()) {
+    // Not provably the request's output (a link, another name, the cache's folder, older than the
+    // request...): read, used, and left exactly where it is.
     {
       std::lock_guard lock(mutex_);
       ++stats_.left_in_place;
     }
-    warn_left_in_place(file.path, "it is a symbolic link");
-    return;
+    warn_left_in_place(file.path, file.keep_reason);
+    return false;
   }
-  try {
-    if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
-      // Quantized into the cache (the old file, if any, is replaced atomically), then the
-      // server's file removed as on_generate = delete removes it.
-      write_fp8_sample(store_->path_for_writing(row), *file.sample);
-      store_->remove_other_layout(row);
-      release_generated(*store_, file, std::nullopt);
-      std::lock_guard lock(mutex_);
-      ++stats_.adopted;
-      return;
-    }
-    release_generated(*store_, file, cache ? std::optional<std::int64_t>(row) : std::nullopt);
-    std::lock_guard lock(mutex_);
-    ++(cache ? stats_.adopted : stats_.deleted);
-  } catch (const Error& error) {
+  if (auto error = release_generated(*store_, file, cache_row)) {
     // The sample itself is good and stays mapped: use it, report the cache problem.
     log_.warn("row " + std::to_string(row) + ": generated hidden states used but not " +
-              (cache ? "cached" : "removed") + ": " + error.what());
+              (cache_row ? "cached" : "removed") + ": " + error->what());
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
+    return false;
   }
+  return true;
 }
 
 void OnlineSampleSource::warn_left_in_place(const std::string& path, const std::string& why) {
@@ -393,38 +436,50 @@ void OnlineSampleSource::warn_left_in_place(const std::string& path, const std::
             ": " + why);
 }
 
-void OnlineSampleSource::discard_failed(const GeneratedFile& file) {
-  // As the reference, a failed file is deleted, but only where the loader owns the folder (the
-  // cache, the server folder): a file that failed validation was not proven to be this request's
-  // output, so anywhere else it stays, said once with its path. The cache's own files, links and
-  // things that are not regular files are never touched.
-  if (file.path.empty() || file.problem == FileProblem::kMissing) return;
-  if (!file.owned || file.problem == FileProblem::kCacheFile ||
-      file.problem == FileProblem::kOutsideServerDir || file.problem == FileProblem::kNotRegular) {
+void OnlineSampleSource::discard_failed(const GeneratedFile& file,
+                                        std::chrono::system_clock::time_point request_sent) {
+  // As the reference, a failed file is deleted, but only one that may go (generated_file.h: inside
+  // the server folder, the request's output); anything else that exists stays, said with its path.
+  switch (file.problem) {
+    case FileProblem::kOutsideServerDir:
+    case FileProblem::kCacheFile:
+    case FileProblem::kNotRegular: {
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.left_in_place;
+      }
+      warn_left_in_place(file.path, std::string("it failed (") + file_problem_name(file.problem) +
+                                        ") and is never touched");
+      return;
+    }
+    default:
+      break;
+  }
+  if (!file.held) return;  // nothing was opened: nothing to remove
+  if (file.problem == FileProblem::kLockTimeout) {
+    // Its writer still holds it: removed by a later sweep, once the lock is free, if it may go.
+    std::lock_guard lock(mutex_);
+    abandoned_.push_back({file.held, request_sent});
+    stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
+    return;
+  }
+  if (!file.removable()) {
     {
       std::lock_guard lock(mutex_);
       ++stats_.left_in_place;
     }
-    warn_left_in_place(file.path, std::string("it failed (") + file_problem_name(file.problem) +
-                                      ") and is not in a folder draftfeed owns");
+    warn_left_in_place(file.path, file.keep_reason);
     return;
   }
-  if (file.problem == FileProblem::kLockTimeout) {
-    // Its writer still holds it: removed later, once the lock is free.
-    std::lock_guard lock(mutex_);
-    abandoned_.push_back(file.path);
-    stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
-    return;
-  }
-  try {
-    store_->remove(file.path);
-    std::lock_guard lock(mutex_);
-    ++stats_.deleted;
-  } catch (const Error& error) {
-    log_.warn("cannot remove a failed generated file: " + std::string(error.what()));
+  if (auto error = file.held->remove()) {
+    log_.warn("cannot remove a failed generated file: " + std::string(error->what()));
     std::lock_guard lock(mutex_);
     ++stats_.cleanup_errors;
+    return;
   }
+  remove_released_lock(*file.held);
+  std::lock_guard lock(mutex_);
+  ++stats_.deleted;
 }
 
 std::optional<FetchedSample> OnlineSampleSource::load_through_transfer(

@@ -7,13 +7,14 @@
 //   2. no file: `on_missing` = generate runs the round trip request (completions; the chat request
 //      with the row's `messages` when some turn has list content, see `dataset`) -> read the
 //      handle's file (generated_file.h: confinement, lock protocol, bounded regular file) ->
-//      validate, up to 1 + generation_validation_retries times. A failed file is deleted when owned
-//      (inside the cache root or the server folder), otherwise left in place and reported. skip /
-//      warn / raise behave as offline.
-//   3. success: the file proved to be this request's output (generated_file.h), wherever the server
-//      wrote it: `on_generate` = cache moves it to hs_<row>.safetensors atomically (a rename, or
-//      across file systems a copy, fsync, rename and removal), delete removes it, with its lock
-//      file, as the reference does. A handle that is a symbolic link is read but never moved or
+//      validate, up to 1 + generation_validation_retries times. A failed file is deleted only
+//      inside the server folder and only when it is the request's output (generated_file.h's
+//      rules), otherwise left in place and reported. skip / warn / raise behave as offline.
+//   3. success: a file that is the request's output (generated_file.h: not a link, one name, not
+//      in the cache folder nor a folder of cache files, created after the request was sent):
+//      `on_generate` = cache moves it to hs_<row>.safetensors atomically (a rename, or across file
+//      systems a copy of the checked descriptor, fsync, rename and removal), delete removes it,
+//      with its lock file, as the reference does. Any other file is read but never moved or
 //      removed. The sample stays mapped either way, so the pipeline copies from it after fetch()
 //      returns (a mapping survives unlink and rename on Linux).
 //   With `transfer` set (hidden_states_transfer.h: a Mooncake store, a custom Python object), steps
@@ -71,6 +72,9 @@ struct OnlineSourceOptions {
   // and lock_poll apply to generated files too.
   CacheSourceOptions cache{.on_missing = OnMissing::kGenerate};
   std::string server_dir;  // where the servers write; empty: not confined
+  // How much older than its request a generated file may look and still be its output (clock skew
+  // between this host and a shared file system's server; generated_file.h).
+  std::chrono::duration<double> generated_file_clock_skew{30.0};
   OnGenerate on_generate = OnGenerate::kDelete;
   int generation_validation_retries = 2;
   int max_consecutive_generation_failures = 20;
@@ -116,8 +120,8 @@ struct OnlineSourceStats {
   std::int64_t adopted = 0;         // generated files moved into the cache
   std::int64_t deleted = 0;         // generated (or failed) files removed
   std::int64_t abandoned = 0;       // failed files still locked by their writer, to remove later
-  std::int64_t left_in_place = 0;   // generated files neither moved nor removed (links, failed
-                                    // files outside the folders draftfeed owns)
+  std::int64_t left_in_place = 0;   // generated files neither moved nor removed: not provably
+                                    // the request's output, or failed outside server_dir
   std::int64_t cleanup_errors = 0;  // a move, copy or removal the OS refused (logged)
   std::int64_t consecutive_failures = 0;
   std::int64_t max_consecutive_failures = 0;
@@ -165,7 +169,12 @@ class OnlineSampleSource : public SampleSource {
  private:
   // Moves/copies/removes a generated file per on_generate; returns nothing, logs problems.
   void finish_generated(std::int64_t row, const GeneratedFile& file);
-  void discard_failed(const GeneratedFile& file);
+  // Moves (cache_row) or removes a file that may go, else counts it as left in place; true when
+  // it went.
+  bool finish_release(std::int64_t row, const GeneratedFile& file,
+                      std::optional<std::int64_t> cache_row);
+  void discard_failed(const GeneratedFile& file,
+                      std::chrono::system_clock::time_point request_sent);
   // Counts a generated row and resets the failure streak (saying so when it ends one).
   void record_success();
   // Failed files whose writer held the lock past the timeout cannot be removed then; they are
@@ -199,7 +208,13 @@ class OnlineSampleSource : public SampleSource {
   OnlineSourceStats stats_;
   std::mutex setup_mutex_;       // serialises options_.transfer->setup(); guards transfer_ready_
   bool transfer_ready_ = false;  // options_.transfer->setup() succeeded
-  std::vector<std::string> abandoned_;  // guarded by mutex_: see sweep_abandoned()
+  // A failed file whose writer held its lock past the timeout: held by descriptor until the lock is
+  // free, then removed if it may go (generated_file.h).
+  struct AbandonedFile {
+    std::shared_ptr<const HeldFile> held;
+    std::chrono::system_clock::time_point request_sent;
+  };
+  std::vector<AbandonedFile> abandoned_;  // guarded by mutex_: see sweep_abandoned()
 };
 
 }  // namespace draftfeed
