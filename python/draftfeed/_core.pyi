@@ -658,6 +658,24 @@ class OnlineSourceOptions:
     def server_dir(self, value: str | os.PathLike | None) -> None: ...
 
     @property
+    def generated_file_clock_skew(self) -> float:
+        """
+        seconds a generated file may look older than its request and still be its output (clock skew between this host and a shared file system's server); an older file is never removed or moved
+        """
+
+    @generated_file_clock_skew.setter
+    def generated_file_clock_skew(self, arg: float, /) -> None: ...
+
+    @property
+    def api_key(self) -> bool:
+        """
+        the key of servers started with --api-key, sent as 'Authorization: Bearer ...' (None: $OPENAI_API_KEY, as the OpenAI client reads it); reads back only whether one is set
+        """
+
+    @api_key.setter
+    def api_key(self, value: str | None) -> None: ...
+
+    @property
     def max_response_bytes(self) -> int: ...
 
     @max_response_bytes.setter

@@ -99,7 +99,7 @@ def test_disk_full_while_caching_names_the_file_and_leaves_no_partial_file(tmp_p
             errors = [line for line in full.stderr.splitlines() if cause in line]
             assert len(errors) == report["uncached"], full.stderr
             for line in errors:
-                assert re.search(r"into the cache as \S*/cache/hs_\d+\.safetensors", line), line
+                assert re.search(r"into \S*/cache/hs_\d+\.safetensors", line), line
             # No partial file: every hs_* is a complete sample; no temporary is left.
             names = sorted(os.listdir(cache))
             assert all(re.fullmatch(r"hs_\d+\.safetensors", n) for n in names), names

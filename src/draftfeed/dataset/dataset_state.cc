@@ -31,8 +31,9 @@ std::vector<std::string> shard_names_from_state_json(std::string_view text,
   std::size_t index = 0;
   for (const auto& entry : state["_data_files"]) {
     if (!entry.is_object() || !entry.contains("filename") || !entry["filename"].is_string()) {
-      throw Error(ErrorKind::kFormat, where + ": '_data_files' entry " + std::to_string(index) +
-                                          " (" + entry.type_name() + ") has no 'filename' string");
+      throw Error(ErrorKind::kFormat,
+                  where + ": a '_data_files' entry has no 'filename' string (entry " +
+                      std::to_string(index) + ", " + entry.type_name() + ")");
     }
     const std::string name = entry["filename"].get<std::string>();
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {

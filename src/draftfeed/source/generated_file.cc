@@ -238,9 +238,12 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
                                          options_.lock_timeout, options_.lock_poll)) {
     const bool timeout = lock_error->kind() == ErrorKind::kTimeout;
     if (timeout) {
-      // Held now, so that a later sweep removes this very file once its writer lets go.
+      // Held now when it exists, so that a later sweep removes this very file once its writer
+      // lets go; else the folder is kept for the sweep to open it then.
       auto held = HeldFile::open(dup_fd(folder.get()), plain.value().folder, name, false);
       if (held.ok()) out.held = std::make_shared<const HeldFile>(std::move(held).value());
+      out.name = plain.value();
+      out.folder = std::make_shared<const UniqueFd>(std::move(folder));
     }
     return fail(timeout ? FileProblem::kLockTimeout : FileProblem::kUnreadable,
                 where + ": " + lock_error->what());

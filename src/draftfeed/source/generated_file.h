@@ -83,6 +83,10 @@ struct GeneratedFile {
   std::string path;     // the handle (for messages)
   // The file opened, when it could be: what release_generated / discard act on.
   std::shared_ptr<const HeldFile> held;
+  // The handle's folder, opened, and the file's name in it: for a file whose writer held its lock
+  // past the timeout (kLockTimeout), which may not exist yet and is opened by a later sweep.
+  std::shared_ptr<const UniqueFd> folder;
+  PlainPath name;
   // Why draftfeed must leave the file where it is (see above); empty when it may remove or move it.
   std::string keep_reason;
   std::optional<HiddenStateSample> sample;  // when problem == kNone

@@ -1,5 +1,7 @@
 #include "draftfeed/source/online_source.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -142,7 +144,7 @@ OnlineSampleSource::~OnlineSampleSource() {
     log_.warn(
         std::to_string(abandoned_.size()) +
         " failed generated file(s) are still locked by their writer and stay in place, e.g. " +
-        abandoned_.front().held->path());
+        abandoned_.front().name.folder + "/" + abandoned_.front().name.name);
   }
 }
 
@@ -157,13 +159,27 @@ void OnlineSampleSource::sweep_abandoned() {
   std::int64_t removed = 0;
   std::int64_t kept = 0;
   for (AbandonedFile& file : files) {
-    const HeldFile& held = *file.held;
+    const std::string shown = file.name.folder + "/" + file.name.name;
     // One try, no wait: a lock still held stays its writer's.
-    if (wait_for_lock_at(held.folder(), held.name() + ".lock", held.path() + ".lock",
+    if (wait_for_lock_at(file.folder->get(), file.name.name + ".lock", shown + ".lock",
                          std::chrono::duration<double>(0), options_.cache.lock_poll)) {
       still_locked.push_back(std::move(file));
       continue;
     }
+    if (!file.held) {
+      // Written after the read gave up: opened now, and held to the same rules.
+      auto opened = HeldFile::open(UniqueFd(::fcntl(file.folder->get(), F_DUPFD_CLOEXEC, 0)),
+                                   file.name.folder, file.name.name, false);
+      if (!opened.ok()) {
+        if (opened.error().kind() != ErrorKind::kNotFound) {
+          ++kept;
+          warn_left_in_place(shown, opened.error().what());
+        }
+        continue;
+      }
+      file.held = std::make_shared<const HeldFile>(std::move(opened).value());
+    }
+    const HeldFile& held = *file.held;
     // Asked again now: the file held may have been given another name meanwhile.
     const std::string keep = reader_.keep_reason(held, true, file.request_sent);
     if (!keep.empty()) {
@@ -455,14 +471,14 @@ void OnlineSampleSource::discard_failed(const GeneratedFile& file,
     default:
       break;
   }
-  if (!file.held) return;  // nothing was opened: nothing to remove
-  if (file.problem == FileProblem::kLockTimeout) {
+  if (file.problem == FileProblem::kLockTimeout && file.folder) {
     // Its writer still holds it: removed by a later sweep, once the lock is free, if it may go.
     std::lock_guard lock(mutex_);
-    abandoned_.push_back({file.held, request_sent});
+    abandoned_.push_back({file.held, file.folder, file.name, request_sent});
     stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
     return;
   }
+  if (!file.held) return;  // nothing was opened: nothing to remove
   if (!file.removable()) {
     {
       std::lock_guard lock(mutex_);

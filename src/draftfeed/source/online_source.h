@@ -211,7 +211,9 @@ class OnlineSampleSource : public SampleSource {
   // A failed file whose writer held its lock past the timeout: held by descriptor until the lock is
   // free, then removed if it may go (generated_file.h).
   struct AbandonedFile {
-    std::shared_ptr<const HeldFile> held;
+    std::shared_ptr<const HeldFile> held;  // null when the file did not exist yet
+    std::shared_ptr<const UniqueFd> folder;
+    PlainPath name;
     std::chrono::system_clock::time_point request_sent;
   };
   std::vector<AbandonedFile> abandoned_;  // guarded by mutex_: see sweep_abandoned()
