@@ -43,7 +43,7 @@ options:
                                       files already valid are kept as they are: see quantize)
   --layout flat|sharded               where new files go: DIR/hs_<row>.safetensors (flat, the
                                       default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
-                                      (sharded, hs-connectors' layout for large caches); files
+                                      (sharded, draftfeed's layout for large caches); files
                                       already there are found in either layout
   --no-progress                       no progress bar
   --json                              print the summary as JSON

@@ -41,7 +41,7 @@ what is left. A cache that mixes bf16 and FP8 files (half converted) is fine to 
                        gone; keep a copy if you may need them)
   --hidden-states DIR  the source cache (default DATA/hidden_states; files in either layout)
   --layout L           where the FP8 files go: flat (DIR/hs_<row>.safetensors) or sharded
-                       (DIR/<row // 1000, 4 digits>/hs_<row>.safetensors, hs-connectors' layout for
+                       (DIR/<row // 1000, 4 digits>/hs_<row>.safetensors, draftfeed's layout for
                        large caches). Default: into --out, flat; in place, each file stays where it
                        is (with --layout, files of the other layout move: the cache ends in one)
   --threads N          converting threads (default: one per core)
