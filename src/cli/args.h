@@ -29,6 +29,13 @@ class Args {
   std::optional<std::int64_t> opt_integer(const std::string& flag) const;
   double real(const std::string& flag, double fallback) const;
 
+  // The same, checked against the rule of the option the flag sets; the message names the flag as
+  // the user typed it ("--threads must be >= 1, got 0"), not the option's name in the library.
+  std::int64_t integer(const std::string& flag, std::int64_t fallback, std::int64_t min) const;
+  std::optional<std::int64_t> opt_integer(const std::string& flag, std::int64_t min) const;
+  double real(const std::string& flag, double fallback, double min) const;  // finite and >= min
+  double fraction(const std::string& flag, double fallback) const;          // in (0, 1)
+
   // Throws unless there are between `min` and `max` positionals; `what` names them for the message.
   void expect_positionals(std::size_t min, std::size_t max, const std::string& what) const;
 
