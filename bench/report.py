@@ -533,11 +533,12 @@ def markdown(results: dict, head_note: str, chart: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def write_readme_block(readme: Path, block: str) -> None:
-    """Replaces the generated block of `readme` (docs/benchmarks.md; between the markers) with `block`."""
+def write_readme_block(readme: Path, block: str, begin: str = README_BEGIN, end: str = README_END) -> None:
+    """Replaces the generated block of `readme` (between the markers `begin` and `end`: by default
+    docs/benchmarks.md's Latest results; headline.py's for the README's table) with `block`."""
     text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{readme}: no block between {README_BEGIN!r} and {README_END!r}")
-    before, rest = text.split(README_BEGIN, 1)
-    _, after = rest.split(README_END, 1)
-    readme.write_text(before + README_BEGIN + "\n\n" + block + "\n" + README_END + after)
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme}: no block between {begin!r} and {end!r}")
+    before, rest = text.split(begin, 1)
+    _, after = rest.split(end, 1)
+    readme.write_text(before + begin + "\n\n" + block + "\n" + end + after)

@@ -1,7 +1,8 @@
 """Every benchmark in one command: the reference speculators loaders and draftfeed side by side, in one
 run, on the same synthetic data, on this machine, at the commit checked out. Prints the tables and
 writes bench/results/latest.json (every measured figure), latest.md (the tables), latest.png (the
-chart) and the "Latest results" block of docs/benchmarks.md.
+chart), the "Latest results" block of docs/benchmarks.md and the README's headline table
+(headline.py).
 
     python bench/run.py                 # every section; about 25-35 minutes on 2 cores
     python bench/run.py --quick         # tiny sizes, to check that everything runs (writes quick.*)
@@ -89,6 +90,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+import headline  # noqa: E402
 import report  # noqa: E402
 from bench_common import cli_path, make_cached_dataset, warm_page_cache  # noqa: E402
 from plot import plot_results, warm_epoch  # noqa: E402
@@ -511,10 +513,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--name", help="output files are OUT/NAME.json, .md, .png (default latest; quick with --quick)")
     p.add_argument("--render", metavar="JSON", help="run nothing: print the tables of a saved result and "
-                   "rewrite its .md and .png beside it (and docs/benchmarks.md's block, for latest.json)")
+                   "rewrite its .md and .png beside it (and docs/benchmarks.md's block and the README's headline "
+                   "table, for latest.json)")
     p.add_argument("--allow-stale", action="store_true", help="render results that were not measured at the "
                    "code of HEAD (the rendered header then says so)")
-    p.add_argument("--no-readme", action="store_true", help="do not write docs/benchmarks.md's results block")
+    p.add_argument("--no-readme", action="store_true", help="do not write docs/benchmarks.md's results block or the README's headline table")
     args = p.parse_args()
     if args.quick:
         args.rows, args.hidden_sizes = 16, [1024]
@@ -538,7 +541,8 @@ def parse_args() -> argparse.Namespace:
 
 def write_outputs(results: dict, json_path: Path, args) -> bool:
     """Writes NAME.json; then, if the results were measured at the code of HEAD (or --allow-stale),
-    prints the tables and writes NAME.md, NAME.png and, for latest.json, docs/benchmarks.md's block. False
+    prints the tables and writes NAME.md, NAME.png and, for latest.json, docs/benchmarks.md's block and the
+    README's headline table. False
     when it refused to render."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=2) + "\n")
@@ -561,6 +565,9 @@ def write_outputs(results: dict, json_path: Path, args) -> bool:
         chart = os.path.relpath(json_path.with_suffix(".png").resolve(), RESULTS_PAGE.parent)
         report.write_readme_block(RESULTS_PAGE, report.markdown(results, note, chart))
         print(f"wrote {RESULTS_PAGE.relative_to(REPO)}'s results block")
+        report.write_readme_block(REPO / "README.md", headline.headline_markdown(results, json_path.stem),
+                                  headline.README_BEGIN, headline.README_END)
+        print("wrote README.md's headline table")
     return True
 
 
