@@ -79,7 +79,7 @@ int run(const std::vector<std::string>& argv) {
   options.batch.dtype =
       parse_torch_dtype(args.str("dtype", torch_dtype_name(options.batch.dtype)), "--dtype");
   options.batch.preprocess =
-      parse_preprocess(args.str("preprocess", preprocess_name(options.batch.preprocess)));
+      args.parsed("preprocess", preprocess_name(options.batch.preprocess), parse_preprocess);
   require(options.batch.preprocess != Preprocess::kCustom, ErrorKind::kInvalidArgument,
           "--preprocess custom needs a Python callable (use the Python Loader)");
   options.batch.noise.std = args.real("noise-std", options.batch.noise.std, 0.0);
@@ -98,7 +98,7 @@ int run(const std::vector<std::string>& argv) {
               std::to_string(options.plan.world_size));
   options.pipeline.in_order = !args.has("as-ready");
   options.cache.on_missing =
-      parse_on_missing(args.str("on-missing", on_missing_name(options.cache.on_missing)));
+      args.parsed("on-missing", on_missing_name(options.cache.on_missing), parse_on_missing);
   options.plan.max_batches = args.opt_integer("max-batches", 0);
 
   LoaderRun run;
@@ -113,7 +113,7 @@ int run(const std::vector<std::string>& argv) {
   if (args.has("endpoint")) {
     online = online_options_from(args);
     online->on_generate =
-        parse_on_generate(args.str("on-generate", on_generate_name(online->on_generate)));
+        args.parsed("on-generate", on_generate_name(online->on_generate), parse_on_generate);
   }
   return run_loader(std::move(options), std::move(online), run);
 }

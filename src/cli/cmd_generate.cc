@@ -105,7 +105,7 @@ int run_generate(const std::vector<std::string>& argv) {
   options.cache.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
   options.on_generate = OnGenerate::kCache;
   options.cache_fp8 = args.has("fp8");
-  options.cache_layout = parse_cache_layout(args.str("layout", "flat"));
+  options.cache_layout = args.parsed("layout", "flat", parse_cache_layout);
   const bool json = args.has("json");
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
 

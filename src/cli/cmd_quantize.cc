@@ -106,7 +106,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   options.target_root = out;
   options.threads = static_cast<unsigned>(threads);
   options.fsync = args.has("fsync");
-  if (args.has("layout")) options.layout = parse_cache_layout(args.str("layout", ""));
+  if (args.has("layout")) options.layout = args.parsed("layout", "", parse_cache_layout);
   options.max_examples = static_cast<std::size_t>(examples);
   CacheConvertProgress progress;
   CacheConvertReport report;

@@ -77,6 +77,12 @@ OnlineSourceOptions online_options_from(const Args& args) {
   OnlineSourceOptions options;
   VllmClientOptions& client = options.client;
   client.endpoints = args.all("endpoint");
+  for (const std::string& url : client.endpoints) {
+    require(url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0,
+            ErrorKind::kInvalidArgument,
+            "--endpoint must start with http:// or https:// (e.g. http://host:8000/v1), got '" +
+                url + "'");
+  }
   options.server_dir = args.str("server-dir", options.server_dir);
   client.fetch_threads = static_cast<int>(args.integer("fetch-threads", client.fetch_threads, 1));
   client.model = args.str("model", client.model);
