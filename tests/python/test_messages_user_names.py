@@ -68,6 +68,14 @@ DROPIN_CASES = [
     ("generation_validation_retries", dict(generation_validation_retries=-1), None),
     ("max_consecutive_generation_failures", dict(max_consecutive_generation_failures=0), None),
     ("transfer", dict(transfer=object()), None),
+    # Values of the wrong type, and the planner's bound.
+    ("hidden_states_dtype", dict(hidden_states_dtype=None), None),
+    ("total_seq_len", dict(total_seq_len=2**41), "max_len"),
+    ("num_workers", dict(num_workers=2.0), None),
+    ("fetch_threads", dict(fetch_threads=2.5), None),
+    ("prefetch_factor", dict(prefetch_factor="4"), None),
+    ("train_data_ratio", dict(train_data_ratio="0.9"), None),
+    ("request_timeout", dict(request_timeout="5"), None),
 ]
 
 
@@ -110,6 +118,11 @@ LOADER_CASES = [
     ("world_size", dict(rank=2, world_size=2)),
     ("sp_size", dict(world_size=2, rank=0, sp_size=3)),
     ("device", dict(device="cpu")),
+    ("hidden_states_dtype", dict(hidden_states_dtype=None)),
+    ("total_seq_len", dict(total_seq_len=2**41)),
+    ("num_threads", dict(num_threads="2")),
+    ("in_order", dict(in_order=None)),
+    ("seed", dict(seed=-1)),
 ]
 
 
