@@ -10,7 +10,7 @@ Each measurement runs in a fresh process (its memory is its own), on data writte
         the planner the drop-in's batch sampler runs each epoch;
   * a dataset of --files rows and its cache, one tiny file per row (1-4 tokens, H=8, 2 layers: about
     200 bytes each, 4 KB on disk), flat (`hs_<row>.safetensors` in one folder), then the same files
-    moved into hs-connectors' sharded layout (`<row // 1000>/hs_<row>.safetensors`):
+    moved into draftfeed's sharded layout (`<row // 1000>/hs_<row>.safetensors`):
       - first batch: a `draftfeed.Loader` (2 threads) created, its epoch started, the first batch in
         hand; then the rest of the epoch, for scale;
       - verify: `draftfeed verify --threads 2` over every file.

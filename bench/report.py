@@ -1,5 +1,5 @@
 """The tables of a bench/run.py result, built only from the measured figures in its JSON, and the
-README block that shows them. Every ratio compares two runs that did the same work under the same
+block of docs/benchmarks.md ("Latest results") that shows them. Every ratio compares two runs that did the same work under the same
 conditions (same data, same epoch, same threads or processes, same noise, same call); a figure
 that stands alone (a bound, a projection) says what it is."""
 
@@ -382,7 +382,7 @@ def memory_table(results: dict) -> list[dict]:
          "peak: reference / draftfeed", "draftfeed adds, of the reference's"), rows,
         "Each side in its own process (`bench/bench_engine.py --side`), sampled every 50 ms; \"adds\" is the peak "
         "less the PSS of the process before it made its loaders (torch and speculators imported). draftfeed's "
-        "batch memory is (prefetch_factor + extra) buffers x batch bytes (README, Memory); the reference keeps "
+        "batch memory is (prefetch_factor + extra) buffers x batch bytes (docs/loader.md, Memory); the reference keeps "
         "num_workers x prefetch_factor batches in its worker processes, each a Python process with torch.")]
 
 
@@ -533,11 +533,12 @@ def markdown(results: dict, head_note: str, chart: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def write_readme_block(readme: Path, block: str) -> None:
-    """Replaces the README's generated block (between the markers) with `block`."""
+def write_readme_block(readme: Path, block: str, begin: str = README_BEGIN, end: str = README_END) -> None:
+    """Replaces the generated block of `readme` (between the markers `begin` and `end`: by default
+    docs/benchmarks.md's Latest results; headline.py's for the README's table) with `block`."""
     text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{readme}: no block between {README_BEGIN!r} and {README_END!r}")
-    before, rest = text.split(README_BEGIN, 1)
-    _, after = rest.split(README_END, 1)
-    readme.write_text(before + README_BEGIN + "\n\n" + block + "\n" + README_END + after)
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme}: no block between {begin!r} and {end!r}")
+    before, rest = text.split(begin, 1)
+    _, after = rest.split(end, 1)
+    readme.write_text(before + begin + "\n\n" + block + "\n" + end + after)

@@ -1,7 +1,8 @@
 """Every benchmark in one command: the reference speculators loaders and draftfeed side by side, in one
 run, on the same synthetic data, on this machine, at the commit checked out. Prints the tables and
 writes bench/results/latest.json (every measured figure), latest.md (the tables), latest.png (the
-chart) and the README's results block.
+chart), the "Latest results" block of docs/benchmarks.md and the README's headline table
+(headline.py).
 
     python bench/run.py                 # every section; about 25-35 minutes on 2 cores
     python bench/run.py --quick         # tiny sizes, to check that everything runs (writes quick.*)
@@ -64,13 +65,13 @@ The scaling table (1 and 2 workers or threads on both sides) comes from the engi
 
 Provenance: the results record the commit (HEAD) and whether the tree had changes, and which
 draftfeed was measured (a build of this tree, and whether that build was up to date, or the installed
-package). Rendering (the README block, or --render) refuses results that were not measured at the
-code of HEAD (commits since then may touch only README.md and bench/results/) unless --allow-stale,
-and then says so in the rendered header.
+package). Rendering (the docs/benchmarks.md block, or --render) refuses results that were not measured
+at the code of HEAD (commits since then may touch only README.md, docs/ and bench/results/) unless
+--allow-stale, and then says so in the rendered header.
 
 Data goes under --data (default /tmp/draftfeed_bench_run; reused when the sizes match). Every child
-process has a time limit. With a dev build set DRAFTFEED_DEV_BUILD, PYTHONPATH and DRAFTFEED_CLI as
-in README.md; otherwise the installed package and the `draftfeed` on PATH are used.
+process has a time limit. With a dev build set DRAFTFEED_DEV_BUILD, PYTHONPATH and DRAFTFEED_CLI
+to the build; otherwise the installed package and the `draftfeed` on PATH are used.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+import headline  # noqa: E402
 import report  # noqa: E402
 from bench_common import cli_path, make_cached_dataset, warm_page_cache  # noqa: E402
 from plot import plot_results, warm_epoch  # noqa: E402
@@ -99,7 +101,9 @@ SECTIONS = ("engine", "memcpy", "copy_bound", "memory", "kernels", "store", "pla
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these (report.py only renders the results' JSON into tables).
-NOT_MEASURED = ("README.md", "bench/results", "bench/report.py")
+NOT_MEASURED = ("README.md", "docs", "bench/results", "bench/report.py")
+# The page whose "Latest results" block a run named latest rewrites (between report.py's markers).
+RESULTS_PAGE = REPO / "docs" / "benchmarks.md"
 
 
 class SectionError(Exception):
@@ -509,10 +513,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--name", help="output files are OUT/NAME.json, .md, .png (default latest; quick with --quick)")
     p.add_argument("--render", metavar="JSON", help="run nothing: print the tables of a saved result and "
-                   "rewrite its .md and .png beside it (and the README block, for latest.json)")
+                   "rewrite its .md and .png beside it (and docs/benchmarks.md's block and the README's headline "
+                   "table, for latest.json)")
     p.add_argument("--allow-stale", action="store_true", help="render results that were not measured at the "
                    "code of HEAD (the rendered header then says so)")
-    p.add_argument("--no-readme", action="store_true", help="do not write the README's results block")
+    p.add_argument("--no-readme", action="store_true", help="do not write docs/benchmarks.md's results block or the README's headline table")
     args = p.parse_args()
     if args.quick:
         args.rows, args.hidden_sizes = 16, [1024]
@@ -536,7 +541,8 @@ def parse_args() -> argparse.Namespace:
 
 def write_outputs(results: dict, json_path: Path, args) -> bool:
     """Writes NAME.json; then, if the results were measured at the code of HEAD (or --allow-stale),
-    prints the tables and writes NAME.md, NAME.png and, for latest.json, the README's block. False
+    prints the tables and writes NAME.md, NAME.png and, for latest.json, docs/benchmarks.md's block and the
+    README's headline table. False
     when it refused to render."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=2) + "\n")
@@ -556,9 +562,12 @@ def write_outputs(results: dict, json_path: Path, args) -> bool:
     plot_results(results, json_path.with_suffix(".png"))
     print(f"wrote {json_path}, .md, .png")
     if json_path.resolve() == (HERE / "results" / "latest.json").resolve() and not args.no_readme:
-        chart = json_path.with_suffix(".png").resolve().relative_to(REPO)
-        report.write_readme_block(REPO / "README.md", report.markdown(results, note, str(chart)))
-        print("wrote README.md's results block")
+        chart = os.path.relpath(json_path.with_suffix(".png").resolve(), RESULTS_PAGE.parent)
+        report.write_readme_block(RESULTS_PAGE, report.markdown(results, note, chart))
+        print(f"wrote {RESULTS_PAGE.relative_to(REPO)}'s results block")
+        report.write_readme_block(REPO / "README.md", headline.headline_markdown(results, json_path.stem),
+                                  headline.README_BEGIN, headline.README_END)
+        print("wrote README.md's headline table")
     return True
 
 

@@ -2,7 +2,7 @@
 // arguments, `_core.LoaderOptions(total_seq_len=4096, ...)`: each keyword is set through the
 // property of that name, so each conversion (a torch dtype, a path, None) happens once, in that
 // property's setter, and the defaults are C++'s. An unknown keyword is a TypeError naming it, as
-// Python's own for a function.
+// Python's own for a function, and so is a value of a type its property does not take.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -31,7 +31,17 @@ void init_from_kwargs(Options* self, const nb::kwargs& kwargs) {
                             "() got an unexpected keyword argument '" + name.c_str() + "'")
                                .c_str());
     }
-    nb::setattr(built, name, value);
+    try {
+      nb::setattr(built, name, value);
+    } catch (nb::python_error& error) {
+      if (!error.matches(PyExc_TypeError)) throw;
+      // The property's conversion refused the value's type: say which keyword, as the caller wrote
+      // it.
+      throw nb::type_error((std::string(name.c_str()) + " cannot take the value " +
+                            nb::cast<std::string>(nb::repr(value)) + " (" +
+                            nb::cast<std::string>(nb::type_name(value.type())) + ")")
+                               .c_str());
+    }
   }
   new (self) Options(nb::cast<const Options&>(built));
 }

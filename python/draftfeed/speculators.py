@@ -28,8 +28,9 @@ How the reference's arguments map:
   from C++ per sample (slower: it holds the GIL per call): `get_cached` offline, and with
   `on_missing="generate"` also `setup`, `get_generated` after each request, then `cache` (when it has one
   and on_generate="cache") or `delete`.
-- every argument is checked by the engine's options (a ValueError naming it), the online ones
-  whether or not rows are generated; `on_missing="generate"` builds the online source.
+- every argument is checked before anything runs, the error naming it as the caller wrote it (the
+  reference's names: `_reference_arguments.py` for those the engine knows by another name), the
+  online ones whether or not rows are generated; `on_missing="generate"` builds the online source.
 - `pin_memory` (the reference's DataLoader pins whenever CUDA is available): with CUDA the batches are
   CUDA tensors on cuda:$LOCAL_RANK, copied ahead of the trainer by the device stage (its `.to()` is then
   a no-op); `DRAFTFEED_DEVICE_STAGE=0` keeps them in page-locked host memory (docs/device_stage.md).
@@ -48,6 +49,7 @@ from collections.abc import Callable
 from typing import Any, Literal, cast
 
 from . import _core
+from ._reference_arguments import check_reference_arguments
 from .loader import Loader, Topology
 
 logger = logging.getLogger(__name__)
@@ -219,12 +221,14 @@ def create_train_val_loaders(
     seed: int = 0,
 ) -> tuple[SpeculatorsLoader, SpeculatorsLoader]:
     """Create the training and validation loaders (see the module docstring)."""
-    # The reference's checks of its own arguments that map to no engine option (every other
-    # argument is checked by the engine's options, once: a ValueError naming it).
-    if not dataloader_in_order and num_workers <= 0:
-        raise ValueError("in_order=False requires num_workers > 0")
-    if prefetch_factor is not None and prefetch_factor < 0:
-        raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+    # The arguments the engine knows under other names or values are checked here, the message
+    # naming the argument as the user wrote it; the others by the engine's options (a ValueError
+    # naming the argument, whose name it shares).
+    check_reference_arguments(
+        train_data_ratio=train_data_ratio, num_workers=num_workers, prefetch_factor=prefetch_factor,
+        dataloader_in_order=dataloader_in_order, fetch_threads=fetch_threads,
+        max_train_batches=max_train_batches, seed=seed, request_timeout=request_timeout,
+        vllm_endpoint=vllm_endpoint, on_missing=on_missing, preprocess=preprocess)
 
     hidden_states_path, python_transfer, fp8_dequantize = _hidden_states_path(data_path, transfer)
     native = _native_preprocess(preprocess)

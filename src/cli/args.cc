@@ -1,6 +1,8 @@
 #include "args.h"
 
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 
 #include "draftfeed/common/error.h"
 
@@ -9,6 +11,12 @@ namespace draftfeed::cli {
 namespace {
 
 Error bad(const std::string& message) { return Error(ErrorKind::kInvalidArgument, message); }
+
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
 
 }  // namespace
 
@@ -88,6 +96,36 @@ double Args::real(const std::string& flag, double fallback) const {
   } catch (const std::exception&) {
   }
   throw bad("--" + flag + " wants a number, got '" + *text + "'");
+}
+
+std::optional<std::int64_t> Args::opt_integer(const std::string& flag, std::int64_t min) const {
+  const auto value = opt_integer(flag);
+  if (value && *value < min) {
+    throw bad("--" + flag + " must be >= " + std::to_string(min) + ", got " +
+              std::to_string(*value));
+  }
+  return value;
+}
+
+std::int64_t Args::integer(const std::string& flag, std::int64_t fallback, std::int64_t min) const {
+  return opt_integer(flag, min).value_or(fallback);
+}
+
+double Args::real(const std::string& flag, double fallback, double min) const {
+  const double value = real(flag, fallback);
+  if (has(flag) && !(std::isfinite(value) && value >= min)) {
+    throw bad("--" + flag + " must be a finite number >= " + number_text(min) + ", got " +
+              *opt_str(flag));
+  }
+  return value;
+}
+
+double Args::fraction(const std::string& flag, double fallback) const {
+  const double value = real(flag, fallback);
+  if (has(flag) && !(value > 0.0 && value < 1.0)) {
+    throw bad("--" + flag + " must be in (0, 1), got " + *opt_str(flag));
+  }
+  return value;
 }
 
 void Args::expect_positionals(std::size_t min, std::size_t max, const std::string& what) const {

@@ -75,31 +75,36 @@ int run(const std::vector<std::string>& argv) {
   LoaderOptions options;
   options.data_path = args.positionals()[0];
   options.cache.hidden_states_path = args.str("hidden-states", "");
-  options.batch.max_len = args.integer("max-len", options.batch.max_len);
+  options.batch.max_len = args.integer("max-len", options.batch.max_len, 1);
   options.batch.dtype =
       parse_torch_dtype(args.str("dtype", torch_dtype_name(options.batch.dtype)), "--dtype");
   options.batch.preprocess =
-      parse_preprocess(args.str("preprocess", preprocess_name(options.batch.preprocess)));
+      args.parsed("preprocess", preprocess_name(options.batch.preprocess), parse_preprocess);
   require(options.batch.preprocess != Preprocess::kCustom, ErrorKind::kInvalidArgument,
           "--preprocess custom needs a Python callable (use the Python Loader)");
-  options.batch.noise.std = args.real("noise-std", options.batch.noise.std);
+  options.batch.noise.std = args.real("noise-std", options.batch.noise.std, 0.0);
   options.batch.noise.seed = static_cast<std::uint64_t>(
-      args.integer("seed", static_cast<std::int64_t>(options.batch.noise.seed)));
-  options.train_ratio = args.real("train-ratio", options.train_ratio);
-  options.plan.world_size = static_cast<int>(args.integer("world-size", options.plan.world_size));
-  options.rank = static_cast<int>(args.integer("rank", options.rank));
+      args.integer("seed", static_cast<std::int64_t>(options.batch.noise.seed), 0));
+  options.train_ratio = args.fraction("train-ratio", options.train_ratio);
+  options.plan.world_size =
+      static_cast<int>(args.integer("world-size", options.plan.world_size, 1));
+  options.rank = static_cast<int>(args.integer("rank", options.rank, 0));
   options.pipeline.num_threads =
-      static_cast<int>(args.integer("threads", options.pipeline.num_threads));
-  options.pipeline.prefetch = static_cast<int>(args.integer("prefetch", options.pipeline.prefetch));
+      static_cast<int>(args.integer("threads", options.pipeline.num_threads, 1));
+  options.pipeline.prefetch =
+      static_cast<int>(args.integer("prefetch", options.pipeline.prefetch, 1));
+  require(options.rank < options.plan.world_size, ErrorKind::kInvalidArgument,
+          "--rank " + std::to_string(options.rank) + " is outside --world-size " +
+              std::to_string(options.plan.world_size));
   options.pipeline.in_order = !args.has("as-ready");
   options.cache.on_missing =
-      parse_on_missing(args.str("on-missing", on_missing_name(options.cache.on_missing)));
-  options.plan.max_batches = args.opt_integer("max-batches");
+      args.parsed("on-missing", on_missing_name(options.cache.on_missing), parse_on_missing);
+  options.plan.max_batches = args.opt_integer("max-batches", 0);
 
   LoaderRun run;
-  run.hidden_size = args.opt_integer("hidden-size");
-  run.layers = args.opt_integer("layers");
-  run.epochs = static_cast<int>(args.integer("epochs", run.epochs));
+  run.hidden_size = args.opt_integer("hidden-size", 1);
+  run.layers = args.opt_integer("layers", 2);
+  run.epochs = static_cast<int>(args.integer("epochs", run.epochs, 0));
   run.validation = !args.has("no-val");
   run.json = args.has("json");
   run.progress = !args.has("no-progress") && !run.json;
@@ -108,7 +113,7 @@ int run(const std::vector<std::string>& argv) {
   if (args.has("endpoint")) {
     online = online_options_from(args);
     online->on_generate =
-        parse_on_generate(args.str("on-generate", on_generate_name(online->on_generate)));
+        args.parsed("on-generate", on_generate_name(online->on_generate), parse_on_generate);
   }
   return run_loader(std::move(options), std::move(online), run);
 }

@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/common/error.h"
 #include "draftfeed/dataset/dataset_summary.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/dataset/token_dataset.h"
@@ -107,7 +108,7 @@ int run_online_epoch(const Args& args, LoaderOptions options, LoaderRun run,
   online.client.endpoints = {server->url()};
   online.server_dir = sim.server_dir;
   online.client.fetch_threads =
-      static_cast<int>(args.integer("fetch-threads", online.client.fetch_threads));
+      static_cast<int>(args.integer("fetch-threads", online.client.fetch_threads, 1));
   online.client.request_timeout = std::chrono::duration<double>(60);
   run.epochs = 1;
   run.validation = false;
@@ -121,10 +122,13 @@ int run_demo(const std::vector<std::string>& argv) {
                   {"keep", "no-online"});
   args.expect_positionals(0, 0, "no positional arguments");
   SyntheticOptions options;
-  options.rows = args.integer("rows", 96);
-  options.min_len = args.integer("min-len", 64);
+  options.rows = args.integer("rows", 96, 0);
+  options.min_len = args.integer("min-len", 64, 0);
   options.max_len = args.integer("max-len", 1024);
-  options.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
+  require(options.min_len <= options.max_len, ErrorKind::kInvalidArgument,
+          "--min-len " + std::to_string(options.min_len) + " is above --max-len " +
+              std::to_string(options.max_len));
+  options.seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0));
   validate(options);
   const bool keep = args.has("out") || args.has("keep");
   const std::string out = args.has("out") ? args.str("out", "") : make_temp_folder();
@@ -137,8 +141,8 @@ int run_demo(const std::vector<std::string>& argv) {
 
   SyntheticHiddenStateSpec spec;
   spec.seed = options.seed;
-  spec.hidden_size = args.integer("hidden-size", 1024);
-  spec.layers = args.integer("layers", 4);
+  spec.hidden_size = args.integer("hidden-size", 1024, 1);
+  spec.layers = args.integer("layers", 4, 2);
   start = std::chrono::steady_clock::now();
   const auto cache = write_synthetic_hidden_states(
       out + "/hidden_states", options.rows,
@@ -159,16 +163,16 @@ int run_demo(const std::vector<std::string>& argv) {
 
   LoaderOptions loader;
   loader.data_path = out;
-  loader.batch.max_len = args.integer("total-seq-len", 4096);
+  loader.batch.max_len = args.integer("total-seq-len", 4096, 1);
   loader.batch.noise.seed = options.seed;
   // The demo shows a training run with its noise (uniform, std 0.05) on the training split.
   loader.batch.noise.std = 0.05;
   loader.pipeline.num_threads =
-      static_cast<int>(args.integer("threads", std::max(2L, ::sysconf(_SC_NPROCESSORS_ONLN))));
+      static_cast<int>(args.integer("threads", std::max(2L, ::sysconf(_SC_NPROCESSORS_ONLN)), 1));
   LoaderRun run;
   run.hidden_size = spec.hidden_size;
   run.layers = spec.layers;
-  run.epochs = static_cast<int>(args.integer("epochs", 3));
+  run.epochs = static_cast<int>(args.integer("epochs", 3, 0));
   int status = run_loader(loader, std::nullopt, run);
   if (status == 0 && !args.has("no-online")) {
     status = run_online_epoch(args, loader, run, out);

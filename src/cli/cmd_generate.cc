@@ -43,7 +43,7 @@ options:
                                       files already valid are kept as they are: see quantize)
   --layout flat|sharded               where new files go: DIR/hs_<row>.safetensors (flat, the
                                       default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
-                                      (sharded, hs-connectors' layout for large caches); files
+                                      (sharded, draftfeed's layout for large caches); files
                                       already there are found in either layout
   --no-progress                       no progress bar
   --json                              print the summary as JSON
@@ -105,7 +105,7 @@ int run_generate(const std::vector<std::string>& argv) {
   options.cache.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
   options.on_generate = OnGenerate::kCache;
   options.cache_fp8 = args.has("fp8");
-  options.cache_layout = parse_cache_layout(args.str("layout", "flat"));
+  options.cache_layout = args.parsed("layout", "flat", parse_cache_layout);
   const bool json = args.has("json");
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
 

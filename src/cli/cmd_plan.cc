@@ -109,11 +109,11 @@ int run_plan(const std::vector<std::string>& argv) {
           "--world-size must be in [1, 2^20], got " + std::to_string(world_size));
   PlanOptions options;
   options.world_size = static_cast<int>(world_size);
-  options.max_len = args.integer("max-len", 8192);
+  options.max_len = args.integer("max-len", 8192, 1);
   options.seed = parse_seed(args);
   options.truncate = !args.has("drop-long");
-  options.max_batches = args.opt_integer("max-batches");
-  const std::int64_t epoch = args.integer("epoch", 0);
+  options.max_batches = args.opt_integer("max-batches", 0);
+  const std::int64_t epoch = args.integer("epoch", 0, 0);
   const std::string split_name = args.str("split", "train");
   require(split_name == "train" || split_name == "val", ErrorKind::kInvalidArgument,
           "--split must be train or val, got '" + split_name + "'");
@@ -124,7 +124,7 @@ int run_plan(const std::vector<std::string>& argv) {
   DatasetSplit split{dataset, 0, dataset->num_rows()};
   std::string split_label = "all rows";
   if (args.has("train-ratio")) {
-    const auto parts = split_train_val(dataset, args.real("train-ratio", 0.9));
+    const auto parts = split_train_val(dataset, args.fraction("train-ratio", 0.9));
     split = split_name == "train" ? parts.first : parts.second;
     split_label = split_name + " split";
   }

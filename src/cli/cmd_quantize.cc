@@ -41,7 +41,7 @@ what is left. A cache that mixes bf16 and FP8 files (half converted) is fine to 
                        gone; keep a copy if you may need them)
   --hidden-states DIR  the source cache (default DATA/hidden_states; files in either layout)
   --layout L           where the FP8 files go: flat (DIR/hs_<row>.safetensors) or sharded
-                       (DIR/<row // 1000, 4 digits>/hs_<row>.safetensors, hs-connectors' layout for
+                       (DIR/<row // 1000, 4 digits>/hs_<row>.safetensors, draftfeed's layout for
                        large caches). Default: into --out, flat; in place, each file stays where it
                        is (with --layout, files of the other layout move: the cache ends in one)
   --threads N          converting threads (default: one per core)
@@ -107,7 +107,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   options.target_root = out;
   options.threads = static_cast<unsigned>(threads);
   options.fsync = args.has("fsync");
-  if (args.has("layout")) options.layout = parse_cache_layout(args.str("layout", ""));
+  if (args.has("layout")) options.layout = args.parsed("layout", "", parse_cache_layout);
   options.max_examples = static_cast<std::size_t>(examples);
   CacheConvertProgress progress;
   CacheConvertReport report;

@@ -100,14 +100,17 @@ struct SynthDataset {
 };
 
 SynthDataset synth_dataset(const Args& args, const std::string& out) {
-  const auto rows = args.opt_integer("rows");
+  const auto rows = args.opt_integer("rows", 0);
   require(rows.has_value(), ErrorKind::kInvalidArgument, "--rows N is required");
   SynthDataset synth;
   synth.options.rows = *rows;
-  synth.options.seed = static_cast<std::uint64_t>(args.integer("seed", 0));
-  synth.options.min_len = args.integer("min-len", synth.options.min_len);
+  synth.options.seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0));
+  synth.options.min_len = args.integer("min-len", synth.options.min_len, 0);
   synth.options.max_len = args.integer("max-len", synth.options.max_len);
-  synth.options.vocab = args.integer("vocab", synth.options.vocab);
+  require(synth.options.min_len <= synth.options.max_len, ErrorKind::kInvalidArgument,
+          "--min-len " + std::to_string(synth.options.min_len) + " is above --max-len " +
+              std::to_string(synth.options.max_len));
+  synth.options.vocab = args.integer("vocab", synth.options.vocab, 1);
   validate(synth.options);
   DatasetWriterOptions writer;
   writer.input_ids_int32 = args.has("int32");

@@ -19,7 +19,7 @@ constexpr const char* kUsage =
                         [--baseline memcpy|read|pread]
 
 Checks DATA's cached hidden states (DIR/hs_<row>.safetensors, default DATA/hidden_states, or
-hs-connectors' sharded layout DIR/<row // 1000, 4 digits>/hs_<row>.safetensors: each row's file is
+draftfeed's sharded layout DIR/<row // 1000, 4 digits>/hs_<row>.safetensors: each row's file is
 looked for in both, and the counts say how many were found in each) against the dataset rows: file layout, token ids, shape, dtype and finiteness. Counts ok, missing, corrupt
 (unreadable), mismatched (token ids or length), nonfinite and locked files and lists the first K
 (default 5) of each problem. A file whose writer holds its `.lock` is counted as locked at once:
@@ -34,8 +34,8 @@ its data file checked).
   --baseline read    measure a read-only pass over every byte of every file instead (the bound
                      for anything that reads every byte once without copying, as verify does)
   --baseline pread   measure a read of every file through its descriptor into a 64 MiB ring of
-                     destinations (the kernel's copy out of the page cache: the bound for the
-                     loader's batch copy, which reads cache files so)
+                     destinations (the kernel's copy out of the page cache: the bound for a
+                     loader that reads page-cache files through read())
 
 Exit status: 0 when every file is ok or missing, 1 otherwise (2 for bad arguments).)";
 

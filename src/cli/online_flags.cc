@@ -77,20 +77,27 @@ OnlineSourceOptions online_options_from(const Args& args) {
   OnlineSourceOptions options;
   VllmClientOptions& client = options.client;
   client.endpoints = args.all("endpoint");
+  for (const std::string& url : client.endpoints) {
+    require(url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0,
+            ErrorKind::kInvalidArgument,
+            "--endpoint must start with http:// or https:// (e.g. http://host:8000/v1), got '" +
+                url + "'");
+  }
   options.server_dir = args.str("server-dir", options.server_dir);
-  client.fetch_threads = static_cast<int>(args.integer("fetch-threads", client.fetch_threads));
+  client.fetch_threads = static_cast<int>(args.integer("fetch-threads", client.fetch_threads, 1));
   client.model = args.str("model", client.model);
-  client.request_timeout = seconds(args.real("request-timeout", client.request_timeout.count()));
-  client.max_retries = static_cast<int>(args.integer("max-retries", client.max_retries));
-  client.retry_backoff = seconds(args.real("retry-backoff", client.retry_backoff.count()));
+  client.request_timeout =
+      seconds(args.real("request-timeout", client.request_timeout.count(), 0.0));
+  client.max_retries = static_cast<int>(args.integer("max-retries", client.max_retries, 0));
+  client.retry_backoff = seconds(args.real("retry-backoff", client.retry_backoff.count(), 0.0));
   client.endpoint.http.keep_alive = !args.has("no-keepalive");
   options.generation_validation_retries = static_cast<int>(
-      args.integer("generation-validation-retries", options.generation_validation_retries));
+      args.integer("generation-validation-retries", options.generation_validation_retries, 0));
   options.max_consecutive_generation_failures = static_cast<int>(
-      args.integer("max-consecutive-failures", options.max_consecutive_generation_failures));
+      args.integer("max-consecutive-failures", options.max_consecutive_generation_failures, 1));
   options.fail_on_hidden_state_error = args.has("fail-on-error");
   options.cache.lock_timeout =
-      seconds(args.real("lock-timeout", options.cache.lock_timeout.count()));
+      seconds(args.real("lock-timeout", options.cache.lock_timeout.count(), 0.0));
   return options;
 }
 

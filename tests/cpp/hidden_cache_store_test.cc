@@ -364,7 +364,7 @@ TEST_F(HiddenCacheStoreTest, RemoveAndLoadWorkInsideTheAllowedFolders) {
   store.remove(generated);  // already gone: fine
 }
 
-// hs-connectors' sharded layout: <root>/<row // 1000, 4 digits>/hs_<row>.safetensors.
+// draftfeed's sharded layout: <root>/<row // 1000, 4 digits>/hs_<row>.safetensors.
 TEST_F(HiddenCacheStoreTest, ShardedPathsFollowTheRowDividedByAThousand) {
   const std::string root = (dir_ / "cache").string();
   EXPECT_EQ(cache_file_path(root, 7, CacheLayout::kSharded), root + "/0000/hs_7.safetensors");

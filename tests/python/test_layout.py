@@ -1,5 +1,5 @@
 """The folders of src/draftfeed/ follow the data path: each includes only the folders before it, in
-the order docs/architecture.md's table lists them (the order the README's layout shows too)."""
+the order docs/architecture.md's table lists them."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_plan_text_report_names_the_figures(run_cli, dataset_folder):
         (["--world-size", "2"], "--max-len are required"),
         (["--world-size", "2", "--max-len", "2048", "--seed", "-1"], "--seed wants an integer"),
         (["--world-size", "2", "--max-len", "2048", "--split", "val"], "--split needs"),
-        (["--world-size", "2", "--max-len", "0"], "max_len must be"),
+        (["--world-size", "2", "--max-len", "0"], "--max-len must be"),
         (["--world-size", "2", "--max-len", "2048", "--train-ratio", "1.5"], "1.5"),
     ],
 )

@@ -1,10 +1,10 @@
-"""hs-connectors' sharded cache layout, `<cache>/<row // 1000, 4 digits>/hs_<row>.safetensors`, beside
+"""draftfeed's sharded cache layout, `<cache>/<row // 1000, 4 digits>/hs_<row>.safetensors`, beside
 the flat one, `<cache>/hs_<row>.safetensors`: read file by file in either (a cache half migrated, bf16
 and FP8 files mixed) with the same batches the reference makes from the same files laid out flat;
 written by `draftfeed quantize` and `draftfeed generate` with `--layout sharded`; counted by `verify`.
 
 The flat rule is hs-connectors 0.9.0's own (the path its FileTransfer.get_cached reads, asked of the
-installed package); the sharded rule is the coming hs-connectors' (0.9.0 has none), as issue 27
+installed package); the sharded rule is draftfeed's own (hs-connectors 0.9.0 has none), as issue 27
 states it: f"{row // 1000:04d}/hs_{row}.safetensors" under the cache folder."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def flat_path(root, row: int) -> str:
 
 
 def sharded_path(root, row: int) -> str:
-    """The coming hs-connectors' sharded rule (issue 27): a folder per thousand rows."""
+    """draftfeed's sharded rule (issue 27): a folder per thousand rows."""
     return os.path.join(os.fspath(root), f"{row // 1000:04d}", f"hs_{row}.safetensors")
 
 

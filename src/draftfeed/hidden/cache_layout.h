@@ -1,8 +1,9 @@
-// Where a row's hidden-state file lies in a cache folder. Two layouts, both hs-connectors':
-//   flat     <root>/hs_<row>.safetensors                  (FileTransfer in hs-connectors 0.9.0)
-//   sharded  <root>/<row // 1000, 4 digits>/hs_<row>.safetensors
+// Where a row's hidden-state file lies in a cache folder. Two layouts:
+//   flat     <root>/hs_<row>.safetensors                  (hs-connectors 0.9.0's FileTransfer)
+//   sharded  <root>/<row // 1000, 4 digits>/hs_<row>.safetensors   (draftfeed's own)
 // The sharded one keeps folders at 1000 files: on network file systems a folder of a hundred
-// thousand files makes every lookup in it slow. The shard folder is the row divided by 1000,
+// thousand files makes every lookup in it slow (SpecForge keeps folders of 2,000 rows for the same
+// reason). hs-connectors reads only the flat layout. The shard folder is the row divided by 1000,
 // zero-padded to at least four digits (Python's f"{row // 1000:04d}": row 12345 -> "0012", row
 // 12,345,678 -> "12345").
 // A reader accepts both, file by file (a cache may be half migrated); a writer writes one.

@@ -1,5 +1,5 @@
 // The hidden-state cache: `<root>/hs_<i>.safetensors`, keyed by the global row index
-// (docs/formats.md), or hs-connectors' sharded layout `<root>/<i // 1000>/hs_<i>.safetensors`
+// (docs/formats.md), or draftfeed's sharded layout `<root>/<i // 1000>/hs_<i>.safetensors`
 // (cache_layout.h).
 //
 // Reading looks for each row's file in both layouts, file by file (a cache may be half migrated):

@@ -60,6 +60,9 @@ void LoaderOptions::validate() const {
           "the device stage needs the engine to pack its batches: a preprocess callable runs in "
           "Python on host memory (turn the device stage off)");
   batch.validate();
+  // The planner's bound, named as the loader's option (its own message says max_len).
+  require(batch.max_len < kMaxPlanLength, ErrorKind::kInvalidArgument,
+          "total_seq_len must be below 2^40, got " + std::to_string(batch.max_len));
   plan.validate();
   pipeline.validate();
   if (!source) cache.validate();

@@ -81,7 +81,7 @@ struct Pipeline::Job {
 
 void PipelineOptions::validate() const {
   require(num_threads > 0, ErrorKind::kInvalidArgument,
-          "the pipeline needs at least one thread, got " + std::to_string(num_threads));
+          "num_threads must be >= 1, got " + std::to_string(num_threads));
   require(chunk_bytes > 0, ErrorKind::kInvalidArgument,
           "chunk_bytes must be positive, got " + std::to_string(chunk_bytes));
   require(max_drop_examples >= 0, ErrorKind::kInvalidArgument,

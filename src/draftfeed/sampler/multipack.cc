@@ -11,9 +11,8 @@ namespace draftfeed {
 
 namespace {
 
-// Limits that let a bin's (fill, slot) pair live in one 64-bit heap key and a window position and
-// length share one 64-bit sort key; far beyond any real batch.
-constexpr std::int64_t kMaxMaxLen = std::int64_t{1} << 40;
+// With kMaxPlanLength (multipack.h): limits that let a bin's (fill, slot) pair live in one 64-bit
+// heap key and a window position and length share one 64-bit sort key; far beyond any real batch.
 constexpr int kMaxWorldSize = 1 << 20;
 
 int bit_width_of(std::uint64_t value) {
@@ -331,7 +330,7 @@ void reserve_for(std::vector<RankPlan>& ranks, std::int64_t samples_each) {
 }  // namespace
 
 void PlanOptions::validate() const {
-  require(max_len >= 1 && max_len < kMaxMaxLen, ErrorKind::kInvalidArgument,
+  require(max_len >= 1 && max_len < kMaxPlanLength, ErrorKind::kInvalidArgument,
           "plan: max_len must be in [1, 2^40), got " + std::to_string(max_len));
   require(world_size >= 1 && world_size <= kMaxWorldSize, ErrorKind::kInvalidArgument,
           "plan: world_size must be in [1, 2^20], got " + std::to_string(world_size));

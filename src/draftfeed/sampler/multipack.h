@@ -34,6 +34,9 @@ namespace draftfeed {
 using WindowOrder =
     std::function<void(std::span<const std::int64_t> lengths, std::span<std::int64_t> order)>;
 
+// The planner's bound on max_len (a batch's tokens): a bin's fill and slot share one 64-bit key.
+inline constexpr std::int64_t kMaxPlanLength = std::int64_t{1} << 40;
+
 struct PlanOptions {
   std::int64_t max_len = 8192;  // token capacity of one rank's batch (total_seq_len)
   int world_size = 1;           // data-parallel ranks
