@@ -294,7 +294,7 @@ std::optional<Error> HeldFile::move_to(int target_folder, const std::string& tar
   UniqueFd out(::openat(target_folder, temporary.c_str(),
                         O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!out) return os_error("cannot create", temp_path, errno);
-  auto fail = [&](Error error) -> std::optional<Error> {
+  auto fail = [&](const Error& error) -> std::optional<Error> {
     out.reset();
     ::unlinkat(target_folder, temporary.c_str(), 0);
     return Error(error.kind(), "cannot copy " + path_ + " into " + target + ": " + error.what() +

@@ -72,7 +72,7 @@ void HttpPoolOptions::validate() const {
 }
 
 HttpPool::HttpPool(std::string base_url, HttpPoolOptions options)
-    : base_url_(std::move(base_url)), options_(options) {
+    : base_url_(std::move(base_url)), options_(std::move(options)) {
   options_.validate();
   init_curl_once();
 }
