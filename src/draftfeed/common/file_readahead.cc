@@ -62,8 +62,12 @@ int null_sink() {
 
 }  // namespace
 
+// O_NONBLOCK: a FIFO (or device) under a cache file's name must not block the open; it is then
+// skipped as not a regular file.
+constexpr int kReadFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+
 std::size_t readahead_file(const std::string& path, std::size_t chunk, bool skip_cached) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), kReadFlags);
   if (fd < 0) return 0;
   const off_t size = size_to_read(fd, skip_cached);
   const std::size_t asked = size < 0 ? 0 : advise(fd, 0, static_cast<std::size_t>(size), chunk);
@@ -73,7 +77,7 @@ std::size_t readahead_file(const std::string& path, std::size_t chunk, bool skip
 
 std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk, bool skip_cached,
                                       const std::atomic<bool>* stop) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), kReadFlags);
   if (fd < 0) return 0;
   const off_t size = size_to_read(fd, skip_cached);
   const std::size_t done =
