@@ -287,12 +287,14 @@ TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount
 // only contend for the CPUs and the memory map. "Quick" is what the pacer compares with
 // (`grow_after`): here a second, far above what a loaded machine or a sanitizer adds to an open of
 // a local file (at the default 1 ms a descheduled open counts as slow, and then threads are added
-// rightly). No hedges either: an open a loaded machine stalls may be asked again, by a thread of
-// its own (the hedge tests cover that).
+// rightly). Each open takes 20 ms, so both threads are busy while work waits: only the opens'
+// speed holds the pacer back. No hedges either: an open a loaded machine stalls may be asked
+// again, by a thread of its own (the hedge tests cover that).
 TEST_F(ConcurrentCachePrefetchTest, NoThreadIsAddedWhileThePrefetchKeepsAhead) {
   CachePrefetchOptions options;
   options.grow_after = std::chrono::seconds(1);
   options.hedge = false;
+  delay_ = std::chrono::milliseconds(20);
   CachePrefetch prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
