@@ -533,5 +533,22 @@ TEST_F(ConcurrentCachePrefetchTest, ClearDropsThePlanAndWhatWasPrepared) {
   EXPECT_TRUE(prefetch.take(7).has_value());
 }
 
+// The statistics' one list (for_each_stat): each field once, under its own name, with its value.
+TEST(CachePrefetchStatsTest, EachFieldIsVisitedOnceUnderItsName) {
+  CachePrefetchStats stats;
+  stats.opened = 1;
+  stats.wait_seconds = 0.5;
+  stats.max_ahead = 7;
+  std::map<std::string, double> seen;
+  for_each_stat(stats, [&](const char* name, auto value) {
+    EXPECT_TRUE(seen.emplace(name, static_cast<double>(value)).second) << name << " twice";
+  });
+  EXPECT_EQ(seen.size(), sizeof(CachePrefetchStats) / 8);
+  EXPECT_EQ(seen["opened"], 1);
+  EXPECT_EQ(seen["wait_seconds"], 0.5);
+  EXPECT_EQ(seen["max_ahead_bytes"], 7);
+  EXPECT_EQ(seen["read"], 0);
+}
+
 }  // namespace
 }  // namespace draftfeed

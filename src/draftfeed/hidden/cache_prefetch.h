@@ -114,6 +114,33 @@ struct CachePrefetchStats {
   std::uint64_t max_ahead = 0;      // the most bytes read ahead of the fetches
 };
 
+// Each statistic under its reported name, in declaration order: the one list of them, from which
+// the Python dict (python/bindings/engine.cc) is made. Calls `visit(name, value)` once per field.
+template <typename Visit>
+constexpr void for_each_stat(const CachePrefetchStats& s, Visit&& visit) {
+  visit("opened", s.opened);
+  visit("read", s.read);
+  visit("cached", s.cached);
+  visit("bytes", s.bytes);
+  visit("taken", s.taken);
+  visit("waited", s.waited);
+  visit("waited_opening", s.waited_opening);
+  visit("wait_seconds", s.wait_seconds);
+  visit("hedged", s.hedged);
+  visit("overtaken", s.overtaken);
+  visit("threads", s.threads);
+  visit("running", s.running);
+  visit("max_opening", s.max_opening);
+  visit("max_open_ahead", s.max_open_ahead);
+  visit("max_ahead_bytes", s.max_ahead);
+}
+// Every field is 8 bytes: one added to the struct but not to for_each_stat changes the size.
+static_assert(sizeof(CachePrefetchStats) == 8 * [] {
+  std::size_t fields = 0;
+  for_each_stat(CachePrefetchStats{}, [&](const char*, auto) { ++fields; });
+  return fields;
+}());
+
 // Batches of rows in fetch order, viewed where they lie (the pipeline's plan): no copy of an
 // epoch's rows.
 struct PrefetchPlan {
