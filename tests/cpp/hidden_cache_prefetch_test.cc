@@ -269,11 +269,12 @@ TEST_F(ConcurrentCachePrefetchTest, FilesAlreadyCachedAreOpenedNotRead) {
   EXPECT_EQ(prefetch.stats().read, 0);
 }
 
-// Little's law: while the fetches wait on opens that keep their threads asleep (200 ms each), the
+// Little's law: while the fetches wait on opens that keep their threads asleep (600 ms each), the
 // prefetch adds threads and keeps the opens in flight by the dozen, not two at a time. (Counted
-// where the opens happen, not timed: a loaded machine stretches a run, not the count.)
+// where the opens happen, not timed: a loaded machine stretches a run, not the count. The opens
+// are long so that they overlap even where a loaded machine, or TSan, starts threads slowly.)
 TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount) {
-  delay_ = std::chrono::milliseconds(200);
+  delay_ = std::chrono::milliseconds(600);
   CachePrefetch prefetch(opener());
   prefetch.plan(plan_of(all_rows()));
   ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));  // each waits for its open, or opens it
