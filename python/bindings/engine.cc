@@ -237,23 +237,8 @@ struct PyLoader {
     out["device_peak_bytes"] = m.device_peak_bytes;
     out["dropped"] = drop_counts(m.dropped);
     if (m.prefetch) {
-      const CachePrefetchStats& p = *m.prefetch;
       nb::dict prefetch;
-      prefetch["opened"] = p.opened;
-      prefetch["read"] = p.read;
-      prefetch["cached"] = p.cached;
-      prefetch["bytes"] = p.bytes;
-      prefetch["taken"] = p.taken;
-      prefetch["waited"] = p.waited;
-      prefetch["waited_opening"] = p.waited_opening;
-      prefetch["wait_seconds"] = p.wait_seconds;
-      prefetch["hedged"] = p.hedged;
-      prefetch["overtaken"] = p.overtaken;
-      prefetch["threads"] = p.threads;
-      prefetch["running"] = p.running;
-      prefetch["max_opening"] = p.max_opening;
-      prefetch["max_open_ahead"] = p.max_open_ahead;
-      prefetch["max_ahead_bytes"] = p.max_ahead;
+      for_each_stat(*m.prefetch, [&](const char* name, auto value) { prefetch[name] = value; });
       out["prefetch"] = prefetch;
     }
     return out;

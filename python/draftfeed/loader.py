@@ -34,9 +34,8 @@ _L = TypeVar("_L", bound="Loader")
 
 # The lookahead's default byte budget, in the loader's batch buffers' bytes. Its samples are the
 # cache's files (page cache, mapped), not buffers, and the budget must cover the requests started
-# ahead of the buffers for later batches: with one pool's worth, the drop-in at the reference's
-# defaults (12 requests in flight, 4 small buffers) held ~29 rows and its epochs ran 2.5x / 1.16x
-# the ideal; with four, 1.57x / 1.06x (bench_online.py --dropin, 128 rows).
+# ahead of the buffers for later batches: one pool's worth is too few rows at the reference's
+# defaults (docs/decisions.md: why four).
 LOOKAHEAD_BUDGET_BUFFERS = 4
 
 

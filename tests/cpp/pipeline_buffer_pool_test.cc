@@ -31,12 +31,28 @@ TEST(PipelineBufferPoolTest, ABufferComesBackWhenItsBatchAndEveryViewAreGone) {
   view->hold();  // a tensor of the batch, still alive after the batch
   handle.reset();
   std::atomic<bool> got{false};
+  // acquire() asks grow_if() each time it has looked for a free buffer and found none: the point
+  // where it would have taken this one.
+  std::atomic<int> found_none{0};
+  auto count_and_never = [&] {
+    ++found_none;
+    return false;
+  };
   std::thread waiter([&] {
-    auto again = pool->acquire(never, never);
+    auto again = pool->acquire(never, count_and_never);
     got = true;
     EXPECT_EQ(again->regions()[0]->data(), view->data()) << "its own slot, free again";
   });
-  std::this_thread::sleep_for(50ms);
+  const auto looked = [&](int times) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (found_none < times && !got && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return found_none >= times;
+  };
+  EXPECT_TRUE(looked(1)) << "the waiter never looked for a buffer";
+  pool->poke();  // and once more, after it has waited
+  EXPECT_TRUE(looked(2));
   EXPECT_FALSE(got) << "a held view keeps the buffer out of the pool";
   view->release();
   waiter.join();

@@ -68,6 +68,10 @@ class FakeSource : public SampleSource {
     changed.wait_for(lock, 5s, [&] { return calls.size() >= n; });
     return calls;
   }
+  std::vector<std::int64_t> calls_now() {
+    std::lock_guard lock(mutex);
+    return calls;
+  }
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -79,6 +83,16 @@ class FakeSource : public SampleSource {
   std::atomic<int> interrupts{0};
   std::atomic<int> resumes{0};
 };
+
+// Waits (bounded) until `done` holds.
+template <typename F>
+bool eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+  }
+  return done();
+}
 
 class OnlineLookaheadTest : public ::testing::Test {
  protected:
@@ -129,14 +143,15 @@ TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
   LookaheadSource ahead(fake, dataset_, 3);
   ahead.prefetch({0, 1, 2, 3, 4, 5, 6, 7});
   fake->wait_calls(3);
-  std::this_thread::sleep_for(100ms);
-  EXPECT_EQ(fake->calls.size(), 3u) << "nothing starts while three rows wait to be claimed";
+  // Settled: the three rows fetched, and no thread may start a fourth (it would have by now).
+  ASSERT_TRUE(eventually([&] { return ahead.settled(); }));
+  EXPECT_EQ(fake->calls_now().size(), 3u) << "nothing starts while three rows wait to be claimed";
   EXPECT_EQ(ahead.stats().ready, 3);
   EXPECT_EQ(ahead.stats().queued, 5);
-  const std::int64_t first = fake->calls[0];
+  const std::int64_t first = fake->calls_now()[0];
   ASSERT_TRUE(ahead.fetch(first, dataset_->input_ids(first)).sample);
   EXPECT_EQ(fake->wait_calls(4).size(), 4u) << "a claim makes room for the next row";
-  std::vector<std::int64_t> calls = fake->calls;
+  std::vector<std::int64_t> calls = fake->calls_now();
   std::sort(calls.begin(), calls.end());
   EXPECT_EQ(std::unique(calls.begin(), calls.end()), calls.end()) << "no row fetched twice";
 }
@@ -159,14 +174,17 @@ TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndForAQueuedOneToStart) {
     EXPECT_TRUE(ahead.fetch(10, dataset_->input_ids(10)).sample);
     claimed = true;
   });
-  std::this_thread::sleep_for(50ms);
+  // Both claims reached their wait (where they would have returned had they not waited).
+  const bool both_wait = eventually([&] { return ahead.stats().waiting_claims == 2; });
+  EXPECT_TRUE(both_wait) << "waiting claims: " << ahead.stats().waiting_claims;
   EXPECT_FALSE(claimed.load()) << "the claim waits for the row under way";
   EXPECT_FALSE(got12.load()) << "the only thread is busy";
   fake->release();
   claimer.join();
   claim12.join();
+  EXPECT_EQ(ahead.stats().waiting_claims, 0);
   EXPECT_TRUE(ahead.fetch(11, dataset_->input_ids(11)).sample);
-  std::vector<std::int64_t> calls = fake->calls;
+  std::vector<std::int64_t> calls = fake->calls_now();
   std::sort(calls.begin(), calls.end());
   EXPECT_EQ(calls, (std::vector<std::int64_t>{10, 11, 12})) << "no row fetched twice";
   const LookaheadStats stats = ahead.stats();
@@ -206,14 +224,14 @@ TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
   LookaheadSource ahead(fake, dataset_, 8);
   ahead.prefetch({1, 2, 3});
   fake->wait_calls(3);
-  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(eventually([&] { return ahead.settled(); }));  // the three fetched
   ahead.prefetch({20, 21});
   fake->wait_calls(5);
-  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(eventually([&] { return ahead.settled(); }));
   EXPECT_EQ(ahead.stats().discarded, 3);
   // A row of the old queue is fetched again when claimed.
   EXPECT_TRUE(ahead.fetch(1, dataset_->input_ids(1)).sample);
-  EXPECT_EQ(fake->calls.size(), 6u);
+  EXPECT_EQ(fake->calls_now().size(), 6u);
   EXPECT_THROW(ahead.prefetch({40}), Error) << "row 40 is outside the 40-row dataset";
 }
 

@@ -109,8 +109,10 @@ def test_files_changing_under_an_epoch_never_crash_the_trainer(tmp_path, fault_c
     report = json.loads(out.strip().splitlines()[-1])
     assert report["torn"] == 0, report["messages"]
     assert report["epochs"] > 0 and report["original"] > 0, report
-    # Dropped samples say why, naming the file.
+    # The faults met the reads: some samples were dropped (a file cut short or gone under a read),
+    # each saying why, naming the file. (None dropped would mean the campaign tested nothing.)
     dropped = {reason: n for reason, n in report["dropped"].items() if n}
+    assert dropped, f"no sample was dropped: the faults never met a read ({done}, {report['kinds']})"
     assert set(dropped) <= {"invalid", "missing"}, dropped
     for message in report["messages"]:
         assert "hs_" in message and (".safetensors" in message), message

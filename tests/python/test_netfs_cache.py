@@ -46,8 +46,9 @@ def loader(data: Path, hidden_states: Path, **options) -> draftfeed.Loader:
                             num_threads=2, prefetch=4, pin_memory=False, **options)
 
 
-def epoch(load: draftfeed.Loader, number: int = 0) -> tuple[float, list[dict], list[float]]:
-    """Seconds, the batches (copied), and when each arrived."""
+def epoch(load: draftfeed.Loader, number: int = 0, on_first=None) -> tuple[float, list[dict], list[float]]:
+    """Seconds, the batches (copied), and when each arrived; `on_first()` is called once the first
+    batch has arrived."""
     load.set_epoch(number)
     start = time.perf_counter()
     batches, times = [], []
@@ -55,6 +56,8 @@ def epoch(load: draftfeed.Loader, number: int = 0) -> tuple[float, list[dict], l
         assert batch is not None
         times.append(time.perf_counter() - start)
         batches.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+        if on_first is not None and len(batches) == 1:
+            on_first()
     return time.perf_counter() - start, batches, times
 
 
@@ -66,11 +69,13 @@ def test_an_epoch_costs_a_few_round_trips_not_one_per_file(data, tmp_path):
     with SlowFs(data / "hidden_states", tmp_path / "mnt", latency_ms=20, sigma=0) as fs:
         remote = loader(data, Path(fs.mountpoint))
         fs.reset_stats()
-        seconds, batches, _ = epoch(remote)
+        _, batches, _ = epoch(remote)
         cold = fs.stats()
+        cold_hedged = remote.metrics()["prefetch"]["hedged"]
         fs.reset_stats()
-        warm_seconds, warm, _ = epoch(remote)
+        _, warm, _ = epoch(remote)
         warm_stats = fs.stats()
+        warm_hedged = remote.metrics()["prefetch"]["hedged"] - cold_hedged
         remote.close()
     assert len(batches) == len(expected) == len(warm)
     for ours, ref, again in zip(batches, expected, warm):
@@ -78,16 +83,18 @@ def test_an_epoch_costs_a_few_round_trips_not_one_per_file(data, tmp_path):
             assert torch.equal(ours[key], ref[key]) and torch.equal(again[key], ref[key]), key
     # Each file: its lookup (paid by its open), its open and its first read, 60 ms in a row; 216
     # files one after another would take 13 s, two at a time 6.5 s. In flight by the dozen: about
-    # the round trips of one file, plus the copies (a margin for a loaded machine).
-    assert seconds < 3.0, f"cold epoch {seconds:.2f} s"
-    assert warm_seconds < 3.0, f"warm epoch {warm_seconds:.2f} s"
+    # the round trips of one file. Counted where they wait (slowfs's replies held back at once), not
+    # timed: a loaded machine stretches the epoch, not the count.
     assert cold["max_waiting"] >= 16, cold
-    for stats in (cold, warm_stats):
+    assert warm_stats["max_waiting"] >= 16, warm_stats
+    for stats, hedged in ((cold, cold_hedged), (warm_stats, warm_hedged)):
         calls = stats["calls"]
-        assert calls["open"] == files, f"each file opened once, not again to read it: {calls}"
+        # Each file opened once, not again to read it; an open that looked stalled (a loaded
+        # machine delays slowfs's replies too) may have been asked again (hedged), no more.
+        assert files <= calls["open"] <= files + hedged, f"{calls}, {hedged} hedged"
         assert calls.get("opendir", 0) == 0 and calls.get("readdir", 0) == 0, f"a folder was listed: {calls}"
-        # The lock protocol's check of each file: one lookup of its lock file, nothing more.
-        assert calls.get("missing_lookup", 0) <= files, calls
+        # The lock protocol's check of each file: one lookup of its lock file per ask, nothing more.
+        assert calls.get("missing_lookup", 0) <= files + hedged, f"{calls}, {hedged} hedged"
     assert cold["read_bytes"] >= sum(os.path.getsize(data / "hidden_states" / f"hs_{r}.safetensors")
                                      for b in remote.batch_sampler._generate_batches(0) for r in b)
     assert warm_stats["read_bytes"] == 0, "the warm epoch read its files from the page cache"
@@ -99,27 +106,31 @@ def test_a_file_stuck_for_seconds_holds_back_only_its_batch(data, tmp_path, wher
     stuck_batch = len(plan) - 1 if where == "last" else 0
     stuck_row = int(plan[stuck_batch][0])  # the train split begins at row 0
     stall = 2.0
+    files = sum(len(b) for b in plan)
+    at_first: dict = {}
     with SlowFs(data / "hidden_states", tmp_path / "mnt", latency_ms=10, sigma=0,
                 slow={f"hs_{stuck_row}.safetensors": stall}) as fs:
         load = loader(data, Path(fs.mountpoint), in_order=in_order)
-        seconds, batches, times = epoch(load)
+        seconds, batches, times = epoch(load, on_first=lambda: at_first.update(fs.stats()))
         load.close()
     assert len(batches) == len(plan)
-    # The stuck file's open started with the epoch (the whole epoch is opened ahead), not when its
-    # batch came up: the epoch ends soon after it, not a stall after the other batches.
-    assert stall <= seconds < stall + 1.3, f"epoch {seconds:.2f} s with one open of {stall} s"
+    # One stall, not a stall after the other batches' work nor two in a row (a wide margin: the
+    # other batches take a fraction of a second).
+    assert stall <= seconds < 2 * stall, f"epoch {seconds:.2f} s with one open of {stall} s"
     if where == "last":
         # As ready: every other batch came while the stuck file was still opening.
         assert max(times[:-1]) < stall, times
     else:
-        # In order: the first batch waited for it; the others were assembled meanwhile.
-        assert times[0] >= stall and times[-1] - times[0] < 1.0, times
+        # In order: the first batch waited for it; meanwhile every other file of the epoch was
+        # opened (counted by slowfs when the first batch came, not timed).
+        assert times[0] >= stall, times
+        assert at_first["calls"]["open"] >= files, at_first["calls"]
 
 
 def test_fetches_waiting_for_stuck_opens_do_not_stop_the_other_batches(data, tmp_path):
     """Two batches' files stuck (as many as the loader's threads): the fetches waiting for them have
-    threads of their own on a network file system, so every other batch still comes meanwhile.
-    (Before: both of the pipeline's threads waited, and nothing came until the stall ended.)"""
+    threads of their own on a network file system, so every other batch still comes meanwhile
+    (were the pipeline's two threads to wait, nothing would come until the stall ended)."""
     plan = loader(data, data / "hidden_states").batch_sampler._generate_batches(0)
     stuck = [int(plan[0][0]), int(plan[1][0])]
     stall = 3.0
@@ -155,18 +166,23 @@ def test_the_copy_asks_the_server_nothing(data, tmp_path, monkeypatch, copy):
     with SlowFs(data / "hidden_states", tmp_path / "mnt", latency_ms=latency, sigma=0, attr_timeout=0) as fs:
         remote = loader(data, Path(fs.mountpoint))
         epoch(remote)  # cold: the files come into the page cache
+        cold_hedged = remote.metrics()["prefetch"]["hedged"]
         fs.reset_stats()
         _, warm, _ = epoch(remote)
         stats = fs.stats()
+        hedged = remote.metrics()["prefetch"]["hedged"] - cold_hedged
         remote.close()
     assert len(warm) == len(expected)
     for ours, ref in zip(warm, expected):
         for key in ref:
             assert torch.equal(ours[key], ref[key]), key
-    assert stats["calls"]["open"] == files and stats["read_bytes"] == 0, stats
+    # One open per file, and one more per open asked again (a loaded machine delays slowfs's replies
+    # too, so some opens look stalled and are hedged).
+    assert files <= stats["calls"]["open"] <= files + hedged and stats["read_bytes"] == 0, (hedged, stats)
     trips = getattr_round_trips(stats, latency)
     if copy == "auto":
-        assert trips == files, f"{trips} attribute round trips for {files} files (one an open): {stats}"
+        assert files <= trips <= files + hedged, f"{trips} attribute round trips for {files} files (one an open), " \
+                                                 f"{hedged} opens hedged: {stats}"
     else:
         # Each file's rows (2-16 KB) in one read: one attribute round trip more per file.
         assert trips >= 2 * files, f"{trips} attribute round trips for {files} files: {stats}"

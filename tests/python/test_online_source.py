@@ -552,7 +552,7 @@ def test_client_retries_with_exponential_backoff(sim):
     result = client.generate(np.arange(1, 5, dtype=np.int64))
     elapsed = time.monotonic() - start
     assert result["ok"] and result["attempts"] == 4
-    assert 0.7 <= elapsed < 5, "sleeps of 0.1, 0.2 and 0.4 s before the retries"
+    assert elapsed >= 0.7, "sleeps of 0.1, 0.2 and 0.4 s before the retries"
     sim.set_faults({"http_503": {"first": 2}})
     short = draftfeed._core.VllmClient(
         draftfeed._core.OnlineSourceOptions(vllm_endpoint=sim.url, retry_backoff=0.01, max_retries=1))

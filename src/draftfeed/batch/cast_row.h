@@ -1,8 +1,7 @@
 // Rows without noise: a bit copy (bf16 -> bf16, f32 -> f32) or a cast to bf16 (f16 or f32 ->
 // bf16), with the non-finite count fused into the same pass: AVX2 kernels for the batch copy's
-// row_plain (hidden_copy.cc), which as scalar code did a memcpy and then a second pass over the
-// source for the count (81% of memcpy's speed, `draftfeed kernels`), and cast f16 one element at a
-// time (9%).
+// row_plain (hidden_copy.cc), where scalar code would do a memcpy and then a second pass over the
+// source for the count, and cast f16 one element at a time (docs/decisions.md: how much slower).
 //
 // Each computes exactly the scalar definition:
 //   copy:        the bits as they are; counted where the exponent is all ones (NaN or Inf);

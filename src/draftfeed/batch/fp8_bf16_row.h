@@ -14,9 +14,9 @@
 // (nearly every row: hs-connectors' scales are max|x| / 448): no result can be non-finite or a
 // bf16 subnormal, so a code's result is one of 32 computed directly per row, by its low 4 bits,
 // with its exponent's upper bits added to the bf16 exponent (fp8_bf16_row.cc says why that is
-// exact); vpshufb looks up 32 codes per instruction. Measured with `draftfeed kernels` (one thread,
-// H=2048, in memory): 145% of memcpy of the bytes written, against 89% for the direct form alone.
-// So the bits are the scalar definition's, NaNs included (tests/cpp/batch_fp8_bf16_row_test.cc).
+// exact); vpshufb looks up 32 codes per instruction, far fewer instructions than the direct form
+// (`draftfeed kernels` compares them: docs/decisions.md). So the bits are the scalar definition's,
+// NaNs included (tests/cpp/batch_fp8_bf16_row_test.cc).
 #pragma once
 
 #include <cstdint>

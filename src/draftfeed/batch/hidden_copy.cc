@@ -46,11 +46,11 @@ struct Elements {
 // ...or FP8 codes with their token's scale, dequantized in kD as FP8Transfer does
 // (fp8_dequantize.h). When kD rounds (bf16, f16), the token's 256 possible values are tabulated
 // once from the scalar definition and each element is a lookup: the same bits in fewer
-// instructions than converting and rounding every element (measured: 12% faster for bf16, 10x
-// for f16, whose conversions do not vectorise). For f32 one multiply per element is cheaper than
-// a lookup. A value is non-finite after dequantizing: NaN codes, and overflow of kD. The commonest
-// case, bf16 into a bf16 batch without noise, has its own AVX2 kernel (fp8_bf16_row.h) where the
-// CPU has AVX2 and F16C; the table serves the others and that case elsewhere.
+// instructions than converting and rounding every element (f16's conversions do not vectorise). For
+// f32 one multiply per element is cheaper than a lookup. A value is non-finite after dequantizing:
+// NaN codes, and overflow of kD. The commonest case, bf16 into a bf16 batch without noise, has its
+// own AVX2 kernel (fp8_bf16_row.h) where the CPU has AVX2 and F16C; the table serves the others and
+// that case elsewhere.
 template <DType kD>
 struct Fp8Elements {
   static constexpr DType kDType = DType::kF8E4M3;
@@ -228,9 +228,8 @@ inline constexpr std::size_t kRowStartBytes = 512;
 // explicit kernels below (each does one row; the templates above inline theirs). kPrefetch: the
 // compute-heavy kernels (uniform noise) first ask for the next row's first kRowStartBytes, which
 // would otherwise be demand misses at the start of each row, since rows are strided (a token's
-// layers not taken lie between them) and the hardware prefetcher starts over at each (bf16 +
-// uniform at one thread: 85% of memcpy without, 88-90% with; the plain kernels, which keep more
-// loads in flight themselves, gain nothing and FP8 loses a little).
+// layers not taken lie between them) and the hardware prefetcher starts over at each. The plain
+// kernels keep more loads in flight themselves and gain nothing from it (docs/decisions.md).
 template <NextRow kNext = NextRow::kLeave, class RowFn>
 std::int64_t for_each_row(const RowCopy& job, RowFn row) {
   const std::size_t src_stride =

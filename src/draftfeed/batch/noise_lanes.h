@@ -44,8 +44,7 @@ struct NoiseTerms {
 // Successive blocks' noise terms of one row, from pair 0 on. next() hands out a block's terms made
 // two calls earlier: they depend on nothing a kernel loads, so making them ahead lets them run
 // while the previous blocks wait for their values (the hash, draw and product are a chain of ~20
-// cycles; measured on the 2-core EPYC, one thread, a row in L1: 3.7 G values/s made in the same
-// step as they are used, 4.2 G made two steps ahead).
+// cycles; docs/decisions.md has the gain).
 template <bool kPrescaled>
 class UniformNoiseBlocks {
  public:

@@ -5,8 +5,7 @@
 // Why streaming: a large batch (H=2048: 96 MiB of bf16 per 8192 tokens) is far larger than the
 // caches, so nothing written stays in cache for the trainer anyway; an ordinary store first reads
 // the line it writes into the cache, a third memory transfer per byte besides the read and the
-// write back. Measured with `draftfeed kernels` (one thread, H=2048, bf16 -> bf16): 86-91% of
-// memcpy's speed with ordinary stores, 98-107% with streaming ones. A small batch would stay in
+// write back (`draftfeed kernels` compares the two: docs/decisions.md). A small batch would stay in
 // cache for its reader: it is written with ordinary stores (batch_row_stores, hidden_copy.h).
 //
 // Streaming stores are weakly ordered: a kernel that issued any ends its vector part with
@@ -43,8 +42,7 @@ __attribute__((target("avx2"))) inline void vector_store(std::uint8_t* dst, __m2
 // The end of a kernel's vector part, before it returns to or calls code built without AVX (its
 // scalar tail, the batch copy): the streaming stores fenced (above), and the upper halves of the
 // ymm registers cleared. Without vzeroupper every SSE instruction after 256-bit code pays a
-// transition cost: ~125 ns per row, 10% of a 6144-value row with uniform noise (measured). GCC
-// inserts it by itself only sometimes (it came and went with unrelated edits of the noise kernel).
+// transition cost, per row. GCC inserts it by itself only sometimes, so it is explicit here.
 template <bool kStream>
 __attribute__((target("avx"))) inline void vector_kernel_done() {
   if constexpr (kStream) _mm_sfence();

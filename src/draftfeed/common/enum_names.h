@@ -33,6 +33,17 @@ E parse_enum(std::string_view text, const std::array<EnumName<E>, N>& names,
                                                ", got '" + std::string(text) + "'");
 }
 
+// Whether `names` names the values 0, 1, ..., N-1 in that order, once each: with N the enum's
+// count, a table that names every value (static_assert it beside the table, as a switch's -Wswitch
+// would have said so).
+template <typename E, std::size_t N>
+constexpr bool names_each_value_in_order(const std::array<EnumName<E>, N>& names) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (static_cast<std::size_t>(names[i].value) != i) return false;
+  }
+  return true;
+}
+
 // The value's first name ("?" for a value the table lacks).
 template <typename E, std::size_t N>
 const char* enum_name(E value, const std::array<EnumName<E>, N>& names) {

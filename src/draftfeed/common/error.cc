@@ -1,32 +1,27 @@
 #include "draftfeed/common/error.h"
 
+#include <array>
 #include <cstring>
+
+#include "draftfeed/common/enum_names.h"
 
 namespace draftfeed {
 
-const char* error_kind_name(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kInvalidArgument:
-      return "invalid argument";
-    case ErrorKind::kNotFound:
-      return "not found";
-    case ErrorKind::kIo:
-      return "I/O error";
-    case ErrorKind::kFormat:
-      return "format error";
-    case ErrorKind::kMismatch:
-      return "mismatch";
-    case ErrorKind::kNonFinite:
-      return "non-finite values";
-    case ErrorKind::kTimeout:
-      return "timeout";
-    case ErrorKind::kUnsupported:
-      return "unsupported";
-    case ErrorKind::kRuntime:
-      return "runtime error";
-  }
-  return "unknown";
-}
+constexpr std::array<EnumName<ErrorKind>, 9> kErrorKindNames = {{
+    {ErrorKind::kInvalidArgument, "invalid argument"},
+    {ErrorKind::kNotFound, "not found"},
+    {ErrorKind::kIo, "I/O error"},
+    {ErrorKind::kFormat, "format error"},
+    {ErrorKind::kMismatch, "mismatch"},
+    {ErrorKind::kNonFinite, "non-finite values"},
+    {ErrorKind::kTimeout, "timeout"},
+    {ErrorKind::kUnsupported, "unsupported"},
+    {ErrorKind::kRuntime, "runtime error"},
+}};
+static_assert(kErrorKindNames.size() == static_cast<std::size_t>(ErrorKind::kRuntime) + 1 &&
+              names_each_value_in_order(kErrorKindNames));
+
+const char* error_kind_name(ErrorKind kind) { return enum_name(kind, kErrorKindNames); }
 
 namespace {
 

@@ -7,17 +7,15 @@
 // queued at once, and the device sees many large requests in flight instead of one synchronous
 // page-fault read-around at a time. read_file_into_page_cache reads the file instead, without
 // copying it anywhere: each call blocks until its file is in the page cache, so a caller wanting
-// depth runs several at once. Measured on a virtio disk (bench/bench_cold.py): WILLNEED fills the
-// page cache with single pages, so each device request carries at most max_segments pages (254:
-// under 1 MiB) and the queue holds 100+ of them; the device delivered 0.6-1.3 GB/s that way,
-// against 1.6-2.3 GB/s for the same files read sequentially by two threads, whose kernel readahead
-// allocates large folios (3-3.5 MiB requests, 5 in flight). Reading is what the disk bound does, so
-// it is the default (hidden/cache_prefetch.h).
+// depth runs several at once. WILLNEED fills the page cache with single pages, so each device
+// request carries at most max_segments pages, where a sequential read's kernel readahead allocates
+// large folios and asks for them in large requests: reading is what the disk bound does, so it is
+// the default (hidden/cache_prefetch.h; docs/decisions.md has the measurement).
 //
 // A file whose first and last pages are in the page cache (asked with mincore, which starts no
 // I/O) is taken as read and skipped when `skip_cached`: a file is read from its start, so its end
 // is the last page to arrive, and its start the first the page cache drops. Asking again for
-// resident pages costs a system call per chunk, 7% of a warm epoch's CPU (measured). A hint only: a
+// resident pages would cost a system call per chunk, a share of a warm epoch's CPU. A hint only: a
 // missing or unreadable file, or a file system that ignores it, is not an error. Thread safety: any
 // number of threads.
 #pragma once

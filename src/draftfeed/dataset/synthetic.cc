@@ -5,11 +5,10 @@
 
 namespace draftfeed {
 
-std::uint64_t mix64(std::uint64_t z) { return splitmix64(z); }
-
 std::uint64_t synthetic_hash(std::uint64_t seed, std::uint64_t stream, std::uint64_t row,
                              std::uint64_t position) {
-  return mix64(mix64(mix64(seed ^ (stream * 0xD1B54A32D192ED03ULL)) ^ row) ^ position);
+  return splitmix64(splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03ULL)) ^ row) ^
+                    position);
 }
 
 void validate(const SyntheticOptions& o) {

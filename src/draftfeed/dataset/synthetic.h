@@ -2,15 +2,16 @@
 // so other stages (e.g. synthetic hidden-state files) can regenerate any row without reading it.
 //
 // The functions, exactly (all arithmetic on uint64, wrapping):
-//   mix64(z)    = splitmix64's finalizer: z += 0x9E3779B97F4A7C15;
+//   mix64(z)    = splitmix64 (common/hash.h): z += 0x9E3779B97F4A7C15;
 //                 z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) *
 //                 0x94D049BB133111EB; return z ^ (z >> 31)
 //   synthetic_hash(seed, stream, row, position)
 //               = mix64(mix64(mix64(seed ^ (stream * 0xD1B54A32D192ED03)) ^ row) ^ position)
-//   length(row)      = min_len + synthetic_hash(seed, kStreamLength, row, 0) % (max_len - min_len +
-//   1) token(row, t)    = synthetic_hash(seed, kStreamToken, row, t) % vocab prompt(row)      =
-//   synthetic_hash(seed, kStreamPrompt, row, 0) % (length(row) / 2 + 1) loss_mask(row,t) = t >=
-//   prompt(row) ? 1 : 0     (a prompt of zeros, then ones)
+//   length(row)    = min_len + synthetic_hash(seed, kStreamLength, row, 0)
+//                    % (max_len - min_len + 1)
+//   token(row, t)  = synthetic_hash(seed, kStreamToken, row, t) % vocab
+//   prompt(row)    = synthetic_hash(seed, kStreamPrompt, row, 0) % (length(row) / 2 + 1)
+//   loss_mask(row, t) = t >= prompt(row) ? 1 : 0   (a prompt of zeros, then ones)
 // Streams 0..15 are reserved for the dataset; other stages pick their own stream numbers >= 16.
 #pragma once
 
@@ -34,7 +35,6 @@ inline constexpr std::uint64_t kStreamLength = 1;
 inline constexpr std::uint64_t kStreamToken = 2;
 inline constexpr std::uint64_t kStreamPrompt = 3;
 
-std::uint64_t mix64(std::uint64_t z);
 std::uint64_t synthetic_hash(std::uint64_t seed, std::uint64_t stream, std::uint64_t row,
                              std::uint64_t position);
 

@@ -94,6 +94,13 @@ CachePrefetchStats CachePrefetch::stats() const {
   return stats;
 }
 
+bool CachePrefetch::settled() const {
+  std::lock_guard lock(mutex_);
+  // Every open and read runs on a worker outside the lock: with none under way and none allowed,
+  // no worker can start one before a take, a plan or a clear changes the budgets or the plan.
+  return opening_ == 0 && reading_ == 0 && to_hedge_.empty() && !can_read() && !can_open();
+}
+
 std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   std::unique_lock lock(mutex_);
   auto it = entries_.find(row);
@@ -103,9 +110,7 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
     return std::nullopt;
   }
   // Its batch is being put together: the opens for it, and for the next few (the pipeline fetches
-  // the batches of its 4 buffers at once), are wanted soon. With the next one only, a warm epoch
-  // in order took 4-7% longer with the tail (bench_netfs's tail, 20 pairs); with the next three,
-  // 1-2%, for about 1% more opens.
+  // the batches of its 4 buffers at once), are wanted soon (docs/decisions.md: why the next three).
   constexpr std::size_t kBatchesWanted = 4;
   if (it->second.batch + kBatchesWanted > wanted_batches_) {
     wanted_batches_ = it->second.batch + kBatchesWanted;
@@ -153,12 +158,11 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   ++stats_.taken;
   lock.unlock();
   work_.notify_all();
-  // Wanted now and not read yet: read whole here, through the descriptor, before the copy's preads
-  // of 512 KiB slices, as before the read-based copy (at 10 ms / 200 MB/s through slowfs, one run
-  // each: cold epoch 60% of the bound without this and the fetch's read_before_copy, 66% with
-  // them). On a network file system the copy then takes the rows from the mapping, in the page
-  // cache now (CacheCopy in source/cache_source.h: there a read() of a file opened long before
-  // asks the server for its attributes first, which was the rest of the gap).
+  // Wanted now and not read yet: read whole here, through the descriptor, in one sequential pass,
+  // so that the copy finds the file in the page cache instead of waiting on the file system for
+  // each slice it reads or faults in. On a network file system the copy then takes the rows from
+  // the mapping, in the page cache now (CacheCopy in source/cache_source.h: there a read() of a
+  // file opened long before asks the server for its attributes first).
   // The mapping stays header-only (kMapForRowReads) until the fetch's check.
   if (const auto mapping = prepared && read_here ? readable_mapping(*prepared) : nullptr) {
     read_open_file_into_page_cache(mapping->fd(), mapping->size());
@@ -226,9 +230,8 @@ void CachePrefetch::ask_again(std::int64_t row, Entry& entry) {
 bool CachePrefetch::opens_are_slow() const {
   // Half of the latest 8 opens, not of the 32 the hedges time: a file system that turns slow (a
   // mount replaced, a server loaded) is seen after two rounds of opens on the two first threads,
-  // where 24 of 32 took 2 s at 50 ms opens (bench_netfs); on a local disk an open of a millisecond
-  // (a thread descheduled on a busy machine) is seldom half of 8 (a quarter of 8 grew threads
-  // there).
+  // not after most of 32; and on a local disk an open of a millisecond (a thread descheduled on a
+  // busy machine) is seldom half of 8, where a smaller share would grow threads there.
   constexpr std::size_t kWindow = 8;
   const std::size_t timed = std::min({opens_timed_, open_times_.size(), kWindow});
   if (timed < 2) return false;
@@ -289,7 +292,7 @@ void CachePrefetch::pace() {
       }
     }
     // Every thread in a call on a file system that keeps each open waiting, work waiting: more
-    // calls in flight, an eighth more threads per step (from 2 to 256 in about 40 ms).
+    // calls in flight, an eighth more threads per step (from 2 to 256 in a few dozen steps).
     const bool full = static_cast<int>(threads_.size()) >= options_.max_threads;
     // An ask waiting for a thread gets one even where opens are usually quick: every thread may
     // be in a stalled ask (of the very file it is for).
@@ -403,8 +406,8 @@ void CachePrefetch::open_row(std::unique_lock<std::mutex>& lock, std::int64_t ro
   const bool to_read = options_.read_data && mapping && !cached;
   // The open touched the header's page(s) (with large folios a fault maps a whole folio, up to 2
   // MiB): let them go now, as the fetch does after its checks. A file opened ahead waits for its
-  // batch holding no page of this process's memory (thousands may be open ahead; test_batch_memory:
-  // 38.6 MiB mapped on average with them kept, a warm local epoch).
+  // batch holding no page of this process's memory (thousands may be open ahead, each with a
+  // folio mapped otherwise).
   if (mapping) mapping->release(0, mapping->size());
 
   lock.lock();

@@ -39,15 +39,13 @@
 // file again, and the first answer wins (the late ones are dropped, untimed). An open for a batch
 // the fetches have reached (one of its rows taken: the batch is being put together now, its fetches
 // are about to wait), or for one of the next three, is asked again sooner (2 x the median, at least
-// 10 ms), whether or not a fetch waits for it yet: a warm epoch through a 10 ms file system with a
-// 1% tail of 3 s opens took 16% longer than without the tail when only a waiting fetch hedged
-// sooner (bench_netfs). An ask that itself stalls is asked again, up to four asks in all. Where a
-// tail is one request's bad luck (a server's queue, a lost packet), the second ask seldom meets it
-// (1% of asks at a 1% tail), but a warm epoch has a dozen tails, so with three asks about one epoch
-// in 700 waited a whole tail out (one 0.2 s epoch took 2.17 s in bench_netfs's 80): four make it
-// one in 70,000; where the file itself is stuck, every ask waits, and the fetch holds its batch as
-// it would have. Thread safety: every method may be called from any
-// thread.
+// 10 ms), whether or not a fetch waits for it yet: once a fetch waits, the tail's time is already
+// lost. An ask that itself stalls is asked again, up to four asks in all. Where a tail is one
+// request's bad luck (a server's queue, a lost packet), each further ask meets it again only as
+// often as the tail is common, and a warm epoch has a dozen tails, so a few asks are needed before
+// an epoch seldom waits a whole tail out (docs/decisions.md: why four); where the file itself is
+// stuck, every ask waits, and the fetch holds its batch as it would have.
+// Thread safety: every method may be called from any thread.
 #pragma once
 
 #include <array>
@@ -116,6 +114,33 @@ struct CachePrefetchStats {
   std::uint64_t max_ahead = 0;      // the most bytes read ahead of the fetches
 };
 
+// Each statistic under its reported name, in declaration order: the one list of them, from which
+// the Python dict (python/bindings/engine.cc) is made. Calls `visit(name, value)` once per field.
+template <typename Visit>
+constexpr void for_each_stat(const CachePrefetchStats& s, Visit&& visit) {
+  visit("opened", s.opened);
+  visit("read", s.read);
+  visit("cached", s.cached);
+  visit("bytes", s.bytes);
+  visit("taken", s.taken);
+  visit("waited", s.waited);
+  visit("waited_opening", s.waited_opening);
+  visit("wait_seconds", s.wait_seconds);
+  visit("hedged", s.hedged);
+  visit("overtaken", s.overtaken);
+  visit("threads", s.threads);
+  visit("running", s.running);
+  visit("max_opening", s.max_opening);
+  visit("max_open_ahead", s.max_open_ahead);
+  visit("max_ahead_bytes", s.max_ahead);
+}
+// Every field is 8 bytes: one added to the struct but not to for_each_stat changes the size.
+static_assert(sizeof(CachePrefetchStats) == 8 * [] {
+  std::size_t fields = 0;
+  for_each_stat(CachePrefetchStats{}, [&](const char*, auto) { ++fields; });
+  return fields;
+}());
+
 // Batches of rows in fetch order, viewed where they lie (the pipeline's plan): no copy of an
 // epoch's rows.
 struct PrefetchPlan {
@@ -145,6 +170,10 @@ class CachePrefetch {
 
   const CachePrefetchOptions& options() const { return options_; }
   CachePrefetchStats stats() const;
+  // Whether the prefetch has done all it may until the next take, plan or clear: no open or read
+  // under way, and nothing planned that the budgets let it open or read. What a caller waits for
+  // before it checks that a budget held (a sleep would not say whether the workers got there).
+  bool settled() const;
 
  private:
   enum class State : std::uint8_t { kOpening, kOpened, kReading, kReady };

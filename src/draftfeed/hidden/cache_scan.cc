@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
 #include "draftfeed/common/cpu_features.h"
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/run_workers.h"
 
 // DRAFTFEED_X86: as cpu_features.cc, whose cpu_has_avx2() chooses the kernel.
@@ -152,22 +154,35 @@ void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
 
 }  // namespace
 
-const char* scan_status_name(ScanStatus status) {
-  switch (status) {
-    case ScanStatus::kOk:
-      return "ok";
-    case ScanStatus::kMissing:
-      return "missing";
-    case ScanStatus::kCorrupt:
-      return "corrupt";
-    case ScanStatus::kMismatched:
-      return "mismatched";
-    case ScanStatus::kNonFinite:
-      return "nonfinite";
-    case ScanStatus::kLocked:
-      return "locked";
+constexpr std::array<EnumName<ScanStatus>, 6> kScanStatusNames = {{
+    {ScanStatus::kOk, "ok"},
+    {ScanStatus::kMissing, "missing"},
+    {ScanStatus::kCorrupt, "corrupt"},
+    {ScanStatus::kMismatched, "mismatched"},
+    {ScanStatus::kNonFinite, "nonfinite"},
+    {ScanStatus::kLocked, "locked"},
+}};
+static_assert(kScanStatusNames.size() == kScanStatusCount &&
+              names_each_value_in_order(kScanStatusNames));
+
+const char* scan_status_name(ScanStatus status) { return enum_name(status, kScanStatusNames); }
+
+void merge_by_status(ScanCounts& counts, ScanExamples& examples, const ScanCounts& thread_counts,
+                     ScanExamples& thread_examples) {
+  for (std::size_t s = 0; s < kScanStatusCount; ++s) {
+    counts[s] += thread_counts[s];
+    examples[s].insert(examples[s].end(), std::make_move_iterator(thread_examples[s].begin()),
+                       std::make_move_iterator(thread_examples[s].end()));
+    thread_examples[s].clear();
   }
-  return "unknown";
+}
+
+void keep_lowest_examples(ScanExamples& examples, std::size_t max_examples) {
+  for (auto& of_status : examples) {
+    std::sort(of_status.begin(), of_status.end(),
+              [](const ScanExample& a, const ScanExample& b) { return a.row < b.row; });
+    if (of_status.size() > max_examples) of_status.resize(max_examples);
+  }
 }
 
 bool CacheScanReport::clean() const {
@@ -219,18 +234,9 @@ CacheScanReport scan_cache(const CacheStore& store, std::int64_t num_rows,
     report.bytes += tally.bytes;
     report.read_checksum ^= tally.read_checksum;
     for (std::size_t l = 0; l < report.layouts.size(); ++l) report.layouts[l] += tally.layouts[l];
-    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
-      report.counts[s] += tally.counts[s];
-      auto& examples = report.examples[s];
-      examples.insert(examples.end(), std::make_move_iterator(tally.examples[s].begin()),
-                      std::make_move_iterator(tally.examples[s].end()));
-    }
+    merge_by_status(report.counts, report.examples, tally.counts, tally.examples);
   }
-  for (auto& examples : report.examples) {
-    std::sort(examples.begin(), examples.end(),
-              [](const ScanExample& a, const ScanExample& b) { return a.row < b.row; });
-    if (examples.size() > options.max_examples) examples.resize(options.max_examples);
-  }
+  keep_lowest_examples(report.examples, options.max_examples);
   return report;
 }
 

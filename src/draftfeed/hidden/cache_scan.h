@@ -51,11 +51,23 @@ struct ScanExample {
   std::string reason;
 };
 
+using ScanCounts = std::array<std::int64_t, kScanStatusCount>;
+using ScanExamples = std::array<std::vector<ScanExample>, kScanStatusCount>;
+
+// Rows counted by status, with examples, tallied by each thread on its own and merged after (a
+// scan's findings, a conversion's skipped rows): `counts` and `examples` get `thread_counts` and
+// `thread_examples` (moved) added.
+void merge_by_status(ScanCounts& counts, ScanExamples& examples, const ScanCounts& thread_counts,
+                     ScanExamples& thread_examples);
+// Once every thread is merged: each status's examples lowest rows first, at most `max_examples`
+// (each thread kept its own lowest rows, so these are the lowest of all).
+void keep_lowest_examples(ScanExamples& examples, std::size_t max_examples);
+
 struct CacheScanReport {
   std::int64_t rows = 0;
-  std::array<std::int64_t, kScanStatusCount> counts{};
-  std::array<std::vector<ScanExample>, kScanStatusCount> examples;  // lowest rows first
-  std::uint64_t bytes = 0;                                          // sizes of the files opened
+  ScanCounts counts{};
+  ScanExamples examples;                                  // lowest rows first
+  std::uint64_t bytes = 0;                                // sizes of the files opened
   std::array<std::int64_t, kCacheLayoutCount> layouts{};  // files found, by layout (cache_layout.h)
   double seconds = 0;
   unsigned threads = 0;

@@ -183,7 +183,7 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
   report.threads = threads;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (auto& tally : tallies) {
-    const CacheConvertReport& t = tally.report;
+    CacheConvertReport& t = tally.report;
     report.converted += t.converted;
     report.already_fp8 += t.already_fp8;
     report.moved += t.moved;
@@ -191,17 +191,9 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
     report.missing += t.missing;
     report.bytes_before += t.bytes_before;
     report.bytes_after += t.bytes_after;
-    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
-      report.skipped[s] += t.skipped[s];
-      report.examples[s].insert(report.examples[s].end(), t.examples[s].begin(),
-                                t.examples[s].end());
-    }
+    merge_by_status(report.skipped, report.examples, t.skipped, t.examples);
   }
-  for (auto& examples : report.examples) {
-    std::sort(examples.begin(), examples.end(),
-              [](const ScanExample& a, const ScanExample& b) { return a.row < b.row; });
-    if (examples.size() > options.max_examples) examples.resize(options.max_examples);
-  }
+  keep_lowest_examples(report.examples, options.max_examples);
   return report;
 }
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/hash.h"
 #include "draftfeed/common/run_workers.h"
 #include "draftfeed/hidden/safetensors_writer.h"
 
@@ -16,14 +17,7 @@ namespace draftfeed {
 
 namespace {
 
-std::uint64_t mix(std::uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
+std::uint64_t mix(std::uint64_t z) { return splitmix64_finalizer(z); }
 
 std::uint64_t position_base(std::uint64_t seed, std::int64_t row, std::int64_t position,
                             std::int64_t layer) {

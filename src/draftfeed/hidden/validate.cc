@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/int_load.h"
 
@@ -43,30 +44,24 @@ std::string slots_text(const std::vector<std::int64_t>& slots) {
 
 }  // namespace
 
+constexpr std::array<EnumName<SampleProblem>, 10> kSampleProblemNames = {{
+    {SampleProblem::kNone, "ok"},
+    {SampleProblem::kMissingKey, "missing key"},
+    {SampleProblem::kBadTokenIds, "bad token_ids"},
+    {SampleProblem::kTokenMismatch, "token mismatch"},
+    {SampleProblem::kBadDtype, "bad dtype"},
+    {SampleProblem::kBadShape, "bad shape"},
+    {SampleProblem::kLengthMismatch, "length mismatch"},
+    {SampleProblem::kBadScales, "bad scales"},
+    {SampleProblem::kNonFinite, "non-finite"},
+    {SampleProblem::kUnreadable, "unreadable"},
+}};
+static_assert(kSampleProblemNames.size() ==
+                  static_cast<std::size_t>(SampleProblem::kUnreadable) + 1 &&
+              names_each_value_in_order(kSampleProblemNames));
+
 const char* sample_problem_name(SampleProblem problem) {
-  switch (problem) {
-    case SampleProblem::kNone:
-      return "ok";
-    case SampleProblem::kMissingKey:
-      return "missing key";
-    case SampleProblem::kBadTokenIds:
-      return "bad token_ids";
-    case SampleProblem::kTokenMismatch:
-      return "token mismatch";
-    case SampleProblem::kBadDtype:
-      return "bad dtype";
-    case SampleProblem::kBadShape:
-      return "bad shape";
-    case SampleProblem::kLengthMismatch:
-      return "length mismatch";
-    case SampleProblem::kBadScales:
-      return "bad scales";
-    case SampleProblem::kNonFinite:
-      return "non-finite";
-    case SampleProblem::kUnreadable:
-      return "unreadable";
-  }
-  return "unknown";
+  return enum_name(problem, kSampleProblemNames);
 }
 
 ErrorKind SampleCheck::error_kind() const {

@@ -5,6 +5,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "draftfeed/common/enum_names.h"
+
 namespace draftfeed {
 
 namespace {
@@ -76,32 +78,23 @@ bool prompt_ids_match(const Json& ids, std::span<const std::int64_t> sent,
 
 }  // namespace
 
+constexpr std::array<EnumName<ResponseProblem>, 10> kResponseProblemNames = {{
+    {ResponseProblem::kNone, "ok"},
+    {ResponseProblem::kMalformedJson, "malformed json"},
+    {ResponseProblem::kNotAnObject, "not an object"},
+    {ResponseProblem::kMissingPromptIds, "missing prompt ids"},
+    {ResponseProblem::kBadPromptIds, "bad prompt ids"},
+    {ResponseProblem::kPromptIdsMismatch, "prompt ids mismatch"},
+    {ResponseProblem::kMissingTransferParams, "missing kv_transfer_params"},
+    {ResponseProblem::kMissingHandle, "missing handle"},
+    {ResponseProblem::kBadHandle, "bad handle"},
+    {ResponseProblem::kMissingModel, "missing model"},
+}};
+static_assert(kResponseProblemNames.size() == static_cast<std::size_t>(ResponseProblem::kCount) &&
+              names_each_value_in_order(kResponseProblemNames));
+
 const char* response_problem_name(ResponseProblem problem) {
-  switch (problem) {
-    case ResponseProblem::kNone:
-      return "ok";
-    case ResponseProblem::kMalformedJson:
-      return "malformed json";
-    case ResponseProblem::kNotAnObject:
-      return "not an object";
-    case ResponseProblem::kMissingPromptIds:
-      return "missing prompt ids";
-    case ResponseProblem::kBadPromptIds:
-      return "bad prompt ids";
-    case ResponseProblem::kPromptIdsMismatch:
-      return "prompt ids mismatch";
-    case ResponseProblem::kMissingTransferParams:
-      return "missing kv_transfer_params";
-    case ResponseProblem::kMissingHandle:
-      return "missing handle";
-    case ResponseProblem::kBadHandle:
-      return "bad handle";
-    case ResponseProblem::kMissingModel:
-      return "missing model";
-    case ResponseProblem::kCount:
-      break;
-  }
-  return "unknown";
+  return enum_name(problem, kResponseProblemNames);
 }
 
 bool json_depth_within(std::string_view body, int max_depth) {

@@ -71,8 +71,7 @@ struct Rows {
 // Straight into the batch only when the bytes go there unchanged: a noised slice is read into the
 // staging buffer and noised on its way out (one pass writing the batch with streaming stores); read
 // into the batch and noised there, the batch's lines are fetched from memory before the read
-// overwrites them, and passed over twice (measured: noise cost 16-23% of the rate in place, 8-12%
-// staged, at H=1024 and 4096).
+// overwrites them, and passed over twice (docs/decisions.md has the cost of each).
 bool reads_into_batch(const BatchSpec& spec, const HiddenStatesView& hs,
                       const NoiseContext& noise) {
   return spec.dtype == hs.dtype && hs.scales == nullptr && spec.preprocess != Preprocess::kMtp &&

@@ -13,10 +13,8 @@
 // Used when asked for (DRAFTFEED_CACHE_COPY=read, source/cache_source.h's CacheCopy); by default
 // the copy takes the rows from the file's mapping. A read copies from the page cache with no page
 // tables, and the file's pages never count in this process's memory; a mapping costs page faults
-// and a TLB shootdown to unmap. Once the read was the faster (page-table work was 43% of the
-// loader's CPU at H=1024 with the mapping, when faults mapped a few pages each); measured again
-// on Linux 6.18 / ext4, where a fault maps a whole 2 MiB folio, the mapped copy was 10-47 points
-// of a plain memcpy faster at H=1024-4096 (bench/bench_copy_bound.py).
+// and a TLB shootdown to unmap. Which is faster depends on how many pages a fault maps (a whole
+// 2 MiB folio on kernels with large folios): docs/decisions.md has the measurements.
 #pragma once
 
 #include <cstddef>

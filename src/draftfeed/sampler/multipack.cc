@@ -229,7 +229,7 @@ class Planner {
   // Replaces the heap's root with `key` (never smaller than it). Floyd's order: walk the hole down
   // to a leaf along the smaller children, then lift the key to its place. The new fill is usually
   // among the largest, so this saves a comparison per level; heap_[world_size] is a sentinel.
-  // (A 4-ary heap measured slower here.)
+  // A binary heap: a 4-ary one was slower here.
   void replace_top(std::uint64_t key) {
     const auto world = static_cast<std::size_t>(world_size_);
     std::uint64_t* heap = heap_.data();

@@ -30,11 +30,9 @@ const char* on_missing_name(OnMissing on_missing);
 //     client holds longer than its attribute timeout asks the server for them first, one round trip
 //     per file in the copy, while a fault on a mapping of cached pages asks nothing (the prefetch
 //     has read the file into the page cache by then);
-//   - on a local one the mapped copy was faster at every H measured (bench_copy_bound.py, drop-in,
-//     2 threads, Linux 6.18 on ext4: 87-107% of a plain resident memcpy against 60-77% read, noise
-//     81-94% against 55-80%): the kernel maps a file's 2 MiB folios with one fault each, and the
-//     copy reads each row once into its place, where the read scatters a token's layers with one
-//     small iovec each.
+//   - on a local one, where the kernel maps a file's 2 MiB folios with one fault each, the copy
+//     reads each row once into its place, where the read scatters a token's layers with one small
+//     iovec each (docs/decisions.md: the mapped copy against the read).
 // The environment variable DRAFTFEED_CACHE_COPY (read, map or auto) overrides kAuto, for tests and
 // for a machine where the read is faster (one whose page cache holds small folios and whose memory
 // is fast: there the mapping's page-table work can cost more than the read's).
@@ -82,9 +80,7 @@ class CacheSampleSource : public SampleSource {
   CachePrefetchStats prefetch_stats() const { return prefetch_->stats(); }
   // On a network file system a fetch may wait for its file's open: one of a tail of seconds, until
   // the prefetch's second ask answers (tens of ms). Threads of their own for such waits, so that
-  // the copies of the other batches go on meanwhile: a warm epoch through slowfs (10 ms opens, 60
-  // MB/s) took 0.26 s on the pipeline's 2 threads, 0.21 s with 4 or 8 more, with the 1% tail of 3 s
-  // opens or without (tools/slowfs; none where opens are local).
+  // the copies of the other batches go on meanwhile (none where opens are local).
   int blocking_fetches() const override { return blocking_fetches_; }
 
   // Checks a loaded file against the row: token ids (int64 [T], equal to the row), hidden states

@@ -1,23 +1,20 @@
+#include <array>
+
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
-const char* drop_reason_name(DropReason reason) {
-  switch (reason) {
-    case DropReason::kMissing:
-      return "missing";
-    case DropReason::kMismatch:
-      return "mismatched";
-    case DropReason::kInvalid:
-      return "invalid";
-    case DropReason::kNonFinite:
-      return "nonfinite";
-    case DropReason::kGenerationFailed:
-      return "generation_failed";
-    case DropReason::kCount:
-      break;
-  }
-  return "unknown";
-}
+constexpr std::array<EnumName<DropReason>, 5> kDropReasonNames = {{
+    {DropReason::kMissing, "missing"},
+    {DropReason::kMismatch, "mismatched"},
+    {DropReason::kInvalid, "invalid"},
+    {DropReason::kNonFinite, "nonfinite"},
+    {DropReason::kGenerationFailed, "generation_failed"},
+}};
+static_assert(kDropReasonNames.size() == static_cast<std::size_t>(DropReason::kCount) &&
+              names_each_value_in_order(kDropReasonNames));
+
+const char* drop_reason_name(DropReason reason) { return enum_name(reason, kDropReasonNames); }
 
 }  // namespace draftfeed

@@ -138,6 +138,11 @@ bool FetchSchedule::claim(std::int64_t row) {
   return true;  // every queued occurrence is claimed already: it comes
 }
 
+bool FetchSchedule::can_pick(const std::function<bool(std::int64_t tokens)>& fits) const {
+  return !claimed_.empty() ||
+         (!queue_.empty() && fits(items_.at(std::get<2>(*queue_.begin())).tokens));
+}
+
 std::optional<FetchSchedule::Item> FetchSchedule::pick(
     const std::function<bool(std::int64_t tokens)>& fits) {
   const Item* head = queue_.empty() ? nullptr : &items_.at(std::get<2>(*queue_.begin()));

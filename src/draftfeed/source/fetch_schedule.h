@@ -86,6 +86,8 @@ class FetchSchedule {
   // The next row to start, taken off the queue: the earliest of the first claimed row and the
   // queue's head, the head only when `fits(its tokens)`. Nullopt when none may start.
   std::optional<Item> pick(const std::function<bool(std::int64_t tokens)>& fits);
+  // Whether pick(fits) would give a row (nothing taken off).
+  bool can_pick(const std::function<bool(std::int64_t tokens)>& fits) const;
   // An item whose fetch was interrupted goes back to the queue (unclaimed) if its plan is still
   // there.
   void requeue(const Item& item);

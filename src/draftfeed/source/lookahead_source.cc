@@ -238,7 +238,9 @@ FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_
       ++stats_.hits;
       // Claimed: no plan may drop it now; its bytes and row leave the lookahead's count.
       release(entry);
+      ++stats_.waiting_claims;
       results_.wait(lock, [&] { return entry->done || stopping_; });
+      --stats_.waiting_claims;
       if (!entry->done) break;
       held_bytes_ -= entry->bytes;  // the sample's own bytes, counted when it ended
       FetchOutcome outcome = std::move(entry->outcome);
@@ -282,11 +284,13 @@ FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_
     // rows not waited for (the consumer's plan order must not take the slots). A plan change or a
     // stop may take it off the queue instead: then it is fetched here.
     work_.notify_all();
+    ++stats_.waiting_claims;
     results_.wait(lock, [&] {
       const auto again = entries_.find(row);
       return stopping_ || (again != entries_.end() && !again->second.empty()) ||
              !schedule_.queued(row);
     });
+    --stats_.waiting_claims;
   }
   return FetchOutcome::dropped(DropReason::kGenerationFailed,
                                "row " + std::to_string(row) + ": the lookahead stopped");
@@ -402,6 +406,14 @@ void LookaheadSource::resume() {
     results_.wait(lock, [this] { return stats_.running == 0; });
   }
   inner_->resume();
+}
+
+bool LookaheadSource::settled() const {
+  std::lock_guard lock(mutex_);
+  // A thread picks its row and counts it running in one hold of the lock, and hedges only rows
+  // under way: with none running and none to pick, no thread can start one.
+  return stats_.running == 0 &&
+         !schedule_.can_pick([this](std::int64_t tokens) { return fits(tokens); });
 }
 
 LookaheadStats LookaheadSource::stats() const {

@@ -77,6 +77,7 @@ struct LookaheadStats {
   std::int64_t queued = 0;             // rows of the plans not started yet
   std::int64_t running = 0;            // rows being fetched by the lookahead threads
   std::int64_t ready = 0;              // rows fetched, not yet claimed
+  std::int64_t waiting_claims = 0;     // fetch() calls waiting now for a row to start or end
   std::int64_t hits = 0;               // fetch() calls served by the lookahead
   std::int64_t inline_fetches = 0;     // fetch() calls the lookahead had not started
   std::int64_t stored_reads = 0;       // fetch() calls of queued rows served from the store
@@ -137,6 +138,11 @@ class LookaheadSource : public SampleSource {
   void resume() override;
 
   LookaheadStats stats() const;
+  // Whether the lookahead has started all it may until the next claim or plan: no fetch under way,
+  // and no row that the window and the budget let it start (nor a claimed one). What a caller
+  // waits for before it checks that the window held (a sleep would not say whether the threads
+  // got there).
+  bool settled() const;
 
  private:
   struct Entry {
