@@ -366,9 +366,9 @@ void init_online(nb::module_& m) {
             // By default the lookahead holds 8 rows per request in flight, within the budget the
             // loader's plans pass (loader.LOOKAHEAD_BUDGET_BUFFERS x its batch memory) unless
             // lookahead_bytes says otherwise. Why 8: with in-order delivery the first batch may
-            // wait seconds for a long request while the rows behind it fill the window; with 4 the
-            // drop-in at the reference's defaults (12 in flight) ran out of window and left slots
-            // idle (epoch 1: 1.06x its ideal, 8: 1.03x). The byte budget bounds the memory.
+            // wait seconds for a long request while the rows behind it fill the window, and a
+            // smaller window leaves request slots idle (docs/decisions.md). The byte budget bounds
+            // the memory.
             const int window = lookahead.value_or(data_path ? 8 * options.client.fetch_threads : 0);
             std::string description =
                 "online (" + std::to_string(options.client.endpoints.size()) + " endpoint(s), " +

@@ -75,8 +75,9 @@ class MappedFile {
   // retried on EINTR and short reads) and returns how many it copied: fewer when the file is now
   // shorter (truncated by another process). Why not the mapping: reading a mapping of the page
   // cache costs a page fault per few pages to map them and a TLB shootdown to unmap them, which
-  // measured as much CPU as the copy itself at 8-18 GB/s; a read copies from the page cache with
-  // no page tables at all. An I/O error is ErrorKind::kIo naming the file. Needs keep_descriptor.
+  // can cost as much CPU as the copy itself (docs/decisions.md); a read copies from the page cache
+  // with no page tables at all. An I/O error is ErrorKind::kIo naming the file. Needs
+  // keep_descriptor.
   Result<std::size_t> read_at(std::size_t offset, std::size_t length, std::uint8_t* out) const;
   // The same for the bytes from `offset` on, scattered over `parts` in order (preadv; at most
   // IOV_MAX parts). `parts` is consumed: its entries are advanced past what was read.

@@ -3,10 +3,12 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <mutex>
 
 #include "draftfeed/common/cancel_scope.h"
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
@@ -51,20 +53,16 @@ int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 
 }  // namespace
 
+constexpr std::array<EnumName<HttpResult::Outcome>, 5> kHttpOutcomeNames = {{
+    {HttpResult::Outcome::kResponse, "response"},
+    {HttpResult::Outcome::kTimeout, "timeout"},
+    {HttpResult::Outcome::kTransport, "transport error"},
+    {HttpResult::Outcome::kTooLarge, "response too large"},
+    {HttpResult::Outcome::kCancelled, "cancelled"},
+}};
+
 const char* http_outcome_name(HttpResult::Outcome outcome) {
-  switch (outcome) {
-    case HttpResult::Outcome::kResponse:
-      return "response";
-    case HttpResult::Outcome::kTimeout:
-      return "timeout";
-    case HttpResult::Outcome::kTransport:
-      return "transport error";
-    case HttpResult::Outcome::kTooLarge:
-      return "response too large";
-    case HttpResult::Outcome::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
+  return enum_name(outcome, kHttpOutcomeNames);
 }
 
 void HttpPoolOptions::validate() const {

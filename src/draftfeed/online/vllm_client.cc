@@ -1,13 +1,28 @@
 #include "draftfeed/online/vllm_client.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 
 #include "draftfeed/common/cancel_scope.h"
+#include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
+
+namespace {
+
+constexpr std::array<EnumName<GenerationResult::Failure>, 6> kGenerationFailureNames = {{
+    {GenerationResult::Failure::kNone, "ok"},
+    {GenerationResult::Failure::kExhausted, "retries exhausted"},
+    {GenerationResult::Failure::kHttpStatus, "http status"},
+    {GenerationResult::Failure::kInvalidResponse, "invalid response"},
+    {GenerationResult::Failure::kWrongModel, "wrong model"},
+    {GenerationResult::Failure::kCancelled, "cancelled"},
+}};
+
+}  // namespace
 
 namespace {
 
@@ -25,21 +40,7 @@ const char* path_of(RequestKind kind) {
 }  // namespace
 
 const char* generation_failure_name(GenerationResult::Failure failure) {
-  switch (failure) {
-    case GenerationResult::Failure::kNone:
-      return "ok";
-    case GenerationResult::Failure::kExhausted:
-      return "retries exhausted";
-    case GenerationResult::Failure::kHttpStatus:
-      return "http status";
-    case GenerationResult::Failure::kInvalidResponse:
-      return "invalid response";
-    case GenerationResult::Failure::kWrongModel:
-      return "wrong model";
-    case GenerationResult::Failure::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
+  return enum_name(failure, kGenerationFailureNames);
 }
 
 void VllmClientOptions::validate() const {
