@@ -31,9 +31,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
-from reference_fixtures import write_fixture  # noqa: E402
+from reference_fixtures import write_fixture
 
-import draftfeed  # noqa: E402
+import draftfeed
 
 
 def bound_gbps(nbytes: int, device: torch.device, repeats: int = 20) -> float:

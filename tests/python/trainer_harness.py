@@ -50,6 +50,7 @@ Nothing from speculators is copied here: it is imported and patched at run time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -295,7 +296,8 @@ def _time_loader_waits(recorder: _MetricRecorder) -> None:
             return batch
         return wrapper
 
-    dataloader._BaseDataLoaderIter.__next__ = timed(dataloader._BaseDataLoaderIter.__next__)
+    dataloader._BaseDataLoaderIter.__next__ = timed(  # type: ignore[method-assign]
+        dataloader._BaseDataLoaderIter.__next__)
     import draftfeed.loader
 
     original_iter = draftfeed.loader.Loader.__iter__
@@ -382,7 +384,7 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
         times = in_hand.get(key, []) if key is not None else []
         recorder.file.write(json.dumps({
             "kind": "data_wait", "wait_ms": [1000 * w for w in train_waits],
-            "period_ms": [1000 * (b - a) for a, b in zip(times, times[1:])]}) + "\n")
+            "period_ms": [1000 * (b - a) for a, b in itertools.pairwise(times)]}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- summary
