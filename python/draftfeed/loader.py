@@ -178,7 +178,7 @@ def _torch_device_blocks(nbytes: int, count: int, device: int) -> tuple[list[tup
     """`count` blocks of `nbytes` on cuda:`device` from torch's caching allocator, as [(address,
     bytes)] and the tensors that own them; None without torch's CUDA, or when the engine drives
     another runtime than torch's (DRAFTFEED_CUDART: the tests' stand-in)."""
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is None or os.environ.get("DRAFTFEED_CUDART") or not cuda.is_available():
         return None
@@ -189,7 +189,8 @@ def _torch_device_blocks(nbytes: int, count: int, device: int) -> tuple[list[tup
 def _torch_cuda_usable() -> bool:
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
-    return bool(cuda is not None and torch.version.cuda is not None and cuda.is_available())
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    return bool(cuda is not None and version is not None and cuda.is_available())
 
 
 def _consumer_stream(device: int) -> int:

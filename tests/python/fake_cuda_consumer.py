@@ -10,9 +10,10 @@ memory with cudaMemcpyAsync on its stream, as `tensor.to("cuda", non_blocking=Tr
 `device` (the device stage: batches arrive in device memory; the consumer uses each tensor on its
 stream, here a device-to-device copy into memory of its own). Either way the consumer never
 synchronizes: it drops each batch right after queuing its work and runs ahead, as a trainer whose CPU
-runs ahead of its GPU does (FAKE_CUDA_CONSUMER_SLOWNESS makes its stream slower than the engine's); `--keep K` keeps each batch's input_ids for K more batches (a trainer that
-logs them). At the end it synchronizes, reads what "the device" received, and prints one JSON line:
-for every batch, each tensor's checksum as the device received it, and the fake runtime's record
+runs ahead of its GPU does (FAKE_CUDA_CONSUMER_SLOWNESS makes its stream slower than the engine's);
+`--keep K` keeps each batch's input_ids for K more batches (a trainer that logs them: it reads them
+once more, after the batch was released, when it lets them go). At the end it synchronizes, reads
+what "the device" received, and prints one JSON line: for every batch, each tensor's checksum as the device received it, and the fake runtime's record
 (contexts per device, violations, peak device memory, the engine's calls to cudaMalloc, cudaFree and
 the synchronising calls). With `--given-memory` the device stage's buffers are blocks the consumer
 allocated itself (as the Python layer does with torch) and handed to the loader. The expected checksums come from the same
@@ -167,8 +168,22 @@ def main() -> None:
                     assert on_rank_device(cuda.cudaMemcpyAsync, target, address, size, kind, stream) == 0
                     received.append((epoch, batch.index, name, int(target.value or 0), size))
                 if args.keep:
-                    kept.append(batch if on_device else batch.torch()["input_ids"])
-                    kept = kept[-args.keep:]
+                    kept.append((epoch, batch.index, batch if on_device else batch.torch()["input_ids"]))
+                    if len(kept) > args.keep:
+                        # A trainer that logs what it kept: it reads the kept input_ids once more,
+                        # after the batch was released, then lets them go (the slot's own fence).
+                        e, index, held = kept.pop(0)
+                        if on_device:
+                            address, size = next((a, n) for name, a, n in held.tensor_memory()
+                                                 if name == "input_ids")
+                        else:
+                            address, size = held.data_ptr(), held.numel() * held.element_size()
+                        target = ctypes.c_void_p()
+                        assert on_rank_device(cuda.cudaMalloc, ctypes.byref(target), size) == 0
+                        kind = D2D if on_device else H2D
+                        assert on_rank_device(cuda.cudaMemcpyAsync, target, address, size, kind, stream) == 0
+                        received.append((e, index, "input_ids", int(target.value or 0), size))
+                        del held
                 _ALIVE.clear()
                 del batch  # the consumer runs on; its queued work has not run yet
         metrics = loader.metrics()
