@@ -538,9 +538,10 @@ void init_engine(nb::module_& m) {
           [](PyDeviceMemory* self,
              const std::vector<std::pair<std::uintptr_t, std::size_t>>& blocks) {
             std::vector<GivenDeviceMemory::Block> given;
+            given.reserve(blocks.size());
             for (const auto& [address, bytes] : blocks) given.push_back({address, bytes});
             new (self) PyDeviceMemory{
-                std::make_shared<GivenDeviceMemory>(std::move(given), runtime_device_allocator())};
+                std::make_shared<GivenDeviceMemory>(given, runtime_device_allocator())};
           },
           nb::arg("blocks"), "blocks: [(address, bytes)] of device memory on the loader's device")
       .def_prop_ro(

@@ -28,7 +28,7 @@ std::shared_ptr<DeviceAllocator> runtime_device_allocator() {
   return allocator;
 }
 
-GivenDeviceMemory::GivenDeviceMemory(std::vector<Block> blocks,
+GivenDeviceMemory::GivenDeviceMemory(const std::vector<Block>& blocks,
                                      std::shared_ptr<DeviceAllocator> fallback)
     : fallback_(std::move(fallback)) {
   for (const Block& block : blocks) {

@@ -41,7 +41,7 @@ class GivenDeviceMemory : public DeviceAllocator {
     std::uintptr_t address = 0;
     std::size_t bytes = 0;
   };
-  GivenDeviceMemory(std::vector<Block> blocks, std::shared_ptr<DeviceAllocator> fallback);
+  GivenDeviceMemory(const std::vector<Block>& blocks, std::shared_ptr<DeviceAllocator> fallback);
 
   void* allocate(std::size_t bytes, int device) override;
   void release(void* memory, int device) override;
