@@ -135,7 +135,8 @@ void ReadFence::order_after(CudaStream stream) {
   wait_posted(lock);
   bool counted = false;
   for (const Mark& mark : marks_) {
-    if (!mark.pending) continue;
+    // Work queued on `stream` itself is ordered before what follows there.
+    if (!mark.pending || mark.stream == stream) continue;
     if (!counted && rt.event_query(mark.event) == kCudaErrorNotReady) {
       g_rewrites_while_read.fetch_add(1, std::memory_order_relaxed);
       counted = true;

@@ -42,7 +42,8 @@ class ReadFence : public std::enable_shared_from_this<ReadFence> {
   bool passed();
   // Blocks until every marked read is complete. Throws if a mark could not be recorded.
   void wait();
-  // Makes `stream` wait, on the device, for every marked read (nothing blocks here).
+  // Makes `stream` wait, on the device, for every marked read on other streams (nothing blocks
+  // here).
   void order_after(CudaStream stream);
 
   const std::shared_ptr<DeviceWorker>& worker() const { return worker_; }

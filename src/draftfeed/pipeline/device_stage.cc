@@ -170,6 +170,9 @@ std::shared_ptr<BatchLease> DeviceStage::copy_to_device(const std::shared_ptr<Ba
   }
   auto copied = std::make_shared<CudaEvent>(worker_);
   copied->record(copy_stream_);
+  // A batch never handed out (the loader stopped) is given back with its copy maybe still queued:
+  // its memory (torch's, with given memory) goes back only after the copy.
+  buffer->mark_writes_now(copy_stream_);
   // The host buffer goes back to its pool now; it is rewritten only after these copies.
   host->buffer->mark_reads_now(copy_stream_);
 
