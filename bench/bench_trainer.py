@@ -79,7 +79,9 @@ def trainer_flags(prepared: dict, save: Path, args) -> list[str]:
         "--mask-token-id", "0",  # the tiny verifier has no tokenizer
         "--target-layer-ids", "0", "1", "2",
         "--checkpoint-freq", "1",  # no mid-epoch checkpoints
-        "--log-freq", "1",  # the trainer profiles every step
+        # 1: the trainer profiles every step (its timer synchronises the device at each mark); the GPU
+        # check logs every 10th step and measures the data wait itself (--data-wait), unsynchronised.
+        "--log-freq", str(getattr(args, "log_freq", 1)),
         "--lr", "1e-3",
     ]
 
@@ -112,7 +114,8 @@ def train(loader: str, prepared: dict, work: Path, args) -> dict:
     save = work / f"ckpt-{loader}"
     harness_loader = "draftfeed" if loader.startswith("draftfeed") else loader
     cmd = [sys.executable, str(HARNESS), "train", "--loader", harness_loader, "--metrics", str(metrics),
-           *(["--gpu"] if args.gpu else []), "--", *trainer_flags(prepared, save, args)]
+           *(["--gpu"] if args.gpu else []), *(["--data-wait"] if getattr(args, "data_wait", False) else []),
+           "--", *trainer_flags(prepared, save, args)]
     start = time.perf_counter()
     with open(work / f"{loader}.log", "w") as log:
         proc = subprocess.run(cmd, env=env(loader), stdout=log, stderr=subprocess.STDOUT,
@@ -128,10 +131,26 @@ def train(loader: str, prepared: dict, work: Path, args) -> dict:
     steps = [dict(step=r["step"], epoch=r["epoch"], fetch_ms=r["profile"]["fetch_ms"]["f"],
                   step_ms=r["profile"]["step_ms"]["f"], tokens_per_s=r["profile"]["tokens_per_s"]["f"])
              for r in train_records]
+    waits = next((r for r in records if r["kind"] == "data_wait"), None)
+    if waits is not None:
+        summary.update(unsynchronised_data_wait(waits))
     return dict(loader=loader, create_train_val_loaders=meta["create_train_val_loaders"],
                 speculators=meta["speculators"], wall_s=wall, summary=summary, steps=steps,
                 batches=[r.get("batches") for r in train_records],
                 mean_step_ms=sum(s["step_ms"] for s in steps) / max(1, len(steps)))
+
+
+def unsynchronised_data_wait(record: dict) -> dict:
+    """--data-wait's figures: the training loader's next() time and the CPU's step period, median
+    over the steps after the first two (start-up), and the share of the period spent waiting."""
+    import statistics
+
+    wait, period = record["wait_ms"][2:], record["period_ms"][1:]
+    if not wait or not period:
+        return {}
+    return {"cpu_median_data_wait_ms": round(statistics.median(wait), 3),
+            "cpu_median_step_ms": round(statistics.median(period), 3),
+            "cpu_data_wait_share": round(sum(wait) / max(1e-9, sum(period)), 4)}
 
 
 def main() -> None:
@@ -147,6 +166,10 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each training run")
     p.add_argument("--out", help="write trainer.json here")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--log-freq", type=int, default=1,
+                   help="the trainer's log_freq (1: it profiles, and synchronises, every step)")
+    p.add_argument("--data-wait", action="store_true",
+                   help="measure each loader next() on the CPU, unsynchronised (trainer_harness.py)")
     p.add_argument("--gpu", action="store_true",
                    help="train on the GPU; draftfeed with its device stage and without (draftfeed-host)")
     args = p.parse_args()

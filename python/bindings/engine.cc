@@ -21,6 +21,8 @@
 #include "dlpack_dtype.h"
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/cuda/device_allocator.h"
+#include "draftfeed/cuda/read_fence.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
@@ -161,6 +163,13 @@ nb::dict empty_sample(const BatchLayout& layout) {
   sample["position_ids"] = tensor({0}, nb::dtype<std::int64_t>());
   return sample;
 }
+
+// Device memory blocks given to the device stage. The C++ object is shared with the engine (which
+// gives the blocks back on its device worker) and never holds a Python reference: the Python side
+// keeps the tensors that own the memory alive while `outstanding` is not 0.
+struct PyDeviceMemory {
+  std::shared_ptr<GivenDeviceMemory> memory;
+};
 
 struct PyLoader {
   std::shared_ptr<Loader> loader;
@@ -462,6 +471,16 @@ void init_engine(nb::module_& m) {
              nb::gil_scoped_release release;
              l.loader->stop();
            })
+      .def(
+          "set_device_memory",
+          [](PyLoader& l, const PyDeviceMemory* memory) {
+            std::shared_ptr<DeviceAllocator> allocator;
+            if (memory != nullptr) allocator = memory->memory;
+            nb::gil_scoped_release release;
+            l.loader->set_device_allocator(std::move(allocator));
+          },
+          nb::arg("memory").none(),
+          "the device stage's buffers come from `memory` (None: cudaMalloc) from the next epoch on")
       .def("metrics", &PyLoader::metrics)
       .def_prop_ro("options", [](const PyLoader& l) { return l.loader->options(); })
       .def_prop_ro(
@@ -493,6 +512,45 @@ void init_engine(nb::module_& m) {
         for (const ColumnInfo& column : l.loader->dataset()->columns()) out.append(column.name);
         return out;
       });
+
+  nb::class_<PyDeviceMemory>(
+      m, "DeviceMemory",
+      "Device memory blocks made by the caller (torch.empty on the device) that the device stage "
+      "takes its buffers from instead of cudaMalloc; the caller keeps them alive while "
+      "`outstanding` is not 0. A request no free block fits goes to cudaMalloc (fallback_bytes).")
+      .def(
+          "__init__",
+          [](PyDeviceMemory* self,
+             const std::vector<std::pair<std::uintptr_t, std::size_t>>& blocks) {
+            std::vector<GivenDeviceMemory::Block> given;
+            given.reserve(blocks.size());
+            for (const auto& [address, bytes] : blocks) given.push_back({address, bytes});
+            new (self) PyDeviceMemory{
+                std::make_shared<GivenDeviceMemory>(given, runtime_device_allocator())};
+          },
+          nb::arg("blocks"), "blocks: [(address, bytes)] of device memory on the loader's device")
+      .def_prop_ro(
+          "outstanding", [](const PyDeviceMemory& d) { return d.memory->outstanding(); },
+          "blocks handed out to the engine now (device reads may be pending)")
+      .def_prop_ro("given_bytes", [](const PyDeviceMemory& d) { return d.memory->given_bytes(); })
+      .def_prop_ro(
+          "fallback_bytes", [](const PyDeviceMemory& d) { return d.memory->fallback_bytes(); },
+          "bytes the engine took from cudaMalloc because no block was free")
+      .def_prop_ro("fallback_outstanding",
+                   [](const PyDeviceMemory& d) { return d.memory->fallback_outstanding(); });
+
+  m.def(
+      "fence_counts",
+      [] {
+        const ReadFence::Counts counts = ReadFence::counts();
+        nb::dict out;
+        out["rewrites_while_read"] = counts.rewrites_while_read;
+        out["checks_while_read"] = counts.checks_while_read;
+        return out;
+      },
+      "process-wide: buffers about to be rewritten while the device's reads of them were still "
+      "pending (the fence made the writer wait, or ordered the copy after them), and checks "
+      "before a reuse or a free that found reads pending");
 
   m.def("pinning_support", [] {
     const PinningSupport support = pinning_support();

@@ -517,6 +517,11 @@ class Loader:
 
     def stop(self) -> None: ...
 
+    def set_device_memory(self, memory: DeviceMemory | None) -> None:
+        """
+        the device stage's buffers come from `memory` (None: cudaMalloc) from the next epoch on
+        """
+
     def metrics(self) -> dict: ...
 
     @property
@@ -553,6 +558,33 @@ class Loader:
 
     @property
     def columns(self) -> list: ...
+
+class DeviceMemory:
+    """
+    Device memory blocks made by the caller (torch.empty on the device) that the device stage takes its buffers from instead of cudaMalloc; the caller keeps them alive while `outstanding` is not 0. A request no free block fits goes to cudaMalloc (fallback_bytes).
+    """
+
+    def __init__(self, blocks: Sequence[tuple[int, int]]) -> None:
+        """blocks: [(address, bytes)] of device memory on the loader's device"""
+
+    @property
+    def outstanding(self) -> int:
+        """blocks handed out to the engine now (device reads may be pending)"""
+
+    @property
+    def given_bytes(self) -> int: ...
+
+    @property
+    def fallback_bytes(self) -> int:
+        """bytes the engine took from cudaMalloc because no block was free"""
+
+    @property
+    def fallback_outstanding(self) -> int: ...
+
+def fence_counts() -> dict:
+    """
+    process-wide: buffers about to be rewritten while the device's reads of them were still pending (the fence made the writer wait, or ordered the copy after them), and checks before a reuse or a free that found reads pending
+    """
 
 def pinning_support() -> tuple[bool, str]: ...
 

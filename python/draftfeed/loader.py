@@ -146,6 +146,52 @@ def _torch_cuda_device() -> int:
     return int(cuda.current_device())
 
 
+def _import_torch_for_cuda() -> None:
+    """Imports torch (when installed) before the engine looks for the CUDA runtime, so that the
+    runtime it finds is the one torch loaded (one runtime in the process, torch's allocator for the
+    device stage's memory), not one from the library path beside it."""
+    if "torch" in sys.modules or os.environ.get("DRAFTFEED_CUDART"):
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401
+
+
+# Device memory given to the engine by loaders that are gone, with the tensors that own it: kept
+# until the engine gave every block back (a batch may outlive its loader, and the device may still
+# read a block when the loader goes).
+_RETIRED_DEVICE_MEMORY: list[tuple[Any, Any]] = []
+
+
+def _retire_device_memory(memory: Any, owners: Any) -> None:
+    _RETIRED_DEVICE_MEMORY.append((memory, owners))
+    _sweep_device_memory()
+
+
+def _sweep_device_memory() -> None:
+    _RETIRED_DEVICE_MEMORY[:] = [(m, o) for m, o in _RETIRED_DEVICE_MEMORY if m.outstanding]
+
+
+def _torch_device_blocks(nbytes: int, count: int, device: int) -> tuple[list[tuple[int, int]], Any] | None:
+    """`count` blocks of `nbytes` on cuda:`device` from torch's caching allocator, as [(address,
+    bytes)] and the tensors that own them; None without torch's CUDA, or when the engine drives
+    another runtime than torch's (DRAFTFEED_CUDART: the tests' stand-in)."""
+    torch: Any = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or os.environ.get("DRAFTFEED_CUDART") or not cuda.is_available():
+        return None
+    tensors = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}") for _ in range(count)]
+    return [(int(t.data_ptr()), nbytes) for t in tensors], tensors
+
+
+def _torch_cuda_usable() -> bool:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    return bool(cuda is not None and version is not None and cuda.is_available())
+
+
 def _consumer_stream(device: int) -> int:
     """The CUDA stream this thread's work on `device` goes to (torch's current stream), as the
     runtime's handle; 0 (the default stream) when torch has not initialised CUDA here. Copies the
@@ -193,6 +239,8 @@ class Loader:
         batches in device memory); the consumer's stream waits for each batch's copy on the device.
         None (default): batches in host memory, page-locked when `pin_memory` and CUDA is present."""
         topology = Topology.resolve(rank, world_size, sp_size)
+        if device is not None or options.get("pin_memory") is True:
+            _import_torch_for_cuda()
         for name in ("data_path", "source", "device_stage", "cuda_device"):
             if name in options:  # set from the arguments above
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
@@ -231,6 +279,14 @@ class Loader:
         # the consumer's stream on it is asked for at each batch.
         self.cuda_device = self._core.cuda_device
         self.device = f"cuda:{self.cuda_device}" if options.device_stage else "cpu"
+        self._device_memory: Any = None
+        if options.device_stage:
+            self._give_device_memory()
+        elif options.pin_memory and self.cuda_device < 0 and _torch_cuda_usable():
+            # torch sees a GPU but the engine found no runtime to page-lock with: say so.
+            logging.getLogger("draftfeed").warning(
+                "pin_memory: batch buffers are pageable although torch sees a CUDA device: %s",
+                self._core.pinning)
         self.batch_sampler = BatchPlanner(self._core, topology)
         self._delivered: set[int] = set()
         self._state_epoch: int | None = None  # the epoch `_delivered` refers to
@@ -239,6 +295,26 @@ class Loader:
         self._reporter = Reporter(self._emit_report)
         self._lookahead_stream = next(_LOOKAHEAD_STREAMS)
         self._lookahead_forget: weakref.finalize | None = None
+
+    def _device_memory_blocks(self, nbytes: int, count: int, device: int) -> tuple[list[tuple[int, int]], Any] | None:
+        """The device stage's buffers: `count` blocks of `nbytes` on cuda:`device` and what owns
+        them, or None for the engine's own cudaMalloc. Default: torch's caching allocator when
+        torch has CUDA (a test's subclass gives its own)."""
+        return _torch_device_blocks(nbytes, count, device)
+
+    def _give_device_memory(self) -> None:
+        """Allocated once per loader, kept while the loader lives (and after, while the engine
+        still holds a block: _RETIRED_DEVICE_MEMORY)."""
+        _sweep_device_memory()
+        made = self._device_memory_blocks(self._core.batch_bytes, self.options.device_buffers,
+                                          self.cuda_device)
+        if made is None:
+            return
+        blocks, owners = made
+        memory = _core.DeviceMemory(blocks)
+        self._core.set_device_memory(memory)
+        self._device_memory = memory
+        weakref.finalize(self, _retire_device_memory, memory, owners)
 
     def validation(self: _L) -> _L:
         """The validation loader of this training loader, by the engine's rule (one place for the
@@ -413,6 +489,11 @@ class Loader:
     # -- what happened --
     def metrics(self) -> dict[str, Any]:
         m = self._core.metrics()
+        if self.options.device_stage:
+            memory = self._device_memory
+            m["device_memory"] = "cudaMalloc" if memory is None else "given"
+            m["device_memory_given_bytes"] = 0 if memory is None else memory.given_bytes
+            m["device_memory_fallback_bytes"] = 0 if memory is None else memory.fallback_bytes
         m["pool_bytes"] = self._core.pool_bytes
         m["batch_bytes_each"] = self._core.batch_bytes
         return m

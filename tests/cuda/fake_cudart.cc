@@ -7,6 +7,12 @@
 //     work on two streams completes in another order than it was queued unless events order it; a
 //     copy from page-locked memory reads its source only then (as a DMA engine does), a copy from
 //     pageable memory reads it at the call (as the real runtime stages it);
+//   * the consumer's streams may be slower still: FAKE_CUDA_CONSUMER_SLOWNESS (default 1)
+//   multiplies
+//     the latency of the legacy default stream and of streams a test's thread made (the trainer's),
+//     as a GPU busy with the trainer's kernels for several steps would be; with it above 4 the
+//     trainer's reads of a batch complete after the engine's next copy would land, unless a fence
+//     orders them (docs/device_stage.md, "Each fence's test");
 //   * events complete when their stream reaches them; a stream that waits for an event waits for
 //     the record that was the event's latest at the time of the wait; queries and
 //     synchronisations see the latest record;
@@ -87,6 +93,8 @@ struct State {
   std::condition_variable queued;      // an operation was queued (wakes the device thread)
   int devices = 4;
   std::chrono::microseconds latency{2000};
+  int consumer_slowness = 1;                          // latency multiple of the trainer's streams
+  std::map<std::string, std::uint64_t> engine_calls;  // by entry point, the engine's threads only
   FILE* log = nullptr;
   std::map<Stream*, std::unique_ptr<Stream>> streams;
   std::map<int, Stream*> legacy;  // per device
@@ -105,6 +113,9 @@ struct State {
     if (const char* n = std::getenv("FAKE_CUDA_DEVICES")) devices = std::atoi(n);
     if (const char* us = std::getenv("FAKE_CUDA_LATENCY_US")) {
       latency = std::chrono::microseconds(std::atoll(us));
+    }
+    if (const char* n = std::getenv("FAKE_CUDA_CONSUMER_SLOWNESS"); n != nullptr && *n != '\0') {
+      consumer_slowness = std::max(1, std::atoi(n));
     }
     if (const char* path = std::getenv("FAKE_CUDA_LOG"); path != nullptr && *path != '\0') {
       log = std::fopen(path, "a");
@@ -129,7 +140,10 @@ unsigned long thread_number() {
 // With the mutex held: the call opens a context on the current device, and is logged. A test's
 // own thread (playing the trainer) is logged as by=test and its contexts are not counted.
 void note_call(State& s, const char* call, std::uintptr_t stream = 0, const char* extra = "") {
-  if (!t_test_thread) s.contexts.insert(t_current);
+  if (!t_test_thread) {
+    s.contexts.insert(t_current);
+    ++s.engine_calls[call];
+  }
   if (s.log != nullptr) {
     std::fprintf(s.log, "call=%s thread=%lu device=%d stream=%#llx by=%s %s\n", call,
                  thread_number(), t_current, static_cast<unsigned long long>(stream),
@@ -228,6 +242,7 @@ Stream* stream_of(State& s, void* handle) {
       auto stream = std::make_unique<Stream>();
       stream->device = t_current;
       stream->legacy = true;
+      stream->slowness = s.consumer_slowness;  // the trainer's stream (the engine makes its own)
       legacy = stream.get();
       s.streams[legacy] = std::move(stream);
     }
@@ -370,7 +385,7 @@ int cudaStreamCreateWithFlags(void** stream, unsigned int /*flags*/) {
   note_call(s, "cudaStreamCreateWithFlags");
   auto created = std::make_unique<Stream>();
   created->device = t_current;
-  created->slowness = 4;
+  created->slowness = t_test_thread ? 4 * s.consumer_slowness : 4;
   *stream = created.get();
   s.streams[created.get()] = std::move(created);
   return kSuccess;
@@ -559,6 +574,14 @@ unsigned long long fake_cuda_copies() {
   State& s = state();
   std::lock_guard lock(s.mutex);
   return s.copies;
+}
+
+// How many times the engine's threads (not the test's) called `name` (say "cudaFree").
+unsigned long long fake_cuda_engine_calls(const char* name) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto found = s.engine_calls.find(name);
+  return found == s.engine_calls.end() ? 0 : found->second;
 }
 
 // The calling thread is the test's (it plays the trainer): its calls are logged as by=test, open

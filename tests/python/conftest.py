@@ -126,7 +126,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # -- the fake CUDA runtime (tests/cuda/fake_cudart.cc): a stand-in, not a GPU --
 @pytest.fixture(scope="session")
 def fake_cudart(tmp_path_factory) -> str:
-    """Builds the fake CUDA runtime, which the engine loads through DRAFTFEED_CUDART."""
+    """Builds the fake CUDA runtime, which the engine loads through DRAFTFEED_CUDART; or takes it
+    from DRAFTFEED_FAKE_CUDART, built beforehand (scripts/gpu_bundle.sh puts one in its bundle, for
+    machines without a compiler)."""
+    prebuilt = os.environ.get("DRAFTFEED_FAKE_CUDART")
+    if prebuilt:
+        return os.path.abspath(prebuilt)
+    if shutil.which("c++") is None:
+        pytest.skip("the fake CUDA runtime needs c++ to build, or DRAFTFEED_FAKE_CUDART naming a build")
     source = os.path.join(os.path.dirname(__file__), "..", "cuda", "fake_cudart.cc")
     library = str(tmp_path_factory.mktemp("fake_cudart") / "libfakecudart.so")
     subprocess.run(["c++", "-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-o", library, source],

@@ -3,16 +3,20 @@
 Run as a script in its own process (the runtime is loaded once per process, from DRAFTFEED_CUDART):
 
     python fake_cuda_consumer.py DATA MODE [--ahead N] [--epochs E] [--keep K] [--no-set-device]
+                                 [--given-memory]
 
 MODE is `pinned` (batches in page-locked host memory: the consumer copies each tensor to device
 memory with cudaMemcpyAsync on its stream, as `tensor.to("cuda", non_blocking=True)` does) or
 `device` (the device stage: batches arrive in device memory; the consumer uses each tensor on its
 stream, here a device-to-device copy into memory of its own). Either way the consumer never
 synchronizes: it drops each batch right after queuing its work and runs ahead, as a trainer whose CPU
-runs ahead of its GPU does; `--keep K` keeps each batch's input_ids for K more batches (a trainer that
-logs them). At the end it synchronizes, reads what "the device" received, and prints one JSON line:
-for every batch, each tensor's checksum as the device received it, and the fake runtime's record
-(contexts per device, violations, peak device memory). The expected checksums come from the same
+runs ahead of its GPU does (FAKE_CUDA_CONSUMER_SLOWNESS makes its stream slower than the engine's);
+`--keep K` keeps each batch's input_ids for K more batches (a trainer that logs them: it reads them
+once more, after the batch was released, when it lets them go). At the end it synchronizes, reads
+what "the device" received, and prints one JSON line: for every batch, each tensor's checksum as the device received it, and the fake runtime's record
+(contexts per device, violations, peak device memory, the engine's calls to cudaMalloc, cudaFree and
+the synchronising calls). With `--given-memory` the device stage's buffers are blocks the consumer
+allocated itself (as the Python layer does with torch) and handed to the loader. The expected checksums come from the same
 batches read in ordinary memory (pin_memory=False) before the runtime is touched.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import hashlib
 import json
 import os
@@ -54,8 +59,16 @@ class RawLoader(draftfeed.Loader):
     """Yields the engine's batch objects themselves (their memory, not torch tensors: a CPU build of
     torch cannot hold CUDA tensors)."""
 
+    # Set by main() with --given-memory: makes `count` blocks of `nbytes`, as torch.empty would.
+    given_memory: Any = None
+
     def _make_batch(self, batch):
         return batch
+
+    def _device_memory_blocks(self, nbytes, count, device):
+        if RawLoader.given_memory is None:
+            return super()._device_memory_blocks(nbytes, count, device)
+        return RawLoader.given_memory(nbytes, count, device)
 
 
 def loader_options(args) -> dict:
@@ -87,6 +100,8 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=0)
     parser.add_argument("--stream", choices=["default", "own"], default="default")
     parser.add_argument("--no-set-device", action="store_true")
+    parser.add_argument("--given-memory", action="store_true",
+                        help="the device stage's buffers from blocks the consumer allocated")
     parser.add_argument("--consumer-thread", action="store_true",
                         help="consume on a thread that never set a device")
     args = parser.parse_args()
@@ -98,6 +113,8 @@ def main() -> None:
     cuda.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     cuda.fake_cuda_contexts.restype = ctypes.c_ulonglong
     cuda.fake_cuda_peak_device_bytes.restype = ctypes.c_ulonglong
+    cuda.fake_cuda_engine_calls.restype = ctypes.c_ulonglong
+    cuda.fake_cuda_engine_calls.argtypes = [ctypes.c_char_p]
     rank_device = int(os.environ.get("LOCAL_RANK", "0"))
     result: dict = {}
 
@@ -119,6 +136,15 @@ def main() -> None:
         if args.stream == "own":
             assert on_rank_device(cuda.cudaStreamCreateWithFlags, ctypes.byref(stream), 1) == 0
             draftfeed.loader._consumer_stream = lambda device: stream.value or 0
+        given: list[tuple[int, int]] = []
+        if args.given_memory:
+            def make_blocks(nbytes, count, device):
+                for _ in range(count):
+                    block = ctypes.c_void_p()
+                    assert on_rank_device(cuda.cudaMalloc, ctypes.byref(block), nbytes) == 0
+                    given.append((int(block.value or 0), nbytes))
+                return list(given), None
+            RawLoader.given_memory = make_blocks
         options = loader_options(args)
         if args.mode == "device":
             loader = RawLoader(args.data, device=f"cuda:{rank_device}",
@@ -128,25 +154,47 @@ def main() -> None:
         received: list[tuple[int, int, str, int, int]] = []  # (epoch, index, name, address, size)
         batch: Any
         kept: list = []
+        outside: list = []  # device tensors outside the given blocks
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             for batch in loader:
                 on_device = getattr(batch, "device", -1) >= 0
                 for name, address, size in tensor_memory(batch):
+                    if on_device and given and not any(b <= address < b + n for b, n in given):
+                        outside.append((epoch, batch.index, name))
                     target = ctypes.c_void_p()
                     assert on_rank_device(cuda.cudaMalloc, ctypes.byref(target), size) == 0
                     kind = D2D if on_device else H2D
                     assert on_rank_device(cuda.cudaMemcpyAsync, target, address, size, kind, stream) == 0
                     received.append((epoch, batch.index, name, int(target.value or 0), size))
                 if args.keep:
-                    kept.append(batch if on_device else batch.torch()["input_ids"])
-                    kept = kept[-args.keep:]
+                    kept.append((epoch, batch.index, batch if on_device else batch.torch()["input_ids"]))
+                    if len(kept) > args.keep:
+                        # A trainer that logs what it kept: it reads the kept input_ids once more,
+                        # after the batch was released, then lets them go (the slot's own fence).
+                        e, index, held = kept.pop(0)
+                        if on_device:
+                            address, size = next((a, n) for name, a, n in held.tensor_memory()
+                                                 if name == "input_ids")
+                        else:
+                            address, size = held.data_ptr(), held.numel() * held.element_size()
+                        target = ctypes.c_void_p()
+                        assert on_rank_device(cuda.cudaMalloc, ctypes.byref(target), size) == 0
+                        kind = D2D if on_device else H2D
+                        assert on_rank_device(cuda.cudaMemcpyAsync, target, address, size, kind, stream) == 0
+                        received.append((e, index, "input_ids", int(target.value or 0), size))
+                        del held
                 _ALIVE.clear()
                 del batch  # the consumer runs on; its queued work has not run yet
         metrics = loader.metrics()
         kept.clear()
         loader.close()
         del loader
+        gc.collect()  # the loader is in a reference cycle (its reporter): the engine goes now
+        # The engine's own calls, before the test's synchronisation below (which is not counted).
+        engine_calls = {name: cuda.fake_cuda_engine_calls(name.encode()) for name in (
+            "cudaMalloc", "cudaFree", "cudaDeviceSynchronize", "cudaStreamSynchronize",
+            "cudaEventSynchronize", "cudaStreamWaitEvent")}
         on_rank_device(cuda.cudaDeviceSynchronize)
         mismatches = []
         for epoch, index, name, address, size in received:
@@ -163,6 +211,10 @@ def main() -> None:
             violations=violations.value.decode().splitlines()[:count],
             peak_device_bytes=cuda.fake_cuda_peak_device_bytes(),
             metrics={k: v for k, v in metrics.items() if k != "dropped"},
+            engine_calls=engine_calls,
+            fence_counts=draftfeed._core.fence_counts(),
+            given=len(given),
+            outside_given=outside,
         )
 
     if args.consumer_thread:

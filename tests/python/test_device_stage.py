@@ -31,11 +31,11 @@ def data(tmp_path_factory):
     return write_fixture(str(tmp_path_factory.mktemp("device") / "data"), rows=64, max_len=96).path
 
 
-def consume(data, fake_cudart, tmp_path, mode, *args, local_rank=3, latency_us=5000):
+def consume(data, fake_cudart, tmp_path, mode, *args, local_rank=3, latency_us=5000, consumer_slowness=1):
     log = tmp_path / f"cuda-{mode}.log"
     env = {**os.environ, "DRAFTFEED_CUDART": fake_cudart, "FAKE_CUDA_DEVICES": "4",
            "FAKE_CUDA_LATENCY_US": str(latency_us), "FAKE_CUDA_LOG": str(log),
-           "LOCAL_RANK": str(local_rank)}
+           "LOCAL_RANK": str(local_rank), "FAKE_CUDA_CONSUMER_SLOWNESS": str(consumer_slowness)}
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "fake_cuda_consumer.py"), data, mode, *map(str, args)],
         capture_output=True, text=True, timeout=300, env=env)
@@ -95,6 +95,36 @@ def test_the_device_stage_delivers_every_batch_intact_in_device_memory(data, fak
     # Each batch is copied once per tensor, on the stage's stream, after its assembly.
     copies = [line for line in out["log"] if line.startswith("call=cudaMemcpyAsync") and "kind=1" in line]
     assert len(copies) == out["tensors"]
+
+
+@pytest.mark.parametrize("stream", ["default", "own"])
+def test_a_device_buffer_is_rewritten_only_after_a_slow_consumers_reads(data, fake_cudart, tmp_path, stream):
+    # The trainer's stream 16x slower than the engine's copy stream (a GPU busy with the trainer's
+    # kernels for several steps): its reads of batch i land after the copy of batch i + 2 into the
+    # same device buffer would, unless the copy stream waits for them (order_after_reads).
+    out = consume(data, fake_cudart, tmp_path, "device", "--stream", stream, consumer_slowness=16)
+    assert_every_batch_received_intact(out)
+    # The fence had work to do: buffers were about to be rewritten while their reads were pending.
+    assert out["fence_counts"]["rewrites_while_read"] > 0
+
+
+def test_the_device_stage_takes_its_buffers_from_the_memory_it_is_given(data, fake_cudart, tmp_path):
+    # As the Python layer gives it torch's memory: blocks the consumer allocated, handed over once.
+    given = consume(data, fake_cudart, tmp_path, "device", "--given-memory")
+    assert_every_batch_received_intact(given)
+    assert given["given"] == 2 and given["outside_given"] == []
+    assert given["metrics"]["device_memory"] == "given"
+    assert given["metrics"]["device_memory_fallback_bytes"] == 0
+    # Taken and given back without a cudaMalloc, a cudaFree or a device-wide synchronisation.
+    assert {k: given["engine_calls"][k] for k in ("cudaMalloc", "cudaFree", "cudaDeviceSynchronize")} == {
+        "cudaMalloc": 0, "cudaFree": 0, "cudaDeviceSynchronize": 0}
+    # The engine's own allocation (no memory given): a cudaMalloc and a cudaFree per buffer and
+    # epoch, as before.
+    own = consume(data, fake_cudart, tmp_path, "device")
+    assert_every_batch_received_intact(own)
+    assert own["metrics"]["device_memory"] == "cudaMalloc"
+    assert own["engine_calls"]["cudaMalloc"] == own["engine_calls"]["cudaFree"] == 2 * 2
+    assert own["engine_calls"]["cudaDeviceSynchronize"] == 0
 
 
 @pytest.mark.parametrize("buffers", [2, 3])

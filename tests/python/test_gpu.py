@@ -2,9 +2,12 @@
 scripts/gpu_check.sh on a machine with an NVIDIA GPU and torch's CUDA build; the fake CUDA runtime's
 tests (test_device_stage.py) are the stand-in that runs everywhere, and are not GPU results.
 
-(a) a consumer that never synchronizes and runs ahead of its GPU checks every batch it got, on the GPU,
-    against the same batch built on the CPU: at least 1,000 batches, with the device stage and without
-    (page-locked host batches moved by `.to(device, non_blocking=True)`, as speculators' trainer does);
+(a) a consumer that never synchronizes and runs ahead of its GPU (its kernels keep the GPU several steps
+    behind the CPU) checks every batch it got, on the GPU, against the same batch built on the CPU: at
+    least 1,000 batches, with the device stage and without (page-locked host batches moved by
+    `.to(device, non_blocking=True)`, as speculators' trainer does). It counts the buffers the engine
+    was about to rewrite while the GPU's reads of them were still pending (the fences' work): a count
+    of 0 means the GPU was never behind, so the run tested nothing, and fails;
 (b) speculators 0.9.0's own trainer on the GPU, once with its loaders and once with the drop-in (the
     device stage on, and off): per-step losses equal bit for bit.
 """
@@ -73,24 +76,50 @@ def test_a_consumer_running_ahead_of_its_gpu_gets_every_batch_intact(data, stage
     kwargs = dict(device=device) if stage == "device stage" else dict(pin_memory=True)
     loader = draftfeed.Loader(data, **loader_options(), **kwargs)
     assert loader.metrics()["pinned"] is True
-    busy = torch.randn(1024, 1024, device=device)
+    # About a millisecond of matmuls per batch (a 4096 x 4096 product), queued and never waited for:
+    # the CPU runs many steps ahead of the GPU, as a trainer that does not synchronise.
+    busy = torch.randn(4096, 4096, device=device)
+    before = draftfeed._core.fence_counts()["rewrites_while_read"]
+    behind = 0
     sums: dict[int, dict[str, torch.Tensor]] = {}
     for batch in loader:
         index = loader.last_batch.index
         on_gpu = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        # GPU work queued per batch keeps the GPU behind the CPU: the loop never waits for it.
-        for _ in range(4):
-            busy = busy @ busy
-            busy = busy / busy.norm()
+        # The batch's first use, then work that keeps the GPU behind.
         sums[index] = {k: words(v).sum() for k, v in on_gpu.items()}
+        busy = busy @ busy
+        busy = busy / busy.norm()
+        mark = torch.cuda.Event()
+        mark.record()
+        behind += 0 if mark.query() else 1  # the GPU had not reached this batch's work yet
         del batch, on_gpu
     torch.cuda.synchronize()
+    pending = draftfeed._core.fence_counts()["rewrites_while_read"] - before
     mismatches = [(i, k) for i, tensors in sums.items() for k, v in tensors.items()
                   if int(v.item()) != expected[i][k]]
     assert sorted(sums) == sorted(expected)
     assert mismatches == [], f"{len(mismatches)} tensors differ, first {mismatches[:5]}"
+    print(f"\nrace ({stage}): {len(sums)} batches, GPU behind the CPU at {behind} of them; buffers "
+          f"rewritten while their fence was pending: {pending}; mismatches: {len(mismatches)}")
+    assert behind > len(sums) // 2, "the GPU kept up with the CPU: the consumer did not run ahead"
+    assert pending > 0, "no buffer was rewritten while the GPU still read it: the fences were not tested"
     if stage == "device stage":
         assert loader.metrics()["device"] == device.index
+        # Its device memory came from torch's caching allocator, which counts it.
+        assert loader.metrics()["device_memory"] == "given"
+
+
+def test_the_device_stage_memory_is_torchs(data):
+    device = torch.device("cuda", torch.cuda.current_device())
+    before = torch.cuda.memory_allocated(device)
+    loader = draftfeed.Loader(data, device=device, **loader_options())
+    held = torch.cuda.memory_allocated(device) - before
+    assert held >= loader.options.device_buffers * loader.metrics()["batch_bytes_each"]
+    for batch in loader:
+        del batch
+    assert loader.metrics()["device_memory_fallback_bytes"] == 0
+    print(f"\ndevice memory: {held} bytes in torch.cuda.memory_allocated() for "
+          f"{loader.options.device_buffers} buffers of {loader.metrics()['batch_bytes_each']} bytes")
 
 
 def run_trainer(tmp_path, prepared, loader, device_stage=True):
@@ -98,7 +127,9 @@ def run_trainer(tmp_path, prepared, loader, device_stage=True):
     import bench_trainer
 
     class Args:
-        steps, workers, seq_len, timeout, gpu = 30, 2, 1024, 1500, True
+        # log_freq 5: the trainer's step timer (which synchronises the device at each mark) runs on
+        # one step in five; the others run ahead as training does.
+        steps, workers, seq_len, timeout, gpu, log_freq = 30, 2, 1024, 1500, True, 5
     env = bench_trainer.env("draftfeed-host" if not device_stage else loader)
     metrics = tmp_path / f"metrics-{loader}-{device_stage}"
     cmd = [sys.executable, os.path.join(HERE, "trainer_harness.py"), "train", "--loader", loader,
@@ -118,9 +149,14 @@ def test_speculators_trainer_on_the_gpu_has_the_reference_losses(tmp_path):
 
     prepared = trainer_harness.prepare(str(tmp_path / "fixture"))
     reference = run_trainer(tmp_path, prepared, "reference")
-    assert len(reference) >= 10
-    assert run_trainer(tmp_path, prepared, "draftfeed", device_stage=True) == reference
-    assert run_trainer(tmp_path, prepared, "draftfeed", device_stage=False) == reference
+    assert len(reference) >= 6
+    stage_on = run_trainer(tmp_path, prepared, "draftfeed", device_stage=True)
+    stage_off = run_trainer(tmp_path, prepared, "draftfeed", device_stage=False)
+    print(f"\ntrainer: {len(reference)} logged losses (train every 5th step, and val); reference "
+          f"{[r[2] for r in reference[:3]]}...; device stage on equal: {stage_on == reference}, off equal: "
+          f"{stage_off == reference}")
+    assert stage_on == reference
+    assert stage_off == reference
 
 
 def test_device_batches_are_cuda_tensors_and_refuse_numpy(data):

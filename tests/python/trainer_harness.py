@@ -35,6 +35,11 @@ What `train` does, and nothing else:
   DIR/hold exists (at most 600 s, then it goes on): the other ranks wait for it in their next
   collective, at a step the test chose, until the test kills this host or cuts its network and
   removes DIR/hold.
+- `--data-wait`: the trainer's data wait as its CPU sees it, per step, without synchronising the
+  device (its own step timer, log_freq 1, synchronises at every mark): the time each `next()` on the
+  training loader's iterator takes (torch's DataLoader iterator, or draftfeed's), and the time from
+  one batch in hand to the next (the CPU's step period), written as one `data_wait` record at the end.
+  Observation only: the loaders and their batches are untouched.
 - `--pg-timeout SECONDS`: the process group's timeout (`init_process_group(timeout=...)`). speculators
   0.9.0 passes none, so gloo's default (30 minutes) bounds a collective whose peer went silent; the
   line a user adds to `maybe_setup_distributed` to bound it sooner. The same for both loaders.
@@ -45,6 +50,7 @@ Nothing from speculators is copied here: it is imported and patched at run time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -267,6 +273,49 @@ class _MetricRecorder(logging.Handler):
             sys.stderr.write(f"[{record.name}] {text}\n")
 
 
+def _time_loader_waits(recorder: _MetricRecorder) -> None:
+    """--data-wait: the time spent in each `next()` of a loader's iterator, for both loaders."""
+    import time
+
+    from torch.utils.data import dataloader
+
+    # Per loader (training and validation apart), keyed by its dataset or draftfeed loader.
+    waits: dict[int, list[float]] = {}
+    in_hand: dict[int, list[float]] = {}
+    recorder.data_waits, recorder.in_hand = waits, in_hand  # type: ignore[attr-defined]
+
+    def note(key: int, start: float, end: float) -> None:
+        waits.setdefault(key, []).append(end - start)
+        in_hand.setdefault(key, []).append(end)
+
+    def timed(next_fn):
+        def wrapper(self):
+            start = time.perf_counter()
+            batch = next_fn(self)
+            note(id(self._dataset), start, time.perf_counter())
+            return batch
+        return wrapper
+
+    dataloader._BaseDataLoaderIter.__next__ = timed(  # type: ignore[method-assign]
+        dataloader._BaseDataLoaderIter.__next__)
+    import draftfeed.loader
+
+    original_iter = draftfeed.loader.Loader.__iter__
+
+    def timed_iter(self):
+        iterator = original_iter(self)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            note(id(self), start, time.perf_counter())
+            yield batch
+
+    draftfeed.loader.Loader.__iter__ = timed_iter  # type: ignore[method-assign]
+
+
 def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
     import torch
 
@@ -321,8 +370,21 @@ def train(args: argparse.Namespace, trainer_flags: list[str]) -> None:
         meta["draftfeed"] = os.path.dirname(draftfeed.speculators.__file__)
     recorder.file.write(json.dumps(meta) + "\n")
 
+    if args.data_wait:
+        _time_loader_waits(recorder)
     cfg = TrainConfig.resolve(trainer_flags)
     cli.main(cfg)
+    if args.data_wait:
+        if args.gpu:
+            torch.cuda.synchronize()  # once, at the end: the run's wall time includes the device's
+        waits, in_hand = recorder.data_waits, recorder.in_hand  # type: ignore[attr-defined]
+        # The training loader: the one that delivered the most batches.
+        key = max(waits, key=lambda k: len(waits[k]), default=None)
+        train_waits = waits.get(key, []) if key is not None else []
+        times = in_hand.get(key, []) if key is not None else []
+        recorder.file.write(json.dumps({
+            "kind": "data_wait", "wait_ms": [1000 * w for w in train_waits],
+            "period_ms": [1000 * (b - a) for a, b in itertools.pairwise(times)]}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -368,6 +430,8 @@ def main() -> None:
     t.add_argument("--gpu", action="store_true", help="train on the GPU (no CPU patches)")
     t.add_argument("--hold-after-step", type=int, help="wait after this training step (see above)")
     t.add_argument("--hold-dir", help="where --hold-after-step's files are")
+    t.add_argument("--data-wait", action="store_true",
+                   help="record each loader next()'s time, unsynchronised (see above)")
     t.add_argument("--pg-timeout", type=float, help="the process group's timeout, seconds")
     s = sub.add_parser("summary")
     s.add_argument("files", nargs="+")

@@ -2,8 +2,14 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <iterator>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "draftfeed/common/error.h"
 
@@ -37,34 +43,85 @@ bool bind_all(void* handle, CudaRuntime& rt) {
          bind(handle, "cudaGetErrorString", rt.error_string);
 }
 
+// The runtimes' names, newest first (the soname a toolkit's or torch's libcudart carries).
+constexpr const char* kRuntimeNames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
+                                         "libcudart.so"};
+
+// The first of `names` that loads (with `flags`) and has every entry point, bound into `out`;
+// `tried` collects those that load but lack one.
+bool load_first(const std::vector<const char*>& names, int flags, const char* how, CudaRuntime& out,
+                std::string& tried) {
+  for (const char* name : names) {
+    if (name == nullptr || *name == '\0') continue;
+    void* handle = ::dlopen(name, flags);
+    if (handle == nullptr) continue;
+    CudaRuntime bound;
+    if (bind_all(handle, bound)) {
+      bound.available = true;
+      bound.detail = std::string("CUDA runtime ") + name + " " + how;
+      out = std::move(bound);
+      return true;
+    }
+    tried += std::string(tried.empty() ? "" : ", ") + name;
+  }
+  return false;
+}
+
+// DRAFTFEED_CUDART when set; else a runtime already in the process (torch's, loaded with torch:
+// one runtime, one set of contexts and streams with the trainer's); else the library search path.
+CudaRuntime load_runtime() {
+  CudaRuntime result;
+  std::string tried;
+  const char* configured = std::getenv("DRAFTFEED_CUDART");
+  if (configured != nullptr && *configured != '\0') {
+    if (load_first({configured}, RTLD_NOW | RTLD_LOCAL, "loaded (DRAFTFEED_CUDART)", result,
+                   tried)) {
+      return result;
+    }
+  } else {
+    const std::vector<const char*> names(std::begin(kRuntimeNames), std::end(kRuntimeNames));
+    if (load_first(names, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, "already loaded in the process",
+                   result, tried) ||
+        load_first(names, RTLD_NOW | RTLD_LOCAL, "loaded from the library path", result, tried)) {
+      return result;
+    }
+  }
+  result.detail = tried.empty()
+                      ? std::string("no CUDA runtime found") +
+                            (configured != nullptr && *configured != '\0'
+                                 ? std::string(" (DRAFTFEED_CUDART=") + configured + ")"
+                                 : " (none loaded in the process, e.g. by torch, nor on the "
+                                   "library path)") +
+                            ": batches use ordinary (pageable) memory"
+                      : "no usable CUDA runtime (" + tried +
+                            " lack an entry point draftfeed calls): batches use ordinary memory";
+  return result;
+}
+
 }  // namespace
 
 const CudaRuntime& cuda_runtime() {
-  static const CudaRuntime runtime = [] {
-    CudaRuntime result;
-    const char* configured = std::getenv("DRAFTFEED_CUDART");
-    const char* candidates[] = {configured, "libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                "libcudart.so.11.0"};
-    std::string tried;
-    for (const char* name : candidates) {
-      if (name == nullptr || *name == '\0') continue;
-      void* handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (handle == nullptr) continue;
-      CudaRuntime bound;
-      if (bind_all(handle, bound)) {
-        bound.available = true;
-        bound.detail = std::string("CUDA runtime ") + name + " loaded";
-        return bound;
-      }
-      tried += std::string(tried.empty() ? "" : ", ") + name;
-    }
-    result.detail = tried.empty()
-                        ? "no CUDA runtime found: batches use ordinary (pageable) memory"
-                        : "no usable CUDA runtime (" + tried +
-                              " lack an entry point draftfeed calls): batches use ordinary memory";
-    return result;
-  }();
-  return runtime;
+  // Found once and kept; not found, looked for again at the next call (a loader made before
+  // `import torch` loaded torch's runtime finds it later). A runtime never unloads: the pointer
+  // handed out stays valid.
+  static std::mutex mutex;
+  static std::atomic<const CudaRuntime*> found{nullptr};
+  if (const CudaRuntime* runtime = found.load(std::memory_order_acquire)) return *runtime;
+  std::lock_guard lock(mutex);
+  if (const CudaRuntime* runtime = found.load(std::memory_order_acquire)) return *runtime;
+  CudaRuntime loaded = load_runtime();
+  if (loaded.available) {
+    const CudaRuntime* runtime = new CudaRuntime(std::move(loaded));  // never freed: see above
+    found.store(runtime, std::memory_order_release);
+    return *runtime;
+  }
+  // Each failure's answer stays valid for whoever holds it; a new one is kept only when it says
+  // something else (so this grows by the distinct reasons, not by the calls).
+  static std::vector<std::unique_ptr<CudaRuntime>> failures;
+  if (failures.empty() || failures.back()->detail != loaded.detail) {
+    failures.push_back(std::make_unique<CudaRuntime>(std::move(loaded)));
+  }
+  return *failures.back();
 }
 
 void check_cuda(int code, const char* call, int device) {

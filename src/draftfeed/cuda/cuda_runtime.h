@@ -1,6 +1,9 @@
 // The CUDA runtime, loaded at run time with dlopen: draftfeed needs no CUDA to build or run.
 // `DRAFTFEED_CUDART` may name the library to load (the tests point it at a stand-in that completes
-// copies late, tests/cuda/fake_cudart.cc).
+// copies late, tests/cuda/fake_cudart.cc). Otherwise a runtime already in the process comes first
+// (dlopen RTLD_NOLOAD: torch's, when torch was imported; one runtime for the trainer and draftfeed,
+// not a system toolkit's beside it), then the library search path. Not found, it is looked for
+// again at the next call (torch imported after a first loader).
 //
 // Which thread calls what (docs/device_stage.md): the runtime's current
 // device is per thread and starts at 0, and the first call that needs a context opens one on the
@@ -49,7 +52,7 @@ struct CudaRuntime {
   std::string detail;  // the library loaded, or why none could be
 };
 
-// The runtime, loaded once per process (thread-safe).
+// The runtime, loaded once per process once found (thread-safe).
 const CudaRuntime& cuda_runtime();
 
 // The runtime's constants we pass (cuda_runtime_api.h).

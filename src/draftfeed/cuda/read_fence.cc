@@ -1,10 +1,23 @@
 #include "draftfeed/cuda/read_fence.h"
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "draftfeed/common/error.h"
 
 namespace draftfeed {
+
+namespace {
+
+std::atomic<std::uint64_t> g_rewrites_while_read{0};
+std::atomic<std::uint64_t> g_checks_while_read{0};
+
+}  // namespace
+
+ReadFence::Counts ReadFence::counts() {
+  return {g_rewrites_while_read.load(), g_checks_while_read.load()};
+}
 
 std::shared_ptr<ReadFence> ReadFence::create(std::shared_ptr<DeviceWorker> worker) {
   return std::shared_ptr<ReadFence>(new ReadFence(std::move(worker)));
@@ -78,7 +91,10 @@ bool ReadFence::passed() {
   for (Mark& mark : marks_) {
     if (!mark.pending) continue;
     const int status = rt.event_query(mark.event);
-    if (status == kCudaErrorNotReady) return false;
+    if (status == kCudaErrorNotReady) {
+      g_checks_while_read.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     check_cuda(status, "cudaEventQuery", worker_->device());
     mark.pending = false;
   }
@@ -95,6 +111,10 @@ void ReadFence::wait() {
       if (mark.pending) pending.emplace_back(mark.event, mark.generation);
     }
     if (pending.empty()) return;
+    if (std::any_of(pending.begin(), pending.end(),
+                    [&](const auto& p) { return rt.event_query(p.first) == kCudaErrorNotReady; })) {
+      g_rewrites_while_read.fetch_add(1, std::memory_order_relaxed);
+    }
     // Without the lock: the worker may record other marks of this fence meanwhile.
     lock.unlock();
     for (const auto& [event, generation] : pending) {
@@ -113,8 +133,14 @@ void ReadFence::order_after(CudaStream stream) {
   const CudaRuntime& rt = cuda_runtime();
   std::unique_lock lock(mutex_);
   wait_posted(lock);
+  bool counted = false;
   for (const Mark& mark : marks_) {
-    if (!mark.pending) continue;
+    // Work queued on `stream` itself is ordered before what follows there.
+    if (!mark.pending || mark.stream == stream) continue;
+    if (!counted && rt.event_query(mark.event) == kCudaErrorNotReady) {
+      g_rewrites_while_read.fetch_add(1, std::memory_order_relaxed);
+      counted = true;
+    }
     check_cuda(rt.stream_wait_event(stream, mark.event, 0), "cudaStreamWaitEvent",
                worker_->device());
   }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,10 +42,20 @@ class ReadFence : public std::enable_shared_from_this<ReadFence> {
   bool passed();
   // Blocks until every marked read is complete. Throws if a mark could not be recorded.
   void wait();
-  // Makes `stream` wait, on the device, for every marked read (nothing blocks here).
+  // Makes `stream` wait, on the device, for every marked read on other streams (nothing blocks
+  // here).
   void order_after(CudaStream stream);
 
   const std::shared_ptr<DeviceWorker>& worker() const { return worker_; }
+
+  // Process-wide: how often memory was about to be rewritten (wait, order_after) or freed
+  // (passed() false before it) while a marked read was still pending on the device, i.e. how
+  // often a fence had something to do. A GPU test that sees 0 tested nothing.
+  struct Counts {
+    std::uint64_t rewrites_while_read = 0;
+    std::uint64_t checks_while_read = 0;
+  };
+  static Counts counts();
 
  private:
   explicit ReadFence(std::shared_ptr<DeviceWorker> worker) : worker_(std::move(worker)) {}

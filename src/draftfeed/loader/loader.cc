@@ -113,6 +113,13 @@ void Loader::stop() {
   if (device_stage_) device_stage_->join();
 }
 
+void Loader::set_device_allocator(std::shared_ptr<DeviceAllocator> allocator) {
+  require(device_stage_ != nullptr, ErrorKind::kInvalidArgument,
+          "device memory is for the device stage, which this loader does not have");
+  stop();
+  device_stage_->set_allocator(std::move(allocator));
+}
+
 PipelineMetrics Loader::metrics() const {
   PipelineMetrics metrics = pipeline_->metrics();
   if (device_stage_) device_stage_->fill_metrics(metrics);

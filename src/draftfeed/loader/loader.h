@@ -83,6 +83,10 @@ class Loader {
   std::shared_ptr<BatchLease> next(CudaStream consumer = nullptr);
   void stop();
 
+  // With the device stage: where its device buffers' memory comes from from the next start() on
+  // (null: the CUDA runtime's cudaMalloc, the default). Throws without the device stage.
+  void set_device_allocator(std::shared_ptr<DeviceAllocator> allocator);
+
   PipelineMetrics metrics() const;
   // Where batch buffers are: page-locked for which device through which runtime, or why not.
   const std::string& pinning_detail() const { return pipeline_->pinning_detail(); }

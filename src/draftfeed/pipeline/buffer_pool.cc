@@ -111,6 +111,10 @@ void BufferPool::Handle::mark_reads_now(CudaStream stream) {
   reads_marked_ = true;
 }
 
+void BufferPool::Handle::mark_writes_now(CudaStream stream) {
+  for_each_fence(regions_, [&](ReadFence& fence) { fence.mark_reads_on_now(stream); });
+}
+
 void BufferPool::Handle::set_reader_stream(CudaStream stream) {
   reader_stream_ = stream;
   for (const auto& region : regions_) region->set_reader_stream(stream);

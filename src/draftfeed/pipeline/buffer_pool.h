@@ -104,6 +104,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     // The reads queued so far on `stream` (draftfeed's own copies) are marked now, on the calling
     // thread (device current); nothing more is marked when the handle goes.
     void mark_reads_now(CudaStream stream);
+    // Draftfeed's own writes into this (device) buffer queued on `stream` until now, marked now on
+    // the calling thread: the memory is given back or reused only after them. The consumer's reads
+    // are still marked when the handle goes.
+    void mark_writes_now(CudaStream stream);
     // Before writing: blocks until the device's reads of the buffer's own memory have passed.
     void wait_until_unread() const;
     // Before writing with copies on `stream`: makes it wait, on the device, for those reads.

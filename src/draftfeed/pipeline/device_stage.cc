@@ -38,6 +38,10 @@ DeviceStage::~DeviceStage() {
   worker_->post([stream = copy_stream_] { cuda_runtime().stream_destroy(stream); });
 }
 
+void DeviceStage::set_allocator(std::shared_ptr<DeviceAllocator> allocator) {
+  allocator_ = allocator ? std::move(allocator) : runtime_device_allocator();
+}
+
 void DeviceStage::start(Upstream upstream) {
   join();
   // The previous epoch's buffers, if the consumer still holds some of its batches; else new ones,
@@ -48,8 +52,9 @@ void DeviceStage::start(Upstream upstream) {
     if (had_pool_) worker_->settle();
     pool = BufferPool::create(
         layout_->total_bytes, batch_slot_spans(*layout_), buffers_,
-        [worker = worker_, live = device_bytes_, peak = peak_device_bytes_](std::size_t bytes) {
-          auto buffer = std::make_shared<DeviceBuffer>(bytes, worker);
+        [worker = worker_, allocator = allocator_, live = device_bytes_,
+         peak = peak_device_bytes_](std::size_t bytes) {
+          auto buffer = std::make_shared<DeviceBuffer>(bytes, worker, allocator);
           const std::size_t now = live->fetch_add(bytes) + bytes;
           std::size_t seen = peak->load();
           while (now > seen && !peak->compare_exchange_weak(seen, now)) {
@@ -165,6 +170,9 @@ std::shared_ptr<BatchLease> DeviceStage::copy_to_device(const std::shared_ptr<Ba
   }
   auto copied = std::make_shared<CudaEvent>(worker_);
   copied->record(copy_stream_);
+  // A batch never handed out (the loader stopped) is given back with its copy maybe still queued:
+  // its memory (torch's, with given memory) goes back only after the copy.
+  buffer->mark_writes_now(copy_stream_);
   // The host buffer goes back to its pool now; it is rewritten only after these copies.
   host->buffer->mark_reads_now(copy_stream_);
 

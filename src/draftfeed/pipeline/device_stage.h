@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/cuda/device_allocator.h"
 #include "draftfeed/cuda/device_worker.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/pipeline.h"
@@ -42,6 +43,10 @@ class DeviceStage {
   ~DeviceStage();
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
+
+  // Where the device buffers' memory comes from (default: the CUDA runtime's cudaMalloc); buffers
+  // made from the next start() on take it there. From the thread that calls start().
+  void set_allocator(std::shared_ptr<DeviceAllocator> allocator);
 
   // Where the stage takes its batches from: the pipeline's next(reader stream).
   using Upstream = std::function<std::shared_ptr<BatchLease>(CudaStream)>;
@@ -68,6 +73,7 @@ class DeviceStage {
   const std::shared_ptr<DeviceWorker> worker_;
   const int buffers_;
   CudaStream copy_stream_ = nullptr;  // non-blocking
+  std::shared_ptr<DeviceAllocator> allocator_ = runtime_device_allocator();
   // Device memory the stage's buffers hold now (alive while any batch in them is), and at most.
   const std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
       std::make_shared<std::atomic<std::size_t>>(0);
