@@ -27,7 +27,7 @@ void EndpointOptions::validate() const {
 }
 
 EndpointSet::EndpointSet(const std::vector<std::string>& urls, EndpointOptions options)
-    : options_(options) {
+    : options_(std::move(options)) {
   require(!urls.empty(), ErrorKind::kInvalidArgument, "at least one vLLM endpoint is needed");
   options_.validate();
   for (const auto& url : urls) {
