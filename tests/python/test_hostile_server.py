@@ -13,14 +13,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hostile_vllm import HostileServer
 from safetensors.torch import save_file
 
 import draftfeed
-from hostile_vllm import HostileServer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,9 +51,9 @@ def listing(folder: Path) -> dict[str, bytes]:
 
 
 def source_for(server: HostileServer, cache: Path, **options):
-    settings = dict(hidden_states_path=cache, request_timeout=10.0, retry_backoff=0.01,
-                    lock_timeout=0.5, lock_poll=0.01, fetch_threads=2, log_failures=False,
-                    max_consecutive_generation_failures=1000)
+    settings: dict[str, Any] = dict(
+        hidden_states_path=cache, request_timeout=10.0, retry_backoff=0.01, lock_timeout=0.5,
+        lock_poll=0.01, fetch_threads=2, log_failures=False, max_consecutive_generation_failures=1000)
     settings.update(options)
     return draftfeed.online.OnlineSource(server.url, **settings)
 
