@@ -156,8 +156,21 @@ GeneratedFileReader::GeneratedFileReader(std::shared_ptr<const CacheStore> cache
   options_.validate();
 }
 
+GeneratedFileReader::Anchors GeneratedFileReader::anchors() const {
+  Anchors out;
+  out.cache_root = folder_identity(cache_->root());
+  if (!options_.server_dir.empty()) out.server = folder_identity(options_.server_dir);
+  return out;
+}
+
 std::string GeneratedFileReader::keep_reason(
     const HeldFile& file, bool failed, std::chrono::system_clock::time_point request_sent) const {
+  return keep_reason(file, failed, request_sent, anchors());
+}
+
+std::string GeneratedFileReader::keep_reason(const HeldFile& file, bool failed,
+                                             std::chrono::system_clock::time_point request_sent,
+                                             const Anchors& anchors) const {
   if (file.is_link()) return "it is a symbolic link";
   struct stat st {};
   if (::fstat(file.fd(), &st) != 0) return "it cannot be looked at: " + os_error_text(errno);
@@ -165,8 +178,7 @@ std::string GeneratedFileReader::keep_reason(
   if (st.st_nlink != 1) {
     return "it has " + std::to_string(st.st_nlink) + " names (hard links), not only the server's";
   }
-  if (const auto cache_root = folder_identity(cache_->root());
-      cache_root && folder_within(file.folder(), *cache_root)) {
+  if (anchors.cache_root && folder_within(file.folder(), *anchors.cache_root)) {
     return "it lies in the cache folder " + cache_->root() +
            ", where draftfeed removes only what it wrote";
   }
@@ -185,8 +197,7 @@ std::string GeneratedFileReader::keep_reason(
   }
   if (failed) {
     if (options_.server_dir.empty()) return "it failed, and no server folder (server_dir) is set";
-    const auto server = folder_identity(options_.server_dir);
-    if (!server || !folder_within(file.folder(), *server)) {
+    if (!anchors.server || !folder_within(file.folder(), *anchors.server)) {
       return "it failed, and lies outside the server folder " + options_.server_dir;
     }
   }
@@ -199,10 +210,12 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
   GeneratedFile out;
   out.path = handle;
   const std::string where = "row " + std::to_string(row) + ": handle " + handle;
+  // The cache folder and the server folder, opened once for all the checks below.
+  const Anchors anchored = anchors();
   auto fail = [&](FileProblem kind, const std::string& message) -> GeneratedFile& {
     out.problem = kind;
     out.message = message;
-    if (out.held) out.keep_reason = keep_reason(*out.held, true, request_sent);
+    if (out.held) out.keep_reason = keep_reason(*out.held, true, request_sent, anchored);
     return out;
   };
 
@@ -217,9 +230,8 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
   }
   UniqueFd folder = std::move(folder_or).value();
 
-  std::optional<FileIdentity> server;
+  const std::optional<FileIdentity>& server = anchored.server;
   if (!options_.server_dir.empty()) {
-    server = folder_identity(options_.server_dir);
     if (!server || !folder_within(folder.get(), *server)) {
       const std::string real = descriptor_path(folder.get());
       return fail(FileProblem::kOutsideServerDir,
@@ -227,7 +239,7 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
                       ", outside the server folder " + options_.server_dir);
     }
   }
-  const auto cache_root = folder_identity(cache_->root());
+  const std::optional<FileIdentity>& cache_root = anchored.cache_root;
   if (cache_root && is_cache_file_name(name) && folder_within(folder.get(), *cache_root)) {
     return fail(FileProblem::kCacheFile,
                 where + " names " + handle + ", a file of the hidden-state cache itself");
@@ -283,7 +295,7 @@ GeneratedFile GeneratedFileReader::read(const std::string& handle, const RowIds&
   HiddenStateSample sample;
   const SampleCheck check = validate_file(std::move(file).value(), ids, row, &sample);
   if (!check.ok()) return fail(from_sample_problem(check.problem), where + ": " + check.message);
-  out.keep_reason = keep_reason(held, false, request_sent);
+  out.keep_reason = keep_reason(held, false, request_sent, anchored);
   out.sample = std::move(sample);
   return out;
 }

@@ -112,6 +112,16 @@ class GeneratedFileReader {
   const GeneratedFileOptions& options() const { return options_; }
 
  private:
+  // The folders the rules compare with, by identity (nothing where a folder does not exist).
+  struct Anchors {
+    std::optional<FileIdentity> cache_root;
+    std::optional<FileIdentity> server;
+  };
+  Anchors anchors() const;
+  std::string keep_reason(const HeldFile& file, bool failed,
+                          std::chrono::system_clock::time_point request_sent,
+                          const Anchors& anchors) const;
+
   std::shared_ptr<const CacheStore> cache_;
   GeneratedFileOptions options_;
 };
