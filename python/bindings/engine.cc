@@ -195,19 +195,56 @@ struct PyLoader {
     return batches_to_python(std::move(plan));
   }
 
-  void start(std::int64_t epoch, const std::vector<std::int64_t>& indices,
-             const std::vector<nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig>>& rows) {
-    require(indices.size() == rows.size(), ErrorKind::kInvalidArgument,
-            "start(): " + std::to_string(indices.size()) + " batch indices for " +
-                std::to_string(rows.size()) + " batches");
-    std::vector<PlannedBatch> batches(rows.size());
-    for (std::size_t b = 0; b < rows.size(); ++b) {
-      batches[b].index = indices[b];
-      const std::int64_t* begin = rows[b].data();
-      batches[b].rows.assign(begin, begin + rows[b].shape(0));
+  // begin_epoch over `batches` (arrays of split-local sample indices: a trainer's slice of the
+  // plan) or, with None, the plan itself.
+  std::vector<std::int64_t> begin_epoch(nb::handle batches, bool fetch) {
+    std::optional<std::vector<std::vector<std::int64_t>>> local;
+    if (!batches.is_none()) {
+      local.emplace();
+      for (nb::handle batch : batches) {
+        const Int64Input ids = int64_array_of(batch, "batch");
+        local->emplace_back(ids.data(), ids.data() + ids.shape(0));
+      }
     }
     nb::gil_scoped_release release;
-    loader->start(epoch, std::move(batches));
+    return loader->begin_epoch(local ? &*local : nullptr, fetch);
+  }
+
+  nb::dict state() const {
+    LoaderState state;
+    {
+      nb::gil_scoped_release release;
+      state = loader->state();
+    }
+    nb::dict out;
+    out["epoch"] = state.epoch;
+    out["delivered"] = state.delivered;
+    out["num_batches"] = state.num_batches;
+    out["seed"] = *state.seed;
+    out["world_size"] = *state.world_size;
+    out["rank"] = *state.rank;
+    out["total_seq_len"] = *state.total_seq_len;
+    return out;
+  }
+
+  // A state_dict as state() makes it (JSON-serialisable: plain ints); the keys beside epoch and
+  // delivered are checked when present.
+  void restore(const nb::dict& saved) {
+    LoaderState state;
+    state.epoch = nb::cast<std::int64_t>(saved["epoch"]);
+    for (nb::handle position : saved["delivered"]) {
+      state.delivered.push_back(nb::cast<std::int64_t>(position));
+    }
+    auto optional = [&](const char* key, auto& field) {
+      if (saved.contains(key)) {
+        field = nb::cast<typename std::remove_reference_t<decltype(field)>::value_type>(saved[key]);
+      }
+    };
+    optional("seed", state.seed);
+    optional("world_size", state.world_size);
+    optional("rank", state.rank);
+    optional("total_seq_len", state.total_seq_len);
+    loader->restore(state);
   }
 
   std::optional<PyBatch> next(std::uintptr_t consumer_stream) {
@@ -460,8 +497,24 @@ void init_engine(nb::module_& m) {
           nb::arg("options"))
       .def("plan", &PyLoader::plan, nb::arg("epoch"), nb::arg("window_order") = "numpy",
            "this rank's batches of the epoch (arrays of split-local sample indices)")
-      .def("start", &PyLoader::start, nb::arg("epoch"), nb::arg("indices"), nb::arg("batches"),
-           "start delivering `batches` (arrays of global rows) with their plan `indices`")
+      .def(
+          "set_epoch", [](PyLoader& l, std::int64_t epoch) { l.loader->set_epoch(epoch); },
+          nb::arg("epoch"))
+      .def_prop_ro("epoch", [](const PyLoader& l) { return l.loader->epoch(); })
+      .def("begin_epoch", &PyLoader::begin_epoch, nb::arg("batches").none() = nb::none(),
+           nb::arg("fetch") = true,
+           "starts the epoch set by set_epoch over `batches` (arrays of split-local indices; "
+           "None: the plan), less the batches a restored state delivered; the source learns "
+           "what it will fetch; returns the positions to deliver. fetch=False: nothing is "
+           "fetched (a sequence-parallel rank that is not a data rank: mark_delivered each)")
+      .def(
+          "mark_delivered", [](PyLoader& l, std::int64_t position) { l.loader->mark_delivered(position); },
+          nb::arg("position"))
+      .def("state", &PyLoader::state,
+           "the resume state: {epoch, delivered, num_batches, seed, world_size, rank, "
+           "total_seq_len}")
+      .def("restore", &PyLoader::restore, nb::arg("state"),
+           "the next begin_epoch of state['epoch'] delivers exactly the other batches")
       .def("next", &PyLoader::next, nb::arg("consumer_stream") = 0,
            "the next batch, or None at the end of the epoch; consumer_stream: the CUDA stream "
            "(cudaStream_t as an int, 0: the default stream) the consumer copies or uses the batch "
@@ -471,6 +524,13 @@ void init_engine(nb::module_& m) {
              nb::gil_scoped_release release;
              l.loader->stop();
            })
+      .def(
+          "close",
+          [](PyLoader& l) {
+            nb::gil_scoped_release release;
+            l.loader->close();
+          },
+          "stop, and the source forgets what it read ahead for this loader alone")
       .def(
           "set_device_memory",
           [](PyLoader& l, const PyDeviceMemory* memory) {

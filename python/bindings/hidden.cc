@@ -17,6 +17,7 @@
 // file mapped (its owner holds the file). Blocking calls (lock waits, file I/O, scans) release the
 // GIL.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -35,6 +36,7 @@
 #include "bindings.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/finite.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/hidden/safetensors.h"
 #include "draftfeed/hidden/safetensors_writer.h"
@@ -173,6 +175,12 @@ nb::dict check_dict(const SampleCheck& check) {
 }  // namespace
 
 void init_hidden(nb::module_& m) {
+  m.def(
+      "default_hidden_states_path",
+      [](const std::filesystem::path& data_path) {
+        return default_hidden_states_path(data_path.string());
+      },
+      nb::arg("data_path"), "the cache folder of a dataset when none is named");
   m.def(
       "load_safetensors", [](const std::string& path) { return tensors_of(open_file(path)); },
       "path"_a,

@@ -4,11 +4,17 @@
 
 #include <nanobind/nanobind.h>
 
+#include "sample_source.h"
+
 #include "draftfeed/sampler/multipack.h"
 
 namespace draftfeed::python {
 
 namespace nb = nanobind;
+
+// A 1-d integer array-like as contiguous int64 (copied only when it is not that already); errors
+// name it as `what`.
+Int64Input int64_array_of(nb::handle values, const char* what);
 
 // One rank's batches as a list of int64 numpy arrays, views of one array that owns the plan.
 nb::list batches_to_python(RankPlan&& plan);

@@ -72,22 +72,6 @@ std::uint64_t seed_u64_of(nb::handle value) {
   return words.size() == 2 ? (static_cast<std::uint64_t>(words[1]) << 32) | words[0] : words[0];
 }
 
-// A 1-d integer array-like as contiguous int64 (copied only when it is not that already).
-Int64Input int64_array_of(nb::handle values, const char* what) {
-  nb::module_ numpy = nb::module_::import_("numpy");
-  nb::object array = numpy.attr("asarray")(values);
-  const auto ndim = nb::cast<int>(array.attr("ndim"));
-  require(
-      ndim == 1, ErrorKind::kInvalidArgument,
-      std::string(what) + " must be one-dimensional, got " + std::to_string(ndim) + " dimensions");
-  const auto kind = nb::cast<std::string>(array.attr("dtype").attr("kind"));
-  const auto size = nb::cast<std::int64_t>(array.attr("size"));
-  require(kind == "i" || kind == "u" || size == 0, ErrorKind::kInvalidArgument,
-          std::string(what) + " must hold integers, got dtype " + text_of(array.attr("dtype")));
-  nb::object converted = numpy.attr("ascontiguousarray")(array, "dtype"_a = "int64");
-  return nb::cast<Int64Input>(converted);
-}
-
 // Hands a vector to numpy without copying: the array owns it through a capsule.
 Int64Array to_numpy(std::vector<std::int64_t>&& values) {
   auto* owner = new std::vector<std::int64_t>(std::move(values));
@@ -185,6 +169,22 @@ nb::object plan_all(nb::handle lengths, std::int64_t max_len, int world_size, st
 }
 
 }  // namespace
+
+Int64Input int64_array_of(nb::handle values, const char* what) {
+  nb::module_ numpy = nb::module_::import_("numpy");
+  nb::object array = numpy.attr("asarray")(values);
+  const auto ndim = nb::cast<int>(array.attr("ndim"));
+  require(
+      ndim == 1, ErrorKind::kInvalidArgument,
+      std::string(what) + " must be one-dimensional, got " + std::to_string(ndim) + " dimensions");
+  const auto kind = nb::cast<std::string>(array.attr("dtype").attr("kind"));
+  const auto size = nb::cast<std::int64_t>(array.attr("size"));
+  require(kind == "i" || kind == "u" || size == 0, ErrorKind::kInvalidArgument,
+          std::string(what) + " must hold integers, got dtype " + text_of(array.attr("dtype")));
+  nb::object converted = numpy.attr("ascontiguousarray")(array, "dtype"_a = "int64");
+  return nb::cast<Int64Input>(converted);
+}
+
 
 // One rank's batches as a list of views into one numpy array that owns the rank's buffer. Views are
 // cut by numpy's own slicing, several times faster than exporting one array per batch.

@@ -5,14 +5,15 @@ batches to the engine (threads fetch and assemble them into a fixed pool of buff
 `dict[str, torch.Tensor]` whose tensors view the batch buffers without copying. A buffer goes back
 to the pool only when every tensor viewing it is gone.
 
-Resume is exact: `state_dict()` records which batches of the epoch were delivered (whatever the
-delivery order) and `load_state_dict()` makes the next iteration yield exactly the others.
+The engine's loader (`_core.Loader`, src/draftfeed/loader/) is the epoch driver: it plans, tells
+the source what to read ahead, and keeps the resume state (`state_dict()` records which batches of
+the epoch were delivered, whatever the delivery order; `load_state_dict()` makes the next iteration
+yield exactly the others). This module is the iterator over it, and torch's side of CUDA.
 """
 
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import os
 import sys
@@ -28,15 +29,7 @@ from . import _core
 from .reporting import Reporter
 
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
-# Each loader's plan is its own stream in a shared source's lookahead (training and validation).
-_LOOKAHEAD_STREAMS = itertools.count()
 _L = TypeVar("_L", bound="Loader")
-
-# The lookahead's default byte budget, in the loader's batch buffers' bytes. Its samples are the
-# cache's files (page cache, mapped), not buffers, and the budget must cover the requests started
-# ahead of the buffers for later batches: one pool's worth is too few rows at the reference's
-# defaults (docs/decisions.md: why four).
-LOOKAHEAD_BUDGET_BUFFERS = 4
 
 
 @atexit.register
@@ -87,7 +80,7 @@ class BatchPlanner:
     `_generate_batches(epoch)` returns the epoch's batches (arrays of split-local sample indices,
     planned by the engine's loader with numpy's own argsort for ties, as the reference) and caches
     them in `_cached_generated_batches = (epoch, batches)`; a trainer may replace that cache with a
-    slice to fast-skip batches on resume, exactly as with the reference.
+    slice to fast-skip batches on resume, exactly as with the reference. The epoch is the engine's.
     """
 
     def __init__(self, loader: _core.Loader, topology: Topology) -> None:
@@ -100,18 +93,28 @@ class BatchPlanner:
         self.seed = options.seed
         self.truncate = options.truncate
         self.max_batches = options.max_batches
-        self.epoch = 0
         self._cached_generated_batches: tuple[int, list[np.ndarray]] = (-1, [])
+        self._planned: list[np.ndarray] | None = None  # the engine's plan last cached
+
+    @property
+    def epoch(self) -> int:
+        return self._loader.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        self._loader.set_epoch(int(epoch))
 
     def _generate_batches(self, epoch: int) -> list[np.ndarray]:
         if self._cached_generated_batches[0] == epoch:
             return self._cached_generated_batches[1]
         batches = self._loader.plan(epoch)
         self._cached_generated_batches = (epoch, batches)
+        self._planned = batches
         return batches
+
+    def _replaced(self, epoch: int) -> list[np.ndarray] | None:
+        """The epoch's batches when the trainer replaced the engine's plan in the cache, else None."""
+        batches = self._generate_batches(epoch)
+        return None if batches is self._planned else batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter(self._generate_batches(self.epoch))
@@ -288,13 +291,8 @@ class Loader:
                 "pin_memory: batch buffers are pageable although torch sees a CUDA device: %s",
                 self._core.pinning)
         self.batch_sampler = BatchPlanner(self._core, topology)
-        self._delivered: set[int] = set()
-        self._state_epoch: int | None = None  # the epoch `_delivered` refers to
-        self._resume: tuple[int, set[int]] | None = None
         self.last_batch: _core.Batch | None = None
         self._reporter = Reporter(self._emit_report)
-        self._lookahead_stream = next(_LOOKAHEAD_STREAMS)
-        self._lookahead_forget: weakref.finalize | None = None
 
     def _device_memory_blocks(self, nbytes: int, count: int, device: int) -> tuple[list[tuple[int, int]], Any] | None:
         """The device stage's buffers: `count` blocks of `nbytes` on cuda:`device` and what owns
@@ -333,32 +331,15 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, Any] | None]:
         epoch = self.batch_sampler.epoch
-        batches = self.batch_sampler._generate_batches(epoch)
-        done: set[int] = set()
-        if self._resume is not None and self._resume[0] == epoch:
-            done = set(self._resume[1])
-        self._resume = None
-        self._delivered = set(done)
-        self._state_epoch = epoch
+        replaced = self.batch_sampler._replaced(epoch)
         if not self.topology.is_data_rank:
             # Sequence-parallel ranks other than their group's data rank fetch nothing: the trainer
             # scatters the data rank's batch to them. They still take one step per batch.
-            for index in range(len(batches)):
-                if index not in done:
-                    self._delivered.add(index)
-                    yield None
+            for position in self._core.begin_epoch(replaced, fetch=False):
+                self._core.mark_delivered(position)
+                yield None
             return
-        todo = [i for i in range(len(batches)) if i not in done]
-        yield from self._deliver(epoch, batches, todo)
-
-    def _deliver(self, epoch: int, batches: list[np.ndarray], todo: list[int]) -> Iterator[dict[str, Any]]:
-        """Runs the engine over the batches `todo` (positions in `batches`) and yields them."""
-        rows = [np.ascontiguousarray(batches[i], dtype=np.int64) + self.split_begin for i in todo]
-        # An earlier iteration still running must stop first (its claims on the lookahead end).
-        self._core.stop()
-        if getattr(self._source, "lookahead", False):
-            self._plan_lookahead(epoch, rows)
-        self._core.start(epoch, todo, rows)
+        self._core.begin_epoch(replaced)
         try:
             while True:
                 try:
@@ -370,7 +351,6 @@ class Loader:
                     # memory with the device stage, go once the consumer's are gone).
                     self.last_batch = None
                     break
-                self._delivered.add(batch.index)
                 self.last_batch = batch
                 self._report_drops(batch)
                 yield self._make_batch(batch)
@@ -378,22 +358,6 @@ class Loader:
             self._core.stop()
             self._report_source()
             self._reporter.flush()
-
-    def _plan_lookahead(self, epoch: int, rows: list[np.ndarray]) -> None:
-        """Tells the source's lookahead what this loader needs: the batches of this epoch still to
-        deliver and, for training with a source's `lookahead_next_epoch`, the next epoch's
-        (deterministic from the seed), so that its first requests run while this epoch's last ones
-        are slow. Validation plans no next epoch: training comes between, and what it fetched would
-        be held all that time."""
-        following: list[np.ndarray] = []
-        if self.options.split != "val" and getattr(self._source, "lookahead_next_epoch", False):
-            following = [np.ascontiguousarray(b, dtype=np.int64) + self.split_begin
-                         for b in self._core.plan(epoch + 1)]
-        self._source.plan(self._lookahead_stream, rows, following,
-                          LOOKAHEAD_BUDGET_BUFFERS * self._core.pool_bytes)
-        if self._lookahead_forget is None:
-            self._lookahead_forget = weakref.finalize(
-                self, self._source.clear_plan, self._lookahead_stream)
 
     def _make_batch(self, batch: _core.Batch) -> dict[str, Any]:
         return self._tensors(batch)
@@ -453,38 +417,14 @@ class Loader:
     def _emit_report(self, kind: str, message: str) -> None:
         logging.getLogger("draftfeed").warning("%s", message)
 
-    # -- exact resume --
+    # -- exact resume (the engine's state) --
     def state_dict(self) -> dict[str, Any]:
         """Which batches of the current epoch were delivered; plain keys, JSON-serialisable."""
-        if self._resume is not None:
-            epoch, delivered = self._resume
-        elif self._state_epoch is not None:
-            epoch, delivered = self._state_epoch, self._delivered
-        else:
-            epoch, delivered = self.batch_sampler.epoch, set()
-        return {
-            "epoch": epoch,
-            "delivered": sorted(int(i) for i in delivered),
-            "num_batches": len(self.batch_sampler),
-            "seed": self.batch_sampler.seed,
-            "world_size": self.batch_sampler.num_replicas,
-            "rank": self.batch_sampler.rank,
-            "total_seq_len": self.batch_sampler.batch_max_length,
-        }
+        return self._core.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration of `state['epoch']` yields exactly the batches not yet delivered."""
-        for key, mine in (
-            ("seed", self.batch_sampler.seed),
-            ("world_size", self.batch_sampler.num_replicas),
-            ("rank", self.batch_sampler.rank),
-            ("total_seq_len", self.batch_sampler.batch_max_length),
-        ):
-            if key in state and state[key] != mine:
-                raise ValueError(f"state_dict was saved with {key}={state[key]}, this loader has {mine}")
-        epoch = int(state["epoch"])
-        self.batch_sampler.set_epoch(epoch)
-        self._resume = (epoch, set(int(i) for i in state["delivered"]))
+        self._core.restore(state)
 
     # -- what happened --
     def metrics(self) -> dict[str, Any]:
@@ -504,6 +444,4 @@ class Loader:
         return self._core.pool_bytes
 
     def close(self) -> None:
-        self._core.stop()
-        if self._lookahead_forget is not None:
-            self._lookahead_forget()  # what the lookahead fetched for this loader goes too
+        self._core.close()  # what the source read ahead for this loader alone goes too

@@ -38,9 +38,9 @@ def OnlineSource(
     data_path: str | os.PathLike | None = None,
     lookahead: int | None = None,
     lookahead_bytes: int | None = None,
-    lookahead_next_epoch: bool = False,
-    hedge_factor: float = 2.0,
-    hedge_min_seconds: float = 1.0,
+    lookahead_next_epoch: bool | None = None,
+    hedge_factor: float | None = None,
+    hedge_min_seconds: float | None = None,
     transfer: Any = None,
     **options: Any,
 ) -> _core.OnlineSource:
@@ -57,7 +57,7 @@ def OnlineSource(
         order they are due, a long request early. Default 8 * fetch_threads with data_path, else
         off (0). Needs `data_path`.
     lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): four times
-        the loader's batch buffers' bytes (prefetch x batch bytes; loader.LOOKAHEAD_BUDGET_BUFFERS).
+        the loader's batch buffers' bytes (prefetch x batch bytes).
     lookahead_next_epoch: the Loader also hands the lookahead the next epoch's batches, started
         once every row of this epoch has started, so the next epoch's first requests run while this
         epoch's last ones are slow. Off by default: those are requests beyond the epoch (after the
@@ -69,7 +69,7 @@ def OnlineSource(
         fetch_threads requests on the wire): when a slot is idle, or before new rows once hedges
         have won more often than lost. The first answer is used, the other request is cancelled
         (its connection closed). A server's slow request is often slow for the request's sake
-        (queued, preempted), not the prompt's. 0: never.
+        (queued, preempted), not the prompt's. 0: never. Defaults 2.0 and 1.0 s.
     transfer: None (the native file store) or an object with the hs-connectors interface (a
         Mooncake transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`,
         `delete(handle)`, optional `setup()` (called once before the first load) and
@@ -82,12 +82,13 @@ def OnlineSource(
     """
     if vllm_endpoint is not None:
         options["vllm_endpoint"] = vllm_endpoint
-    source = _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
-                                lookahead=lookahead, lookahead_bytes=lookahead_bytes,
-                                transfer=transfer, hedge_factor=hedge_factor,
-                                hedge_min_seconds=hedge_min_seconds)
-    source.lookahead_next_epoch = lookahead_next_epoch
-    return source
+    # Those given; the others keep the engine's defaults (LookaheadOptions).
+    given = {"lookahead_bytes": lookahead_bytes, "lookahead_next_epoch": lookahead_next_epoch,
+             "hedge_factor": hedge_factor, "hedge_min_seconds": hedge_min_seconds}
+    ahead = _core.LookaheadOptions(**{k: v for k, v in given.items() if v is not None})
+    ahead.lookahead = lookahead
+    return _core.OnlineSource(_core.OnlineSourceOptions(**options), data_path=data_path,
+                              lookahead=ahead, transfer=transfer)
 
 
 def sync_failure(flag: bool, group: Any = None, timeout: float | None = None) -> bool:

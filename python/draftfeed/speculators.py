@@ -133,7 +133,7 @@ def _hidden_states_path(data_path: str, transfer: Any) -> tuple[str, Any, str]:
     not dequantize FP8 files at all (their values would reach the batch unscaled); the native store
     always applies the scales, in bf16 as FP8Transfer's default."""
     if transfer is None:
-        return os.path.join(data_path, "hidden_states"), None, "bfloat16"
+        return _core.default_hidden_states_path(data_path), None, "bfloat16"
     if type(transfer).__name__ == "FileTransfer" and hasattr(transfer, "hidden_states_path"):
         return str(transfer.hidden_states_path), None, "bfloat16"
     if _is_hs_connectors(transfer, "FP8Transfer") and hasattr(transfer, "hidden_states_path"):
@@ -143,7 +143,7 @@ def _hidden_states_path(data_path: str, transfer: Any) -> tuple[str, Any, str]:
     for method in ("get_cached",):
         if not callable(getattr(transfer, method, None)):
             raise TypeError(f"transfer {type(transfer).__name__} has no {method}() method")
-    return os.path.join(data_path, "hidden_states"), transfer, "bfloat16"
+    return _core.default_hidden_states_path(data_path), transfer, "bfloat16"
 
 
 class SpeculatorsLoader(Loader):

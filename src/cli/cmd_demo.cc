@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/dataset_summary.h"
 #include "draftfeed/dataset/synthetic.h"
@@ -145,7 +146,7 @@ int run_demo(const std::vector<std::string>& argv) {
   spec.layers = args.integer("layers", 4, 2);
   start = std::chrono::steady_clock::now();
   const auto cache = write_synthetic_hidden_states(
-      out + "/hidden_states", options.rows,
+      default_hidden_states_path(out), options.rows,
       [&](std::int64_t row, std::vector<std::int64_t>& ids) {
         std::vector<std::int64_t> mask;
         synthetic_row(options, row, &ids, &mask);

@@ -15,6 +15,7 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/validate.h"
 #include "draftfeed/source/online_source.h"
@@ -102,7 +103,7 @@ int run_generate(const std::vector<std::string>& argv) {
           "generate needs at least one --endpoint URL");
 
   OnlineSourceOptions options = online_options_from(args);
-  options.cache.hidden_states_path = args.str("hidden-states", data + "/hidden_states");
+  options.cache.hidden_states_path = args.str("hidden-states", default_hidden_states_path(data));
   options.on_generate = OnGenerate::kCache;
   options.cache_fp8 = args.has("fp8");
   options.cache_layout = args.parsed("layout", "flat", parse_cache_layout);

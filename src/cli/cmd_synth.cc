@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/dataset/token_dataset.h"
@@ -73,7 +74,7 @@ std::optional<SynthHidden> synth_hidden_states(const Args& args, const std::stri
     return std::nullopt;
   }
   SynthHidden hidden;
-  hidden.folder = args.str("hidden-states", out + "/hidden_states");
+  hidden.folder = args.str("hidden-states", default_hidden_states_path(out));
   hidden.spec.seed = seed;
   hidden.spec.hidden_size = args.integer("hidden-size", 0);
   hidden.spec.layers = args.integer("layers", 4);

@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_scan.h"
 
@@ -49,7 +50,7 @@ int run_verify(const std::vector<std::string>& argv) {
   const Args args(argv, {"hidden-states", "threads", "examples", "baseline"}, {"json"});
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
-  const std::string hidden = args.str("hidden-states", data + "/hidden_states");
+  const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
   const std::int64_t threads = args.integer("threads", 0);
   const std::int64_t examples = args.integer("examples", 5);
   const std::string baseline = args.str("baseline", "");

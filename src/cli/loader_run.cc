@@ -6,8 +6,10 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_geometry.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/loader/loader.h"
+#include "draftfeed/loader/online_sources.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "stream_report.h"
 
@@ -18,7 +20,7 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
   const auto dataset = TokenDataset::open(options.data_path);
   const auto [train, val] = split_train_val(dataset, options.train_ratio);
   std::string& hs_path = options.cache.hidden_states_path;
-  if (hs_path.empty()) hs_path = options.data_path + "/hidden_states";
+  if (hs_path.empty()) hs_path = default_hidden_states_path(options.data_path);
 
   std::int64_t hidden = run.hidden_size.value_or(0);
   std::int64_t layers = run.layers.value_or(0);
@@ -38,12 +40,12 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
   options.split = Split::kTrain;
   options.batch.hidden_size = hidden;
   options.batch.num_target_layers = layers - 1;
-  std::shared_ptr<OnlineSampleSource> online_source;
+  OnlineSources sources;
   if (online) {
     online->cache.hidden_states_path = hs_path;
-    online->dataset = dataset;  // multimodal rows: the chat request
-    online_source = std::make_shared<OnlineSampleSource>(*online);
-    options.source = online_source;  // its fetches get threads of their own
+    online->dataset = dataset;  // multimodal rows (the chat request), the lookahead's token ids
+    sources = make_online_sources(*online, run.lookahead);
+    options.source = sources.engine_source();  // its fetches get threads of their own
   }
   Loader train_loader(options, dataset);
   Loader val_loader(options.validation(), dataset);
@@ -80,8 +82,8 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
       report["passes"].push_back(nlohmann::json::parse(summary_json(v)));
     }
   }
-  if (online_source) {
-    const OnlineSourceStats online_stats = online_source->stats();
+  if (sources.online) {
+    const OnlineSourceStats online_stats = sources.online->stats();
     report["online"] = {{"generated", online_stats.generated},
                         {"exhausted", online_stats.exhausted},
                         {"requests", online_stats.client.requests},

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "draftfeed/loader/loader.h"
+#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 
 namespace draftfeed::cli {
@@ -22,6 +23,8 @@ struct LoaderRun {
   bool validation = true;  // a validation pass after each epoch, as the reference trainer does
   bool progress = true;
   bool json = false;
+  // The online source's lookahead (with `online`), as the Python OnlineSource's.
+  LookaheadOptions lookahead;
 };
 
 // Streams `options`' training split (cache.hidden_states_path empty: <data_path>/hidden_states)

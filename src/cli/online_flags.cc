@@ -101,4 +101,45 @@ OnlineSourceOptions online_options_from(const Args& args) {
   return options;
 }
 
+const std::set<std::string>& lookahead_value_flags() {
+  static const std::set<std::string> flags = {"lookahead", "lookahead-bytes", "hedge-factor",
+                                              "hedge-min-seconds"};
+  return flags;
+}
+
+const std::set<std::string>& lookahead_switch_flags() {
+  static const std::set<std::string> flags = {"lookahead-next-epoch"};
+  return flags;
+}
+
+std::string lookahead_flags_usage(int width) {
+  const LookaheadOptions d;
+  return line(width, "--lookahead ROWS",
+              "rows fetched ahead of the batch buffers at most (default " +
+                  std::to_string(LookaheadOptions::kRowsPerFetch) + " x --fetch-threads; 0: off)") +
+         line(width, "--lookahead-bytes N",
+              "their bytes at most (default " + std::to_string(d.budget_buffers) +
+                  " x the batch buffers' bytes)") +
+         line(width, "--lookahead-next-epoch",
+              "fetch the next epoch's first rows while this epoch's last requests run") +
+         line(width, "--hedge-factor X",
+              "ask again for a row whose request ran X times its predicted time (default " +
+                  default_text(d.hedge.factor) + "; 0: never)") +
+         line(width, "--hedge-min-seconds S",
+              "and at least S seconds (default " + default_text(d.hedge.min_seconds) + ")");
+}
+
+LookaheadOptions lookahead_options_from(const Args& args) {
+  LookaheadOptions options;
+  if (const auto window = args.opt_integer("lookahead", 0)) {
+    options.window = static_cast<int>(*window);
+  }
+  options.budget_bytes = static_cast<std::uint64_t>(
+      args.integer("lookahead-bytes", static_cast<std::int64_t>(options.budget_bytes), 0));
+  options.next_epoch = args.has("lookahead-next-epoch");
+  options.hedge.factor = args.real("hedge-factor", options.hedge.factor, 0.0);
+  options.hedge.min_seconds = args.real("hedge-min-seconds", options.hedge.min_seconds, 0.0);
+  return options;
+}
+
 }  // namespace draftfeed::cli

@@ -55,23 +55,7 @@ class MemorySource : public SampleSource {
     ++resumes;
   }
 
-  // will_need: the rows hinted, in order, and fetches of rows not hinted before them.
-  std::vector<std::int64_t> hinted;
-  std::atomic<int> fetched_unhinted{0};
-  std::atomic<int> hints{0};
-  void will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) override {
-    std::lock_guard lock(mutex_);
-    for (const PlannedBatch& batch : *batches) {
-      hinted.insert(hinted.end(), batch.rows.begin(), batch.rows.end());
-    }
-    ++hints;
-  }
-
   FetchOutcome fetch(std::int64_t row, const IntArrayView& ids) override {
-    {
-      std::lock_guard lock(mutex_);
-      if (std::find(hinted.begin(), hinted.end(), row) == hinted.end()) ++fetched_unhinted;
-    }
     if (blocks.count(row)) {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] { return interrupted_; });
@@ -246,23 +230,6 @@ TEST_F(PipelineTest, InOrderDeliversThePlanInOrderWithExactContents) {
   }
   EXPECT_EQ(pipeline->next(), nullptr);
   EXPECT_EQ(pipeline->metrics().dropped[static_cast<std::size_t>(DropReason::kMissing)], 2);
-}
-
-// The whole epoch at once, before the first fetch and whatever the buffers: a source reading ahead
-// (cache files on a network file system) may go as far ahead as its own budgets allow.
-TEST_F(PipelineTest, TheWholeEpochIsAnnouncedToTheSourceInPlanOrderBeforeAnyFetch) {
-  auto pipeline = make(/*in_order=*/true, 3, 2);
-  const auto batches = plan();
-  pipeline->start(0, batches);
-  while (pipeline->next() != nullptr) {
-  }
-  std::vector<std::int64_t> expected;
-  for (const PlannedBatch& batch : batches) {
-    expected.insert(expected.end(), batch.rows.begin(), batch.rows.end());
-  }
-  EXPECT_EQ(source_->hinted, expected);
-  EXPECT_EQ(source_->fetched_unhinted.load(), 0);
-  EXPECT_EQ(source_->hints.load(), 1);
 }
 
 TEST_F(PipelineTest, AsReadyDeliversEveryBatchOnce) {

@@ -118,7 +118,7 @@ class OnlineLookaheadTest : public ::testing::Test {
 
 TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 4);
+  LookaheadSource ahead(fake, dataset_, {.window = 4});
   ahead.prefetch({5, 2, 9, 7});
   // Four threads start the rows in the order given but record them in any order: the order
   // itself is FetchScheduleTest's.
@@ -140,7 +140,7 @@ TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
 TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
   auto fake = std::make_shared<FakeSource>();
   fake->threads = 3;
-  LookaheadSource ahead(fake, dataset_, 3);
+  LookaheadSource ahead(fake, dataset_, {.window = 3});
   ahead.prefetch({0, 1, 2, 3, 4, 5, 6, 7});
   fake->wait_calls(3);
   // Settled: the three rows fetched, and no thread may start a fourth (it would have by now).
@@ -159,7 +159,7 @@ TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
 TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndForAQueuedOneToStart) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
-  LookaheadSource ahead(fake, dataset_, 8);
+  LookaheadSource ahead(fake, dataset_, {.window = 8});
   ahead.prefetch({10, 11, 12});
   fake->wait_calls(1);  // the only thread holds row 10; 11 and 12 are queued
   // Row 12 claimed before the lookahead gets to it: the lookahead starts it (not the consumer:
@@ -196,7 +196,7 @@ TEST_F(OnlineLookaheadTest, AClaimOfAStoredRowIsNotQueuedBehindAHeldThread) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
   fake->stored = {11};
-  LookaheadSource ahead(fake, dataset_, 8);
+  LookaheadSource ahead(fake, dataset_, {.window = 8});
   ahead.prefetch({10, 11, 12});
   fake->wait_calls(1);  // the only thread holds row 10 (a stalled request); 11 and 12 are queued
   // Row 11 is in the cache: the claim reads it now, without waiting for the held thread.
@@ -221,7 +221,7 @@ TEST_F(OnlineLookaheadTest, AClaimOfAStoredRowIsNotQueuedBehindAHeldThread) {
 TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
   auto fake = std::make_shared<FakeSource>();
   fake->threads = 2;
-  LookaheadSource ahead(fake, dataset_, 8);
+  LookaheadSource ahead(fake, dataset_, {.window = 8});
   ahead.prefetch({1, 2, 3});
   fake->wait_calls(3);
   ASSERT_TRUE(eventually([&] { return ahead.settled(); }));  // the three fetched
@@ -237,7 +237,7 @@ TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
 
 TEST_F(OnlineLookaheadTest, TheNextPlanStartsAfterTheCurrentOneAndServesTheNextEpoch) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 8);
+  LookaheadSource ahead(fake, dataset_, {.window = 8});
   ahead.plan(0, {{1}, {2}}, /*next=*/{{3}, {1}});
   EXPECT_EQ(fake->wait_calls(4).size(), 4u);
   std::vector<std::int64_t> first_two(fake->calls.begin(), fake->calls.begin() + 2);
@@ -256,7 +256,7 @@ TEST_F(OnlineLookaheadTest, TheNextPlanStartsAfterTheCurrentOneAndServesTheNextE
 
 TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {
   auto fake = std::make_shared<FakeSource>();
-  LookaheadSource ahead(fake, dataset_, 2);
+  LookaheadSource ahead(fake, dataset_, {.window = 2});
   ahead.prefetch({13});
   fake->wait_calls(1);  // the lookahead thread has it (a claim now waits for its outcome)
   const FetchOutcome outcome = ahead.fetch(13, dataset_->input_ids(13));
@@ -269,7 +269,7 @@ TEST_F(OnlineLookaheadTest, DestructionInterruptsTheInnerSource) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
   {
-    LookaheadSource ahead(fake, dataset_, 2);
+    LookaheadSource ahead(fake, dataset_, {.window = 2});
     ahead.prefetch({10, 1});
     fake->wait_calls(1);  // row 10 is held: only the interrupt lets the destructor join
   }
@@ -280,7 +280,7 @@ TEST_F(OnlineLookaheadTest, DestructionInterruptsTheInnerSource) {
 TEST_F(OnlineLookaheadTest, InterruptDropsTheQueueAndResumeWaitsForIdleThreads) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
-  LookaheadSource ahead(fake, dataset_, 4);
+  LookaheadSource ahead(fake, dataset_, {.window = 4});
   ahead.prefetch({10, 1, 2, 3});
   EXPECT_EQ(fake->wait_calls(1), std::vector<std::int64_t>({10}));
   ahead.interrupt();  // the pipeline stops mid-epoch
@@ -373,7 +373,7 @@ double seconds_to_claim(LookaheadSource& ahead, const TokenDataset& dataset, std
 
 TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
-  LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 2, .min_seconds = 0.05});
+  LookaheadSource ahead(fake, dataset_, {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
   plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   // 20 s if it waits out the stall; a margin of half that for a loaded machine.
@@ -395,7 +395,7 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
   fake->stall_calls = {1};       // the hedge stalls
   fake->slow_row_takes = 300ms;  // the first is slow, not stuck
-  LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 2, .min_seconds = 0.05});
+  LookaheadSource ahead(fake, dataset_, {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
   plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);
@@ -413,7 +413,7 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
 TEST_F(OnlineLookaheadTest, NoHedgeWhenTheFactorIsZero) {
   auto fake = std::make_shared<StallingSource>();
   fake->stall_for = 1s;
-  LookaheadSource ahead(fake, dataset_, 16, 0, LookaheadHedge{.factor = 0, .min_seconds = 0});
+  LookaheadSource ahead(fake, dataset_, {.window = 16, .hedge = {.factor = 0, .min_seconds = 0}});
   plan_and_claim_all_but(ahead, *dataset_, -1);
   EXPECT_EQ(ahead.stats().hedges, 0);
   std::lock_guard lock(fake->mutex);

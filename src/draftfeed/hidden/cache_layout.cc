@@ -20,6 +20,10 @@ CacheLayout parse_cache_layout(const std::string& text) {
                   text + "'");
 }
 
+std::string default_hidden_states_path(const std::string& data_path) {
+  return data_path + "/hidden_states";
+}
+
 std::string cache_file_name(std::int64_t row) {
   return "hs_" + std::to_string(row) + ".safetensors";
 }

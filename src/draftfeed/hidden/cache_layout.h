@@ -24,6 +24,11 @@ const char* cache_layout_name(CacheLayout layout);
 // Throws Error(kInvalidArgument) naming the choices.
 CacheLayout parse_cache_layout(const std::string& text);
 
+// The cache folder of a dataset when none is named: `<data_path>/hidden_states` (the reference's
+// default, where its FileTransfer writes). The one place the command line, the Loader, the online
+// source and the drop-in take it from.
+std::string default_hidden_states_path(const std::string& data_path);
+
 // "hs_<row>.safetensors".
 std::string cache_file_name(std::int64_t row);
 // The shard folder's name for `row` ("0012").

@@ -1,11 +1,13 @@
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/loader.h"
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <utility>
 
 #include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
-#include "draftfeed/pipeline/epoch_plan.h"
 #include "draftfeed/source/cache_source.h"
 
 namespace draftfeed {
@@ -25,9 +27,46 @@ DatasetSplit select_split(const std::shared_ptr<const TokenDataset>& dataset,
   return options.split == Split::kTrain ? train : val;
 }
 
+// Each loader's plan is its own stream in a shared source's read-ahead.
+std::atomic<int> next_read_ahead_stream{0};
+
+// The batches at `positions` of `local` (split-local indices) as global rows.
+std::vector<PlannedBatch> global_batches(const std::vector<std::vector<std::int64_t>>& local,
+                                         const std::vector<std::int64_t>& positions,
+                                         const DatasetSplit& split) {
+  std::vector<PlannedBatch> out(positions.size());
+  for (std::size_t b = 0; b < positions.size(); ++b) {
+    const std::vector<std::int64_t>& samples = local[static_cast<std::size_t>(positions[b])];
+    out[b].index = positions[b];
+    out[b].rows.reserve(samples.size());
+    for (const std::int64_t sample : samples) {
+      require(sample >= 0 && sample < split.num_rows(), ErrorKind::kInvalidArgument,
+              "batch " + std::to_string(positions[b]) + " names sample " + std::to_string(sample) +
+                  ", outside the split's " + std::to_string(split.num_rows()) + " samples");
+      out[b].rows.push_back(split.global_row(sample));
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<std::int64_t>> local_batches(const RankPlan& plan) {
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(plan.num_batches()));
+  for (std::int64_t b = 0; b < plan.num_batches(); ++b) {
+    const auto batch = plan.batch(b);
+    out[static_cast<std::size_t>(b)].assign(batch.begin(), batch.end());
+  }
+  return out;
+}
+
+std::vector<std::int64_t> all_positions(std::size_t count) {
+  std::vector<std::int64_t> out(count);
+  for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<std::int64_t>(i);
+  return out;
+}
+
 LoaderOptions completed(LoaderOptions options) {
   if (options.cache.hidden_states_path.empty()) {
-    options.cache.hidden_states_path = options.data_path + "/hidden_states";
+    options.cache.hidden_states_path = default_hidden_states_path(options.data_path);
   }
   options.plan.max_len = options.batch.max_len;
   options.plan.seed = options.batch.noise.seed;
@@ -77,7 +116,7 @@ LoaderOptions LoaderOptions::validation() const {
 }
 
 Loader::Loader(LoaderOptions options, std::shared_ptr<const TokenDataset> dataset)
-    : options_(completed(std::move(options))) {
+    : options_(completed(std::move(options))), read_ahead_stream_(next_read_ahead_stream++) {
   if (!dataset) dataset = TokenDataset::open(options_.data_path);
   split_ = select_split(dataset, options_);
   pipeline_ = std::make_unique<Pipeline>(make_batch_layout(options_.batch), split_.dataset,
@@ -94,7 +133,7 @@ Loader::Loader(LoaderOptions options, std::shared_ptr<const TokenDataset> datase
 }
 
 Loader::~Loader() {
-  stop();
+  close();
   device_stage_.reset();
   // Page-locked and device memory are freed by the device worker once the device has read them:
   // wait for that here, so a loader that is gone leaves none behind (unless a batch outlives it).
@@ -104,7 +143,20 @@ Loader::~Loader() {
 }
 
 std::shared_ptr<BatchLease> Loader::next(CudaStream consumer) {
-  return device_stage_ ? device_stage_->next(consumer) : pipeline_->next(consumer);
+  std::shared_ptr<BatchLease> lease =
+      device_stage_ ? device_stage_->next(consumer) : pipeline_->next(consumer);
+  if (lease) mark_delivered(lease->index);
+  return lease;
+}
+
+void Loader::mark_delivered(std::int64_t position) {
+  std::lock_guard lock(state_mutex_);
+  delivered_.insert(position);
+}
+
+void Loader::close() {
+  stop();
+  options_.source->forget_plan(read_ahead_stream_);
 }
 
 void Loader::stop() {
@@ -139,6 +191,113 @@ const RankPlan& Loader::plan(std::int64_t epoch, const WindowOrder& window_order
   return plans_[epoch] = std::move(planned);
 }
 
+void Loader::set_epoch(std::int64_t epoch) {
+  require(epoch >= 0, ErrorKind::kInvalidArgument,
+          "epoch must be non-negative, got " + std::to_string(epoch));
+  std::lock_guard lock(state_mutex_);
+  epoch_ = epoch;
+}
+
+std::int64_t Loader::epoch() const {
+  std::lock_guard lock(state_mutex_);
+  return epoch_;
+}
+
+std::vector<std::int64_t> Loader::begin_epoch(const std::vector<std::vector<std::int64_t>>* local,
+                                              bool fetch) {
+  const std::int64_t epoch = this->epoch();
+  std::vector<std::vector<std::int64_t>> planned;
+  if (local == nullptr) {
+    planned = local_batches(plan(epoch));
+    local = &planned;
+  }
+  std::vector<std::int64_t> todo;
+  {
+    std::lock_guard lock(state_mutex_);
+    delivered_.clear();
+    if (restored_ && restored_->epoch == epoch) {
+      for (const std::int64_t position : restored_->delivered) {
+        if (position >= 0 && position < static_cast<std::int64_t>(local->size())) {
+          delivered_.insert(position);
+        }
+      }
+    }
+    restored_.reset();
+    begun_epoch_ = epoch;
+    begun_batches_ = static_cast<std::int64_t>(local->size());
+    for (std::int64_t b = 0; b < begun_batches_; ++b) {
+      if (!delivered_.contains(b)) todo.push_back(b);
+    }
+  }
+  if (fetch) {
+    start_planned(epoch, std::make_shared<const std::vector<PlannedBatch>>(
+                             global_batches(*local, todo, split_)));
+  }
+  return todo;
+}
+
+std::vector<std::int64_t> Loader::start_epoch(std::int64_t epoch) {
+  set_epoch(epoch);
+  return begin_epoch();
+}
+
+void Loader::plan_read_ahead(std::int64_t epoch,
+                             const std::shared_ptr<const std::vector<PlannedBatch>>& batches) {
+  ReadAheadPlan plan;
+  plan.stream = read_ahead_stream_;
+  plan.batches = batches;
+  plan.batch_memory_bytes = pool_bytes();
+  if (options_.split != Split::kVal && options_.source->plans_next_epoch()) {
+    const auto next = local_batches(this->plan(epoch + 1));
+    plan.next = global_batches(next, all_positions(next.size()), split_);
+  }
+  options_.source->will_need(plan);
+}
+
+LoaderState Loader::state() {
+  LoaderState out;
+  std::optional<std::int64_t> plan_epoch;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (restored_) {
+      out = *restored_;
+    } else if (begun_epoch_) {
+      out.epoch = *begun_epoch_;
+      out.delivered.assign(delivered_.begin(), delivered_.end());
+      out.num_batches = begun_batches_;
+    } else {
+      out.epoch = epoch_;
+      plan_epoch = epoch_;
+    }
+  }
+  if (plan_epoch) out.num_batches = plan(*plan_epoch).num_batches();
+  out.seed = options_.batch.noise.seed;
+  out.world_size = options_.plan.world_size;
+  out.rank = options_.rank;
+  out.total_seq_len = options_.batch.max_len;
+  return out;
+}
+
+void Loader::restore(const LoaderState& state) {
+  auto check = [](const char* key, const auto& saved, const auto& mine) {
+    require(!saved || *saved == mine, ErrorKind::kInvalidArgument,
+            std::string("state_dict was saved with ") + key + "=" +
+                std::to_string(saved.value_or(mine)) + ", this loader has " +
+                std::to_string(mine));
+  };
+  check("seed", state.seed, options_.batch.noise.seed);
+  check("world_size", state.world_size, options_.plan.world_size);
+  check("rank", state.rank, options_.rank);
+  check("total_seq_len", state.total_seq_len, options_.batch.max_len);
+  set_epoch(state.epoch);
+  LoaderState kept = state;
+  std::sort(kept.delivered.begin(), kept.delivered.end());
+  kept.delivered.erase(std::unique(kept.delivered.begin(), kept.delivered.end()),
+                       kept.delivered.end());
+  std::lock_guard lock(state_mutex_);
+  restored_ = std::move(kept);
+}
+
 void Loader::start(std::int64_t epoch, std::vector<PlannedBatch> batches) {
   require(epoch >= 0, ErrorKind::kInvalidArgument,
           "epoch must be non-negative, got " + std::to_string(epoch));
@@ -150,7 +309,15 @@ void Loader::start(std::int64_t epoch, std::vector<PlannedBatch> batches) {
                   " rows");
     }
   }
+  start_planned(epoch, std::make_shared<const std::vector<PlannedBatch>>(std::move(batches)));
+}
+
+void Loader::start_planned(std::int64_t epoch,
+                           std::shared_ptr<const std::vector<PlannedBatch>> batches) {
+  // An epoch still running stops first (its claims on a read-ahead end), then the source learns
+  // the new plan before the pipeline's first fetch.
   stop();
+  plan_read_ahead(epoch, batches);
   pipeline_->start(static_cast<std::uint64_t>(epoch), std::move(batches));
   if (device_stage_) {
     device_stage_->start([pipeline = pipeline_.get()](CudaStream copy_stream) {
@@ -158,7 +325,5 @@ void Loader::start(std::int64_t epoch, std::vector<PlannedBatch> batches) {
     });
   }
 }
-
-void Loader::start_epoch(std::int64_t epoch) { start(epoch, planned_batches(plan(epoch), split_)); }
 
 }  // namespace draftfeed

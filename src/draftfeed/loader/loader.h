@@ -6,13 +6,21 @@
 //   * the validation loader of a training run (LoaderOptions::validation): no noise, every batch,
 //     planned with seed 0 whatever the training seed (speculators 0.9.0: runs with different seeds
 //     are validated on the same batches), each epoch's validation planned with that epoch.
+// And the state of a run, once: the epoch, the split-local plan turned into global rows, what the
+// source reads ahead (this epoch's batches still to come and, when the source asks, the next
+// epoch's: SampleSource::will_need), and which batches were delivered (state() / restore(): exact
+// resume whatever the delivery order).
 //
-// Thread safety: one consumer thread; stop() may come from any thread (see Pipeline).
+// Thread safety: one consumer thread; stop() may come from any thread (see Pipeline); state() and
+// restore() from any thread.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +63,19 @@ struct LoaderOptions {
   LoaderOptions validation() const;
 };
 
+// Which batches of which epoch a loader delivered: positions in the epoch's batch list (the plan,
+// or the list begin_epoch was given), whatever order they came in. What the positions depend on
+// is recorded beside them; restore() refuses a state saved with other values (those set).
+struct LoaderState {
+  std::int64_t epoch = 0;
+  std::vector<std::int64_t> delivered;  // ascending
+  std::int64_t num_batches = 0;
+  std::optional<std::uint64_t> seed;
+  std::optional<int> world_size;
+  std::optional<int> rank;
+  std::optional<std::int64_t> total_seq_len;
+};
+
 class Loader {
  public:
   // Opens the dataset (or shares `dataset`, already open), checks the options (Error
@@ -73,15 +94,41 @@ class Loader {
   // orders ties in each batch; without it the planner's own order applies.
   const RankPlan& plan(std::int64_t epoch, const WindowOrder& window_order = {});
 
+  // The epoch begin_epoch runs (the reference sampler's set_epoch). Default 0.
+  void set_epoch(std::int64_t epoch);
+  std::int64_t epoch() const;
+
+  // Starts the epoch set by set_epoch: its batches (`local`: split-local sample indices, as plan()
+  // gives them; null: the plan itself; a trainer's fast-skip passes a slice of it) except those a
+  // restored state says were delivered. Tells the source what it will fetch (ReadAheadPlan), then
+  // starts the pipeline, unless `fetch` is false (a sequence-parallel rank that is not its group's
+  // data rank: it fetches nothing, and records each batch it steps over with mark_delivered).
+  // Returns the positions to deliver, in plan order.
+  std::vector<std::int64_t> begin_epoch(const std::vector<std::vector<std::int64_t>>* local = nullptr,
+                                        bool fetch = true);
+  // set_epoch(epoch), then begin_epoch() over its plan.
+  std::vector<std::int64_t> start_epoch(std::int64_t epoch);
   // Starts delivering `batches` (global rows; PlannedBatch::index is the batch's position in the
-  // epoch's plan, which resume records); `epoch` keys the noise. start_epoch: the whole plan.
+  // epoch's plan); `epoch` keys the noise. What begin_epoch does after planning; for tools that
+  // pick their own rows (resume state is not kept for them).
   void start(std::int64_t epoch, std::vector<PlannedBatch> batches);
-  void start_epoch(std::int64_t epoch);
   // The next batch, or null at the end of the epoch (see Pipeline::next); with the device stage,
   // in device memory (DeviceStage::next). `consumer`: the CUDA stream the consumer uses the batch
-  // on (its copies, or its work on device batches); null is the default stream.
+  // on (its copies, or its work on device batches); null is the default stream. Records the batch
+  // as delivered.
   std::shared_ptr<BatchLease> next(CudaStream consumer = nullptr);
+  void mark_delivered(std::int64_t position);
   void stop();
+  // stop(), and the source forgets what it read ahead for this loader alone.
+  void close();
+
+  // The resume state (see LoaderState): a restored state not yet begun, else the epoch begun last,
+  // else the epoch set with nothing delivered.
+  LoaderState state();
+  // The next begin_epoch of `state.epoch` delivers exactly the batches not in state.delivered;
+  // sets the epoch. kInvalidArgument naming the first recorded value that differs from this
+  // loader's.
+  void restore(const LoaderState& state);
 
   // With the device stage: where its device buffers' memory comes from from the next start() on
   // (null: the CUDA runtime's cudaMalloc, the default). Throws without the device stage.
@@ -98,9 +145,21 @@ class Loader {
   std::size_t pool_bytes() const { return pipeline_->pool_bytes(); }
 
  private:
+  // The source's plan for this epoch (and the next, when it asks), before the pipeline starts.
+  void plan_read_ahead(std::int64_t epoch,
+                       const std::shared_ptr<const std::vector<PlannedBatch>>& batches);
+  void start_planned(std::int64_t epoch, std::shared_ptr<const std::vector<PlannedBatch>> batches);
+
   LoaderOptions options_;
   DatasetSplit split_;
+  const int read_ahead_stream_;  // this loader's in a shared source (ReadAheadPlan::stream)
   std::map<std::int64_t, RankPlan> plans_;  // by epoch: the latest few
+  mutable std::mutex state_mutex_;
+  std::int64_t epoch_ = 0;
+  std::optional<LoaderState> restored_;  // not yet begun
+  std::optional<std::int64_t> begun_epoch_;
+  std::set<std::int64_t> delivered_;  // of begun_epoch_
+  std::int64_t begun_batches_ = 0;
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<DeviceStage> device_stage_;  // after pipeline_: destroyed first
 };

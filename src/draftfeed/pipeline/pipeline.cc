@@ -115,6 +115,10 @@ std::size_t Pipeline::pool_bytes() const {
 }
 
 void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
+  start(epoch, std::make_shared<const std::vector<PlannedBatch>>(std::move(batches)));
+}
+
+void Pipeline::start(std::uint64_t epoch, std::shared_ptr<const std::vector<PlannedBatch>> plan) {
   std::lock_guard control(control_mutex_);
   stop_locked();
   {
@@ -122,7 +126,7 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
     ready_by_sequence_.clear();
     ready_fifo_.clear();
     next_sequence_ = 0;
-    total_batches_ = static_cast<std::int64_t>(batches.size());
+    total_batches_ = static_cast<std::int64_t>(plan->size());
     delivered_ = 0;
     in_flight_ = 0;
     error_ = nullptr;
@@ -132,8 +136,6 @@ void Pipeline::start(std::uint64_t epoch, std::vector<PlannedBatch> batches) {
   stopping_ = false;
   // The source's blocked fetches get threads of their own (SampleSource::blocking_fetches).
   workers_ = std::make_unique<ThreadPool>(options_.num_threads + source_->blocking_fetches());
-  // Shared with the source, which reads the epoch ahead (SampleSource::will_need).
-  auto plan = std::make_shared<const std::vector<PlannedBatch>>(std::move(batches));
   scheduler_ = std::thread([this, epoch, plan = std::move(plan)] { run_scheduler(epoch, plan); });
 }
 
@@ -172,9 +174,6 @@ void Pipeline::stop_locked() {
 
 void Pipeline::run_scheduler(std::uint64_t epoch,
                              const std::shared_ptr<const std::vector<PlannedBatch>>& plan) {
-  // The whole epoch, before any buffer is free: a source that opens and reads ahead (cache files
-  // on a network file system) starts now, as far ahead as its own budgets allow.
-  source_->will_need(plan);
   const std::vector<PlannedBatch>& batches = *plan;
   if (cuda_) {
     // This thread asks the runtime whether a buffer's device reads have passed.

@@ -154,8 +154,10 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  // Starts delivering `batches` (stopping any epoch in progress). `epoch` keys the noise.
+  // Starts delivering `batches` (stopping any epoch in progress). `epoch` keys the noise. The plan
+  // is the caller's to tell the source (SampleSource::will_need): the pipeline only schedules.
   void start(std::uint64_t epoch, std::vector<PlannedBatch> batches);
+  void start(std::uint64_t epoch, std::shared_ptr<const std::vector<PlannedBatch>> batches);
   // The next batch, or nullptr when the epoch is done. Rethrows a fatal error from the workers.
   // `reader` is the CUDA stream the consumer will queue its copies of the batch on: when the
   // memory is page-locked, its reads are marked there when the batch is released.

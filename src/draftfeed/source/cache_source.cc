@@ -126,12 +126,12 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
   return check(global_row, input_ids, *found.value(), options_.fp8_dequantize_dtype, read_rows_);
 }
 
-void CacheSampleSource::will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) {
-  PrefetchPlan plan;
-  plan.batches.reserve(batches->size());
-  for (const PlannedBatch& batch : *batches) plan.batches.emplace_back(batch.rows);
-  plan.owner = std::move(batches);
-  prefetch_->plan(std::move(plan));
+void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
+  PrefetchPlan files;
+  files.batches.reserve(plan.batches->size());
+  for (const PlannedBatch& batch : *plan.batches) files.batches.emplace_back(batch.rows);
+  files.owner = plan.batches;
+  prefetch_->plan(std::move(files));
 }
 
 void CacheSampleSource::interrupt() { prefetch_->clear(); }

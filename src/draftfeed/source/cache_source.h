@@ -72,7 +72,7 @@ class CacheSampleSource : public SampleSource {
                     CachePrefetchOptions prefetch = {});
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
   // The epoch's files are opened and read ahead in this order (hidden/cache_prefetch.h).
-  void will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) override;
+  void will_need(const ReadAheadPlan& plan) override;
   // The pipeline stops: what was prepared ahead is dropped, at once and again once its threads
   // have joined.
   void interrupt() override;

@@ -28,21 +28,35 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+void LookaheadOptions::validate() const {
+  require(!window || *window >= 0, ErrorKind::kInvalidArgument,
+          "lookahead must be >= 0 (0: off), got " + std::to_string(window.value_or(0)));
+  require(budget_buffers >= 1, ErrorKind::kInvalidArgument,
+          "lookahead_budget_buffers must be >= 1, got " + std::to_string(budget_buffers));
+  require(hedge.factor >= 0, ErrorKind::kInvalidArgument,
+          "hedge_factor must be >= 0 (0: never), got " + std::to_string(hedge.factor));
+  require(hedge.min_seconds >= 0, ErrorKind::kInvalidArgument,
+          "hedge_min_seconds must be >= 0, got " + std::to_string(hedge.min_seconds));
+}
+
+int LookaheadOptions::window_for(int blocking_fetches, bool has_dataset) const {
+  if (window) return *window;
+  return has_dataset ? kRowsPerFetch * std::max(1, blocking_fetches) : 0;
+}
+
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
-                                 std::shared_ptr<const TokenDataset> dataset, int window,
-                                 std::uint64_t budget_bytes, LookaheadHedge hedge)
+                                 std::shared_ptr<const TokenDataset> dataset,
+                                 LookaheadOptions options)
     : inner_(std::move(inner)),
       dataset_(std::move(dataset)),
-      window_(window),
-      budget_bytes_(budget_bytes),
-      hedge_(hedge),
+      options_(std::move(options)),
+      window_(options_.window.value_or(0)),
       schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
-  require(window >= 1, ErrorKind::kInvalidArgument,
-          "the lookahead needs window >= 1, got " + std::to_string(window));
-  require(hedge.factor >= 0 && hedge.min_seconds >= 0, ErrorKind::kInvalidArgument,
-          "the lookahead's hedge needs factor >= 0 and min_seconds >= 0");
+  options_.validate();
+  require(window_ >= 1, ErrorKind::kInvalidArgument,
+          "the lookahead needs window >= 1, got " + std::to_string(window_));
   const int threads = std::max(1, inner_->blocking_fetches());
   for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { run(); });
 }
@@ -60,7 +74,7 @@ LookaheadSource::~LookaheadSource() {
 }
 
 std::uint64_t LookaheadSource::budget() const {
-  if (budget_bytes_ > 0) return budget_bytes_;
+  if (options_.budget_bytes > 0) return options_.budget_bytes;
   return plan_budget_ > 0 ? plan_budget_ : kDefaultBudgetBytes;
 }
 
@@ -94,13 +108,13 @@ void LookaheadSource::observe(const FetchSchedule::Item& item, double seconds) {
 std::shared_ptr<LookaheadSource::Entry> LookaheadSource::hedge_candidate(
     std::chrono::steady_clock::time_point now,
     std::chrono::steady_clock::time_point& next_due) const {
-  if (hedge_.factor <= 0 || model_.observations() < kMinHedgeObservations) return nullptr;
+  if (options_.hedge.factor <= 0 || model_.observations() < kMinHedgeObservations) return nullptr;
   std::shared_ptr<Entry> best;
   std::chrono::steady_clock::time_point best_due;
   for (const auto& entry : running_entries_) {
     if (entry->orphan || entry->decided || entry->hedged) continue;
     const double predicted = model_.predict(entry->item.row, entry->item.tokens);
-    const double after = std::max(hedge_.factor * predicted, hedge_.min_seconds);
+    const double after = std::max(options_.hedge.factor * predicted, options_.hedge.min_seconds);
     const auto due =
         entry->started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(after));
@@ -369,6 +383,17 @@ void LookaheadSource::prefetch(const std::vector<std::int64_t>& rows) {
   batches.reserve(rows.size());
   for (const std::int64_t row : rows) batches.push_back({row});
   plan(0, batches);
+}
+
+void LookaheadSource::will_need(const ReadAheadPlan& plan) {
+  auto rows_of = [](const std::vector<PlannedBatch>& batches) {
+    std::vector<std::vector<std::int64_t>> rows;
+    rows.reserve(batches.size());
+    for (const PlannedBatch& batch : batches) rows.push_back(batch.rows);
+    return rows;
+  };
+  this->plan(plan.stream, rows_of(*plan.batches), rows_of(plan.next),
+             static_cast<std::uint64_t>(options_.budget_buffers) * plan.batch_memory_bytes);
 }
 
 void LookaheadSource::clear(int stream) {

@@ -61,6 +61,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -98,18 +99,45 @@ struct LookaheadHedge {
   double min_seconds = 1.0;  // and at least this long
 };
 
+// The lookahead's settings, each held here once (the Python OnlineSource's lookahead arguments and
+// the command line's --lookahead flags set them).
+struct LookaheadOptions {
+  // Rows fetched ahead and not yet claimed, with those under way, at most; 0 turns the lookahead
+  // off. Unset: kRowsPerFetch x the inner source's blocking fetches (requests in flight) when the
+  // rows' dataset is known, else off. Why that many: with in-order delivery the first batch may
+  // wait seconds for a long request while the rows behind it fill the window, and fewer rows leave
+  // request slots idle (docs/decisions.md).
+  std::optional<int> window;
+  static constexpr int kRowsPerFetch = 8;
+  // Bytes of the fetched samples held (the header's formula) at most; 0: `budget_buffers` x the
+  // loader's batch memory (ReadAheadPlan::batch_memory_bytes; docs/decisions.md: why four), or
+  // LookaheadSource::kDefaultBudgetBytes before any plan.
+  std::uint64_t budget_bytes = 0;
+  int budget_buffers = 4;
+  LookaheadHedge hedge;
+  // The loader hands the lookahead the next epoch's batches too (training only): its first
+  // requests run while this epoch's last ones are slow. Requests beyond the epoch (wasted after
+  // the last one), so off by default.
+  bool next_epoch = false;
+
+  // kInvalidArgument naming the field (the Python argument's name).
+  void validate() const;
+  // The window for an inner source with `blocking_fetches` requests in flight; `has_dataset`:
+  // whether the rows' token ids are known (the lookahead needs them).
+  int window_for(int blocking_fetches, bool has_dataset) const;
+};
+
 class LookaheadSource : public SampleSource {
  public:
   static constexpr std::int64_t kMinHedgeObservations = 8;
   // The byte budget when neither the constructor nor a plan gives one.
   static constexpr std::uint64_t kDefaultBudgetBytes = std::uint64_t{1} << 30;
 
-  // `window` >= 1 rows fetched ahead at most; `budget_bytes`: their bytes at most (0: each plan's
-  // caller says, see plan()). The destructor interrupts the inner source before it joins the
-  // threads, so a slow inner fetch (a request with a long timeout) ends at once, and resumes it
-  // after.
+  // `options` validated, its window resolved (window_for) and >= 1. The destructor interrupts the
+  // inner source before it joins the threads, so a slow inner fetch (a request with a long
+  // timeout) ends at once, and resumes it after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  int window, std::uint64_t budget_bytes = 0, LookaheadHedge hedge = {});
+                  LookaheadOptions options);
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;
@@ -127,6 +155,11 @@ class LookaheadSource : public SampleSource {
             std::uint64_t budget_bytes = 0);
   // Stream 0's plan, each row its own batch.
   void prefetch(const std::vector<std::int64_t>& rows);
+  // A loader's epoch (SampleSource): plan(stream, batches, next, budget_buffers x batch memory).
+  void will_need(const ReadAheadPlan& plan) override;
+  bool plans_next_epoch() const override { return options_.next_epoch; }
+  void forget_plan(int stream) override { clear(stream); }
+  const LookaheadOptions& options() const { return options_; }
   // Forgets `stream`'s plan (its unclaimed samples are dropped unless another plan holds them).
   void clear(int stream);
   // Forgets every plan and drops every unclaimed sample; rows under way finish and are dropped.
@@ -179,9 +212,8 @@ class LookaheadSource : public SampleSource {
 
   const std::shared_ptr<SampleSource> inner_;
   const std::shared_ptr<const TokenDataset> dataset_;
+  const LookaheadOptions options_;
   const int window_;
-  const std::uint64_t budget_bytes_;
-  const LookaheadHedge hedge_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_;     // a row may start (plan, room in the window), or stop

@@ -84,6 +84,23 @@ struct PlannedBatch {
   std::vector<std::int64_t> rows;
 };
 
+// What a loader will fetch, told to its source as each epoch starts, before its first fetch
+// (SampleSource::will_need). The loader makes it (loader/loader.h): the plan is the epoch driver's,
+// the source only reads ahead of it.
+struct ReadAheadPlan {
+  // The loader's own: loaders sharing a source (a training and a validation loader) each have one,
+  // and a new plan replaces only that loader's.
+  int stream = 0;
+  // This epoch's batches still to deliver, in delivery order. The loader does not change them
+  // until the epoch ends; the source may keep the pointer.
+  std::shared_ptr<const std::vector<PlannedBatch>> batches;
+  // The next epoch's batches, when the source asked for them (plans_next_epoch) and the loader
+  // trains (a validation pass has training after it, and would hold what it fetched all that time).
+  std::vector<PlannedBatch> next;
+  // The loader's batch buffers' bytes: a read-ahead's budget is given in them by default.
+  std::uint64_t batch_memory_bytes = 0;
+};
+
 // Fetches the hidden states of rows. Called concurrently from the pipeline's threads.
 class SampleSource {
  public:
@@ -105,15 +122,15 @@ class SampleSource {
     return fetch(global_row, input_ids);
   }
 
-  // A hint, from the pipeline as an epoch starts (before its first fetch): the batches it will
-  // fetch, in this order (roughly: fetches run in parallel). The pipeline does not change them
-  // until the epoch ends; the source may keep the pointer. A source whose reads can start early
-  // (cache files: opened and read ahead, cache_prefetch.h) starts them, at its own pace and within
-  // its own budgets, however far ahead of the batch buffers; must be cheap and must not block.
-  // Called from one thread; concurrently with fetch().
-  // By value: an override keeps (moves) the pointer.
-  // NOLINTNEXTLINE(performance-unnecessary-value-param)
-  virtual void will_need(std::shared_ptr<const std::vector<PlannedBatch>> /*batches*/) {}
+  // The epoch's plan (above): a source whose reads can start early (cache files opened and read
+  // ahead, requests started ahead) starts them, at its own pace and within its own budgets,
+  // however far ahead of the batch buffers. Must be cheap and must not block. Called from the
+  // loader's thread, concurrently with fetch().
+  virtual void will_need(const ReadAheadPlan& /*plan*/) {}
+  // Whether will_need wants the next epoch's batches too (ReadAheadPlan::next).
+  virtual bool plans_next_epoch() const { return false; }
+  // The loader of `stream` is gone: what was read ahead for it alone may go.
+  virtual void forget_plan(int /*stream*/) {}
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
   // request with a two-minute timeout) end now, and resume() once its threads have joined, before
