@@ -32,17 +32,14 @@
 #include "options_init.h"
 #include "plans.h"
 #include "sample_source.h"
+#include "stats_dict.h"
 
 namespace draftfeed::python {
 namespace {
 
 // {reason name: samples dropped}.
 nb::dict drop_counts(const DropCounts& counts) {
-  nb::dict out;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    out[drop_reason_name(static_cast<DropReason>(r))] = counts[r];
-  }
-  return out;
+  return stats_dict(named_counts(counts, drop_reason_name));
 }
 
 // A delivered batch as Python sees it.
@@ -257,38 +254,7 @@ struct PyLoader {
     return PyBatch{std::move(lease)};
   }
 
-  nb::dict metrics() const {
-    const PipelineMetrics m = loader->metrics();
-    nb::dict out;
-    out["batches"] = m.batches;
-    out["tokens"] = m.tokens;
-    out["hidden_bytes"] = m.hidden_bytes;
-    out["batch_bytes"] = m.batch_bytes;
-    out["consumer_wait_seconds"] = m.consumer_wait_seconds;
-    out["first_batch_seconds"] = m.first_batch_seconds;
-    out["elapsed_seconds"] = m.elapsed_seconds;
-    out["ready"] = m.ready;
-    out["in_flight"] = m.in_flight;
-    out["buffers"] = m.buffers;
-    out["extra_buffers"] = m.extra_buffers;
-    out["held_slot_bytes"] = m.held_slot_bytes;
-    out["pinned"] = m.pinned;
-    out["buffer_bytes"] = m.buffer_bytes;
-    out["device"] = m.device;
-    out["device_buffers"] = m.device_buffers;
-    out["device_extra_buffers"] = m.device_extra_buffers;
-    out["device_buffer_bytes"] = m.device_buffer_bytes;
-    out["device_held_slot_bytes"] = m.device_held_slot_bytes;
-    out["device_bytes"] = m.device_bytes;
-    out["device_peak_bytes"] = m.device_peak_bytes;
-    out["dropped"] = drop_counts(m.dropped);
-    if (m.prefetch) {
-      nb::dict prefetch;
-      for_each_stat(*m.prefetch, [&](const char* name, auto value) { prefetch[name] = value; });
-      out["prefetch"] = prefetch;
-    }
-    return out;
-  }
+  nb::dict metrics() const { return stats_dict(stats_tree(loader->metrics())); }
 };
 
 // The loader's options under the Python Loader's flat names: the one list of them in Python
@@ -508,7 +474,8 @@ void init_engine(nb::module_& m) {
            "what it will fetch; returns the positions to deliver. fetch=False: nothing is "
            "fetched (a sequence-parallel rank that is not a data rank: mark_delivered each)")
       .def(
-          "mark_delivered", [](PyLoader& l, std::int64_t position) { l.loader->mark_delivered(position); },
+          "mark_delivered",
+          [](PyLoader& l, std::int64_t position) { l.loader->mark_delivered(position); },
           nb::arg("position"))
       .def("state", &PyLoader::state,
            "the resume state: {epoch, delivered, num_batches, seed, world_size, rank, "

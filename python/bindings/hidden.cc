@@ -17,8 +17,8 @@
 // file mapped (its owner holds the file). Blocking calls (lock waits, file I/O, scans) release the
 // GIL.
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/filesystem.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>

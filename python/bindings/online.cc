@@ -37,6 +37,7 @@
 #include "options_init.h"
 #include "python_transfer.h"
 #include "sample_source.h"
+#include "stats_dict.h"
 
 namespace draftfeed::python {
 namespace {
@@ -46,79 +47,6 @@ struct PyOnlineSource : PySampleSource {
   std::shared_ptr<LookaheadSource> lookahead;  // null when off; else `source` is this
   bool log_failures = true;                    // the loader logs take_messages() through Python
 };
-
-nb::dict client_stats(const VllmClientStats& c) {
-  nb::dict out;
-  out["model"] = c.model;
-  out["requests"] = c.requests;
-  out["model_checks"] = c.model_checks;
-  out["succeeded"] = c.succeeded;
-  out["retries"] = c.retries;
-  out["transport_errors"] = c.transport_errors;
-  out["timeouts"] = c.timeouts;
-  out["http_retryable"] = c.http_retryable;
-  out["http_other"] = c.http_other;
-  out["too_large"] = c.too_large;
-  out["invalid_responses"] = c.invalid_responses;
-  nb::dict problems;
-  for (std::size_t p = 1; p < c.problems.size(); ++p) {
-    problems[response_problem_name(static_cast<ResponseProblem>(p))] = c.problems[p];
-  }
-  out["problems"] = problems;
-  out["exhausted"] = c.exhausted;
-  out["in_flight"] = c.in_flight;
-  out["max_in_flight"] = c.max_in_flight;
-  out["connections_opened"] = c.connections_opened;
-  nb::list endpoints;
-  for (const EndpointStats& e : c.endpoints) {
-    nb::dict d;
-    d["url"] = e.url;
-    d["requests"] = e.requests;
-    d["failures"] = e.failures;
-    d["rests"] = e.rests;
-    d["connections_opened"] = e.connections_opened;
-    d["in_flight"] = e.in_flight;
-    d["resting"] = e.resting;
-    d["model"] = e.model;
-    endpoints.append(d);
-  }
-  out["endpoints"] = endpoints;
-  return out;
-}
-
-nb::dict source_stats(const OnlineSourceStats& s) {
-  nb::dict out;
-  out["cache_hits"] = s.cache_hits;
-  out["cache_rejected"] = s.cache_rejected;
-  out["generated"] = s.generated;
-  out["exhausted"] = s.exhausted;
-  out["skipped"] = s.skipped;
-  out["chat_rows"] = s.chat_rows;
-  out["bad_messages"] = s.bad_messages;
-  out["round_trips"] = s.round_trips;
-  nb::dict request_failures;
-  for (std::size_t f = 1; f < s.failures.request.size(); ++f) {
-    request_failures[generation_failure_name(static_cast<GenerationResult::Failure>(f))] =
-        s.failures.request[f];
-  }
-  out["request_failures"] = request_failures;
-  nb::dict file_failures;
-  for (std::size_t f = 1; f < s.failures.file.size(); ++f) {
-    file_failures[file_problem_name(static_cast<FileProblem>(f))] = s.failures.file[f];
-  }
-  out["file_failures"] = file_failures;
-  out["adopted"] = s.adopted;
-  out["deleted"] = s.deleted;
-  out["left_in_place"] = s.left_in_place;
-  out["abandoned"] = s.abandoned;
-  out["cleanup_errors"] = s.cleanup_errors;
-  out["consecutive_failures"] = s.consecutive_failures;
-  out["max_consecutive_failures"] = s.max_consecutive_failures;
-  out["fatal"] = s.fatal;
-  out["fatal_message"] = s.fatal_message;
-  out["client"] = client_stats(s.client);
-  return out;
-}
 
 // float32 copy of a fetched sample's hidden states (tests compare values).
 nb::ndarray<nb::numpy, float> hidden_as_float(const HiddenStatesView& hs) {
@@ -288,10 +216,11 @@ void bind_online_options(nb::module_& m) {
 // The lookahead's options under draftfeed.online.OnlineSource's argument names.
 void bind_lookahead_options(nb::module_& m) {
   using O = LookaheadOptions;
-  nb::class_<O>(m, "LookaheadOptions",
-                "Options of an online source's lookahead (C++ LookaheadOptions), under "
-                "draftfeed.online.OnlineSource's names; LookaheadOptions(name=value, ...) sets them "
-                "by name, the others keep C++'s defaults.")
+  nb::class_<O>(
+      m, "LookaheadOptions",
+      "Options of an online source's lookahead (C++ LookaheadOptions), under "
+      "draftfeed.online.OnlineSource's names; LookaheadOptions(name=value, ...) sets them "
+      "by name, the others keep C++'s defaults.")
       .def("__init__", &init_from_kwargs<O>)
       .def("validate", &O::validate, "raises ValueError naming the first bad field")
       .def_prop_rw(
@@ -357,7 +286,7 @@ void init_online(nb::module_& m) {
             return generation_dict(g);
           },
           nb::arg("messages_json"), nb::arg("input_ids"))
-      .def("stats", [](const VllmClient& c) { return client_stats(c.stats()); })
+      .def("stats", [](const VllmClient& c) { return stats_dict(stats_tree(c.stats())); })
       .def("cancel", [](VllmClient& c) { c.cancel(); });
 
   nb::class_<PyOnlineSource, PySampleSource>(
@@ -388,7 +317,9 @@ void init_online(nb::module_& m) {
             }
             OnlineSources made = make_online_sources(std::move(options), lookahead);
             new (self) PyOnlineSource{{made.engine_source(), std::move(made.description)},
-                                      made.online, made.lookahead, log_failures};
+                                      made.online,
+                                      made.lookahead,
+                                      log_failures};
           },
           nb::arg("options"), nb::arg("data_path").none() = nb::none(),
           nb::arg("lookahead") = LookaheadOptions{}, nb::arg("transfer") = nb::none(),
@@ -397,29 +328,10 @@ void init_online(nb::module_& m) {
           "LookaheadOptions (its window's default needs data_path)")
       .def("stats",
            [](const PyOnlineSource& s) {
-             nb::dict out = source_stats(s.online->stats());
-             if (s.lookahead) {
-               const LookaheadStats l = s.lookahead->stats();
-               nb::dict d;
-               d["queued"] = l.queued;
-               d["running"] = l.running;
-               d["ready"] = l.ready;
-               d["hits"] = l.hits;
-               d["inline_fetches"] = l.inline_fetches;
-               d["stored_reads"] = l.stored_reads;
-               d["discarded"] = l.discarded;
-               d["next_plan_started"] = l.next_plan_started;
-               d["held_bytes"] = l.held_bytes;
-               d["peak_held_bytes"] = l.peak_held_bytes;
-               d["budget_bytes"] = l.budget_bytes;
-               d["trusts_history"] = l.trusts_history;
-               d["tail_factor"] = l.tail_factor;
-               d["hedges"] = l.hedges;
-               d["hedges_won"] = l.hedges_won;
-               d["hedges_lost"] = l.hedges_lost;
-               out["lookahead"] = d;
-             }
-             return out;
+             StatsTree tree = stats_tree(s.online->stats());
+             if (s.lookahead)
+               tree.groups.emplace_back("lookahead", stats_tree(s.lookahead->stats()));
+             return stats_dict(tree);
            })
       .def(
           "prefetch",

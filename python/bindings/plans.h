@@ -4,9 +4,8 @@
 
 #include <nanobind/nanobind.h>
 
-#include "sample_source.h"
-
 #include "draftfeed/sampler/multipack.h"
+#include "sample_source.h"
 
 namespace draftfeed::python {
 

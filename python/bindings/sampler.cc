@@ -185,7 +185,6 @@ Int64Input int64_array_of(nb::handle values, const char* what) {
   return nb::cast<Int64Input>(converted);
 }
 
-
 // One rank's batches as a list of views into one numpy array that owns the rank's buffer. Views are
 // cut by numpy's own slicing, several times faster than exporting one array per batch.
 nb::list batches_to_python(RankPlan&& plan) {

@@ -13,11 +13,11 @@
 
 #include "args.h"
 #include "command.h"
-#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/dataset_summary.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/synthetic_cache.h"
 #include "loader_run.h"
 #include "sim_server_process.h"

@@ -15,8 +15,8 @@
 
 #include "args.h"
 #include "command.h"
-#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/validate.h"
 #include "draftfeed/source/online_source.h"
 #include "online_flags.h"

@@ -12,8 +12,8 @@
 
 #include "args.h"
 #include "command.h"
-#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/fp8_convert.h"
 #include "row_range.h"
 

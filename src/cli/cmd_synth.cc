@@ -13,10 +13,10 @@
 
 #include "args.h"
 #include "command.h"
-#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/synthetic_cache.h"
 
 namespace draftfeed::cli {

@@ -7,8 +7,8 @@
 
 #include "args.h"
 #include "command.h"
-#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/cache_scan.h"
 
 namespace draftfeed::cli {

@@ -11,6 +11,7 @@
 #include "draftfeed/loader/loader.h"
 #include "draftfeed/loader/online_sources.h"
 #include "draftfeed/pipeline/host_memory.h"
+#include "stats_json.h"
 #include "stream_report.h"
 
 namespace draftfeed::cli {
@@ -84,10 +85,10 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
   }
   if (sources.online) {
     const OnlineSourceStats online_stats = sources.online->stats();
-    report["online"] = {{"generated", online_stats.generated},
-                        {"exhausted", online_stats.exhausted},
-                        {"requests", online_stats.client.requests},
-                        {"max_in_flight", online_stats.client.max_in_flight}};
+    // The source's groups ("online", and "lookahead" when on), as the Python stats name them.
+    for (const auto& [name, group] : sources.engine_source()->stats_report().groups) {
+      report[name] = stats_json(group);
+    }
     if (!run.json) {
       std::printf("online    %lld generated, %lld failed, %lld requests, max %lld in flight\n",
                   static_cast<long long>(online_stats.generated),

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "stats_json.h"
+
 namespace draftfeed::cli {
 
 namespace {
@@ -122,11 +124,7 @@ std::string summary_json(const StreamSummary& s) {
   out["consumer_wait_seconds"] = s.consumer_wait_seconds;
   out["pool_bytes"] = s.pool_bytes;
   out["pinned"] = s.pinned;
-  nlohmann::json dropped;
-  for (std::size_t r = 0; r < s.dropped.size(); ++r) {
-    dropped[drop_reason_name(static_cast<DropReason>(r))] = s.dropped[r];
-  }
-  out["dropped"] = dropped;
+  out["dropped"] = stats_json(named_counts(s.dropped, drop_reason_name));
   return out.dump();
 }
 

@@ -230,5 +230,18 @@ TEST_F(LoaderEpochTest, ALoaderThatGoesMakesTheSourceForgetItsPlan) {
   EXPECT_EQ(source->forgotten[0], stream);
 }
 
+// The loader reports what its source reports, whatever the source: a cache's file read-ahead.
+TEST_F(LoaderEpochTest, MetricsCarryTheSourcesReport) {
+  LoaderOptions o = options(nullptr);
+  Loader loader(o);
+  const PipelineMetrics metrics = loader.metrics();
+  const StatsTree* read_ahead = metrics.source.group("read_ahead");
+  ASSERT_NE(read_ahead, nullptr);
+  EXPECT_EQ(read_ahead->values.at(0).first, "opened");
+  const StatsTree all = stats_tree(metrics);
+  EXPECT_NE(all.group("read_ahead"), nullptr);
+  EXPECT_NE(all.group("dropped"), nullptr);
+}
+
 }  // namespace
 }  // namespace draftfeed

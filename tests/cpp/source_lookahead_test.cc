@@ -373,7 +373,8 @@ double seconds_to_claim(LookaheadSource& ahead, const TokenDataset& dataset, std
 
 TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
-  LookaheadSource ahead(fake, dataset_, {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
+  LookaheadSource ahead(fake, dataset_,
+                        {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
   plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   // 20 s if it waits out the stall; a margin of half that for a loaded machine.
@@ -395,7 +396,8 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
   fake->stall_calls = {1};       // the hedge stalls
   fake->slow_row_takes = 300ms;  // the first is slow, not stuck
-  LookaheadSource ahead(fake, dataset_, {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
+  LookaheadSource ahead(fake, dataset_,
+                        {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
   plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);

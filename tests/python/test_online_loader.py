@@ -218,7 +218,7 @@ def test_bench_command_runs_online(run_cli_json, data, clean_sim, tmp_path):
                           "--fetch-threads", "4", "--noise-std", "0")
     # The training epoch and the validation pass together fetch every row once.
     assert report["online"]["generated"] == ROWS and report["online"]["exhausted"] == 0
-    assert report["online"]["max_in_flight"] <= 4
+    assert report["online"]["client"]["max_in_flight"] <= 4
     assert sum(p["dropped"]["generation_failed"] for p in report["passes"]) == 0
     assert clean_sim.stats()["completions"] == ROWS
 

@@ -1,4 +1,3 @@
-#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/loader.h"
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 
 #include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/source/cache_source.h"
 
 namespace draftfeed {
@@ -175,9 +175,7 @@ void Loader::set_device_allocator(std::shared_ptr<DeviceAllocator> allocator) {
 PipelineMetrics Loader::metrics() const {
   PipelineMetrics metrics = pipeline_->metrics();
   if (device_stage_) device_stage_->fill_metrics(metrics);
-  if (const auto* cache = dynamic_cast<const CacheSampleSource*>(options_.source.get())) {
-    metrics.prefetch = cache->prefetch_stats();
-  }
+  metrics.source = options_.source->stats_report();
   return metrics;
 }
 
@@ -282,8 +280,7 @@ void Loader::restore(const LoaderState& state) {
   auto check = [](const char* key, const auto& saved, const auto& mine) {
     require(!saved || *saved == mine, ErrorKind::kInvalidArgument,
             std::string("state_dict was saved with ") + key + "=" +
-                std::to_string(saved.value_or(mine)) + ", this loader has " +
-                std::to_string(mine));
+                std::to_string(saved.value_or(mine)) + ", this loader has " + std::to_string(mine));
   };
   check("seed", state.seed, options_.batch.noise.seed);
   check("world_size", state.world_size, options_.plan.world_size);

@@ -104,8 +104,8 @@ class Loader {
   // starts the pipeline, unless `fetch` is false (a sequence-parallel rank that is not its group's
   // data rank: it fetches nothing, and records each batch it steps over with mark_delivered).
   // Returns the positions to deliver, in plan order.
-  std::vector<std::int64_t> begin_epoch(const std::vector<std::vector<std::int64_t>>* local = nullptr,
-                                        bool fetch = true);
+  std::vector<std::int64_t> begin_epoch(
+      const std::vector<std::vector<std::int64_t>>* local = nullptr, bool fetch = true);
   // set_epoch(epoch), then begin_epoch() over its plan.
   std::vector<std::int64_t> start_epoch(std::int64_t epoch);
   // Starts delivering `batches` (global rows; PlannedBatch::index is the batch's position in the

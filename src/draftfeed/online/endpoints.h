@@ -40,6 +40,18 @@ struct EndpointStats {
   std::string model;  // data[0].id once checked
 };
 
+template <typename Visit>
+void for_each_stat(const EndpointStats& e, Visit&& visit) {
+  visit("url", e.url);
+  visit("requests", e.requests);
+  visit("failures", e.failures);
+  visit("rests", e.rests);
+  visit("connections_opened", e.connections_opened);
+  visit("in_flight", e.in_flight);
+  visit("resting", e.resting);
+  visit("model", e.model);
+}
+
 class Endpoint {
  public:
   Endpoint(std::string url, const HttpPoolOptions& http) : pool(std::move(url), http) {}

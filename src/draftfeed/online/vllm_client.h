@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/online/endpoints.h"
 #include "draftfeed/online/vllm_protocol.h"
 
@@ -100,6 +101,28 @@ struct VllmClientStats {
   std::string model;
   std::vector<EndpointStats> endpoints;
 };
+
+// Each statistic under its reported name (common/stats_tree.h).
+template <typename Visit>
+void for_each_stat(const VllmClientStats& c, Visit&& visit) {
+  visit("model", c.model);
+  visit("requests", c.requests);
+  visit("model_checks", c.model_checks);
+  visit("succeeded", c.succeeded);
+  visit("retries", c.retries);
+  visit("transport_errors", c.transport_errors);
+  visit("timeouts", c.timeouts);
+  visit("http_retryable", c.http_retryable);
+  visit("http_other", c.http_other);
+  visit("too_large", c.too_large);
+  visit("invalid_responses", c.invalid_responses);
+  visit("problems", named_counts(c.problems, response_problem_name, 1));
+  visit("exhausted", c.exhausted);
+  visit("in_flight", c.in_flight);
+  visit("max_in_flight", c.max_in_flight);
+  visit("connections_opened", c.connections_opened);
+  visit("endpoints", c.endpoints);
+}
 
 class VllmClient {
  public:

@@ -33,12 +33,12 @@
 
 #include "draftfeed/batch/assemble.h"
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/common/thread_pool.h"
 #include "draftfeed/cuda/cuda_event.h"
 #include "draftfeed/cuda/cuda_runtime.h"
 #include "draftfeed/cuda/device_worker.h"
 #include "draftfeed/dataset/token_dataset.h"
-#include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
 #include "draftfeed/source/sample_source.h"
@@ -134,10 +134,39 @@ struct PipelineMetrics {
   std::size_t device_held_slot_bytes = 0;
   std::size_t device_bytes = 0;
   std::size_t device_peak_bytes = 0;
-  // The cache source's opening and reading ahead (hidden/cache_prefetch.h), when that is the
-  // source (filled by the Loader).
-  std::optional<CachePrefetchStats> prefetch;
+  // What the source reports (SampleSource::stats_report: a cache's file read-ahead, an online
+  // source's requests and lookahead), filled by the Loader.
+  StatsTree source;
 };
+
+// Each statistic under its reported name (common/stats_tree.h): the Python metrics() dict and the
+// command line's report are made from this list; the source's groups follow at the top level.
+template <typename Visit>
+void for_each_stat(const PipelineMetrics& m, Visit&& visit) {
+  visit("batches", m.batches);
+  visit("tokens", m.tokens);
+  visit("hidden_bytes", m.hidden_bytes);
+  visit("batch_bytes", m.batch_bytes);
+  visit("consumer_wait_seconds", m.consumer_wait_seconds);
+  visit("first_batch_seconds", m.first_batch_seconds);
+  visit("elapsed_seconds", m.elapsed_seconds);
+  visit("ready", m.ready);
+  visit("in_flight", m.in_flight);
+  visit("buffers", m.buffers);
+  visit("extra_buffers", m.extra_buffers);
+  visit("held_slot_bytes", m.held_slot_bytes);
+  visit("pinned", m.pinned);
+  visit("buffer_bytes", m.buffer_bytes);
+  visit("device", m.device);
+  visit("device_buffers", m.device_buffers);
+  visit("device_extra_buffers", m.device_extra_buffers);
+  visit("device_buffer_bytes", m.device_buffer_bytes);
+  visit("device_held_slot_bytes", m.device_held_slot_bytes);
+  visit("device_bytes", m.device_bytes);
+  visit("device_peak_bytes", m.device_peak_bytes);
+  visit("dropped", named_counts(m.dropped, drop_reason_name));
+  for (const auto& [name, group] : m.source.groups) visit(name.c_str(), group);
+}
 
 // Where each tensor of a batch lies in its buffer (the layout's slots).
 std::vector<SlotSpan> batch_slot_spans(const BatchLayout& layout);

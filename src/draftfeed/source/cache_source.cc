@@ -134,6 +134,12 @@ void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
   prefetch_->plan(std::move(files));
 }
 
+StatsTree CacheSampleSource::stats_report() const {
+  StatsTree out;
+  out.groups.emplace_back("read_ahead", stats_tree(prefetch_->stats()));
+  return out;
+}
+
 void CacheSampleSource::interrupt() { prefetch_->clear(); }
 
 void CacheSampleSource::resume() { prefetch_->clear(); }

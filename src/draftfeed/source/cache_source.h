@@ -78,6 +78,8 @@ class CacheSampleSource : public SampleSource {
   void interrupt() override;
   void resume() override;
   CachePrefetchStats prefetch_stats() const { return prefetch_->stats(); }
+  // {"read_ahead": the file read-ahead's statistics}.
+  StatsTree stats_report() const override;
   // On a network file system a fetch may wait for its file's open: one of a tail of seconds, until
   // the prefetch's second ask answers (tens of ms). Threads of their own for such waits, so that
   // the copies of the other batches go on meanwhile (none where opens are local).

@@ -433,6 +433,12 @@ void LookaheadSource::resume() {
   inner_->resume();
 }
 
+StatsTree LookaheadSource::stats_report() const {
+  StatsTree out = inner_->stats_report();
+  out.groups.emplace_back("lookahead", stats_tree(stats()));
+  return out;
+}
+
 bool LookaheadSource::settled() const {
   std::lock_guard lock(mutex_);
   // A thread picks its row and counts it running in one hold of the lock, and hedges only rows

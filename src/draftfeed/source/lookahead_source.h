@@ -94,6 +94,28 @@ struct LookaheadStats {
   double tail_factor = 1;        // and how far off it is
 };
 
+// Each statistic under its reported name (common/stats_tree.h).
+template <typename Visit>
+void for_each_stat(const LookaheadStats& l, Visit&& visit) {
+  visit("queued", l.queued);
+  visit("running", l.running);
+  visit("ready", l.ready);
+  visit("waiting_claims", l.waiting_claims);
+  visit("hits", l.hits);
+  visit("inline_fetches", l.inline_fetches);
+  visit("stored_reads", l.stored_reads);
+  visit("discarded", l.discarded);
+  visit("next_plan_started", l.next_plan_started);
+  visit("held_bytes", l.held_bytes);
+  visit("peak_held_bytes", l.peak_held_bytes);
+  visit("budget_bytes", l.budget_bytes);
+  visit("hedges", l.hedges);
+  visit("hedges_won", l.hedges_won);
+  visit("hedges_lost", l.hedges_lost);
+  visit("trusts_history", l.trusts_history);
+  visit("tail_factor", l.tail_factor);
+}
+
 struct LookaheadHedge {
   double factor = 2;         // x the predicted time; 0: no hedged fetches
   double min_seconds = 1.0;  // and at least this long
@@ -171,6 +193,8 @@ class LookaheadSource : public SampleSource {
   void resume() override;
 
   LookaheadStats stats() const;
+  // The inner source's report with {"lookahead": stats()} added.
+  StatsTree stats_report() const override;
   // Whether the lookahead has started all it may until the next claim or plan: no fetch under way,
   // and no row that the window and the budget let it start (nor a claimed one). What a caller
   // waits for before it checks that the window held (a sleep would not say whether the threads

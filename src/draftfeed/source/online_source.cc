@@ -575,6 +575,12 @@ void OnlineSampleSource::remove_through_transfer(const std::string& handle) {
   }
 }
 
+StatsTree OnlineSampleSource::stats_report() const {
+  StatsTree out;
+  out.groups.emplace_back("online", stats_tree(stats()));
+  return out;
+}
+
 OnlineSourceStats OnlineSampleSource::stats() const {
   OnlineSourceStats out;
   {

@@ -130,6 +130,31 @@ struct OnlineSourceStats {
   VllmClientStats client;
 };
 
+// Each statistic under its reported name (common/stats_tree.h).
+template <typename Visit>
+void for_each_stat(const OnlineSourceStats& s, Visit&& visit) {
+  visit("cache_hits", s.cache_hits);
+  visit("cache_rejected", s.cache_rejected);
+  visit("generated", s.generated);
+  visit("exhausted", s.exhausted);
+  visit("skipped", s.skipped);
+  visit("chat_rows", s.chat_rows);
+  visit("bad_messages", s.bad_messages);
+  visit("round_trips", s.round_trips);
+  visit("request_failures", named_counts(s.failures.request, generation_failure_name, 1));
+  visit("file_failures", named_counts(s.failures.file, file_problem_name, 1));
+  visit("adopted", s.adopted);
+  visit("deleted", s.deleted);
+  visit("left_in_place", s.left_in_place);
+  visit("abandoned", s.abandoned);
+  visit("cleanup_errors", s.cleanup_errors);
+  visit("consecutive_failures", s.consecutive_failures);
+  visit("max_consecutive_failures", s.max_consecutive_failures);
+  visit("fatal", s.fatal);
+  visit("fatal_message", s.fatal_message);
+  visit("client", s.client);
+}
+
 class OnlineSampleSource : public SampleSource {
  public:
   // Throws kInvalidArgument for bad options (naming them).
@@ -158,6 +183,8 @@ class OnlineSampleSource : public SampleSource {
   // The pipeline's stop: cancel(), then resume() once its threads have joined. A fetch that was
   // cancelled is dropped as kGenerationFailed but counts neither as exhausted nor as consecutive.
   void interrupt() override { cancel(); }
+  // {"online": stats()}.
+  StatsTree stats_report() const override;
   void resume() override;
 
   OnlineSourceStats stats() const;

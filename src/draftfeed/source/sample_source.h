@@ -16,6 +16,7 @@
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/mapped_file.h"
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/dataset/token_dataset.h"
 
 namespace draftfeed {
@@ -137,6 +138,10 @@ class SampleSource {
   // the next epoch. Fetches that end because of interrupt() are not failures of the sample.
   virtual void interrupt() {}
   virtual void resume() {}
+
+  // What the source has to report, as named groups (a cache's "read_ahead", an online source's
+  // counts and its "lookahead"): the loader's metrics carry them without knowing the source.
+  virtual StatsTree stats_report() const { return {}; }
 
   // How many fetches this source may keep blocked at once for a long time (a request to a server
   // holds its fetch for the whole round trip). The pipeline runs that many threads on top of its
