@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "draftfeed/common/error.h"
 #include "draftfeed/common/file_readahead.h"
 #include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/hidden/cache_store.h"
@@ -549,6 +550,34 @@ TEST(CachePrefetchStatsTest, EachFieldIsVisitedOnceUnderItsName) {
   EXPECT_EQ(seen["wait_seconds"], 0.5);
   EXPECT_EQ(seen["max_ahead_bytes"], 7);
   EXPECT_EQ(seen["read"], 0);
+}
+
+// The read-ahead's options are checked once, the message naming the field.
+TEST(CachePrefetchOptionsTest, BadValuesAreRefusedNamingTheField) {
+  auto refused = [](const CachePrefetchOptions& options, const char* field) {
+    try {
+      options.validate();
+      ADD_FAILURE() << "accepted; expected an error naming " << field;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(field), std::string::npos) << error.what();
+    }
+  };
+  CachePrefetchOptions o;
+  o.validate();
+  o.max_threads = 0;
+  refused(o, "max_threads");
+  o = {};
+  o.max_ahead_bytes = 0;
+  refused(o, "max_ahead_bytes");
+  o = {};
+  o.max_open_files = -1;
+  refused(o, "max_open_files");
+  o = {};
+  o.hedge_factor = 0.5;
+  refused(o, "hedge_factor");
+  o = {};
+  o.max_asks = 0;
+  refused(o, "max_asks");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 
+#include "draftfeed/common/error.h"
 #include "draftfeed/common/file_readahead.h"
 
 namespace draftfeed {
@@ -40,9 +41,32 @@ std::int64_t default_max_open_files() {
   return std::max<std::int64_t>(16, files);
 }
 
+void CachePrefetchOptions::validate() const {
+  auto positive = [](bool ok, const char* field, const std::string& value) {
+    require(ok, ErrorKind::kInvalidArgument,
+            std::string("read-ahead: ") + field + " must be positive, got " + value);
+  };
+  positive(max_ahead_bytes > 0, "max_ahead_bytes", std::to_string(max_ahead_bytes));
+  positive(max_reading_bytes > 0, "max_reading_bytes", std::to_string(max_reading_bytes));
+  positive(max_threads > 0, "max_threads", std::to_string(max_threads));
+  positive(max_asks > 0, "max_asks", std::to_string(max_asks));
+  positive(idle_exit_after.count() > 0, "idle_exit_after",
+           std::to_string(idle_exit_after.count()) + " ms");
+  require(max_open_files >= 0, ErrorKind::kInvalidArgument,
+          "read-ahead: max_open_files must be >= 0 (0: from the open-file limit), got " +
+              std::to_string(max_open_files));
+  require(grow_after.count() >= 0 && hedge_after.count() >= 0 && wanted_hedge_after.count() >= 0,
+          ErrorKind::kInvalidArgument,
+          "read-ahead: grow_after, hedge_after and wanted_hedge_after must be >= 0");
+  require(
+      hedge_factor >= 1 && wanted_hedge_factor >= 1, ErrorKind::kInvalidArgument,
+      "read-ahead: hedge_factor and wanted_hedge_factor must be >= 1 (x the median open), got " +
+          std::to_string(hedge_factor) + " and " + std::to_string(wanted_hedge_factor));
+}
+
 CachePrefetch::CachePrefetch(Opener opener, CachePrefetchOptions options)
     : opener_(std::move(opener)),
-      options_(options),
+      options_((options.validate(), options)),
       max_open_files_(options.max_open_files > 0 ? options.max_open_files
                                                  : default_max_open_files()),
       pacer_([this] { pace(); }) {}

@@ -94,6 +94,9 @@ struct CachePrefetchOptions {
   int max_asks = 4;
   bool read_data = true;    // read files into the page cache (off: open ahead only)
   bool skip_cached = true;  // files already in the page cache are not read again
+
+  // The only check of these fields (Error kInvalidArgument naming the field).
+  void validate() const;
 };
 
 struct CachePrefetchStats {

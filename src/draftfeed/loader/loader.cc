@@ -68,8 +68,6 @@ LoaderOptions completed(LoaderOptions options) {
   if (options.cache.hidden_states_path.empty()) {
     options.cache.hidden_states_path = default_hidden_states_path(options.data_path);
   }
-  options.plan.max_len = options.batch.max_len;
-  options.plan.seed = options.batch.noise.seed;
   // Noise belongs to the training split alone (the one place this rule is made): the other
   // splits' batches have none, and their options say so.
   if (options.split != Split::kTrain) {
@@ -102,7 +100,7 @@ void LoaderOptions::validate() const {
   // The planner's bound, named as the loader's option (its own message says max_len).
   require(batch.max_len < kMaxPlanLength, ErrorKind::kInvalidArgument,
           "total_seq_len must be below 2^40, got " + std::to_string(batch.max_len));
-  plan.validate();
+  plan_options().validate();
   pipeline.validate();
   if (!source) cache.validate();
 }
@@ -182,7 +180,7 @@ PipelineMetrics Loader::metrics() const {
 const RankPlan& Loader::plan(std::int64_t epoch, const WindowOrder& window_order) {
   auto found = plans_.find(epoch);
   if (found != plans_.end() && !window_order) return found->second;
-  PlanOptions plan = options_.plan;
+  PlanOptions plan = options_.plan_options();
   plan.window_order = window_order;
   RankPlan planned = plan_rank(split_.seq_lens(), plan, options_.rank, epoch);
   if (plans_.size() >= 4) plans_.erase(plans_.begin());

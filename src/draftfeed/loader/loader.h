@@ -48,7 +48,7 @@ struct LoaderOptions {
   double train_ratio = 0.9;  // in (0, 1) unless split is kAll
   int rank = 0;              // data-parallel rank, in [0, plan.world_size)
   BatchSpec batch;           // max_len is also the planner's; batch.noise.seed its seed too
-  PlanOptions plan;          // world_size, truncate, max_batches (max_len, seed: from batch)
+  PlanLimits plan;           // world_size, truncate, max_batches (plan_options(): with batch's)
   PipelineOptions pipeline;  // threads, buffers, delivery order... (noise: set here)
   // The cache source's options, when `source` is null (cache.hidden_states_path empty:
   // <data_path>/hidden_states).
@@ -61,6 +61,8 @@ struct LoaderOptions {
   void validate() const;
   // The validation loader that goes with this training loader (see above).
   LoaderOptions validation() const;
+  // The planner's options: `plan` with the batch's max_len and the noise seed.
+  PlanOptions plan_options() const { return plan.with(batch.max_len, batch.noise.seed); }
 };
 
 // Which batches of which epoch a loader delivered: positions in the epoch's batch list (the plan,

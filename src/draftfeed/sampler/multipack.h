@@ -50,6 +50,24 @@ struct PlanOptions {
   void validate() const;
 };
 
+// The planner's options a loader holds beside the batch's length and the seed, which it holds
+// once elsewhere (LoaderOptions: batch.max_len, batch.noise.seed); with() makes the full options.
+struct PlanLimits {
+  int world_size = 1;
+  bool truncate = true;
+  std::optional<std::int64_t> max_batches;
+
+  PlanOptions with(std::int64_t max_len, std::uint64_t seed) const {
+    PlanOptions options;
+    options.max_len = max_len;
+    options.world_size = world_size;
+    options.seed = seed;
+    options.truncate = truncate;
+    options.max_batches = max_batches;
+    return options;
+  }
+};
+
 // One rank's batches, stored back to back: batch b is samples[batch_offsets[b] ..
 // batch_offsets[b+1]).
 struct RankPlan {
