@@ -324,8 +324,8 @@ void bind_loader_options(nb::module_& m) {
           [](O& o, int v) { o.pipeline.num_threads = v; },
           "fetch and assembly threads (an online source's requests get their own)")
       .def_prop_rw(
-          "prefetch", [](const O& o) { return o.pipeline.prefetch; },
-          [](O& o, int v) { o.pipeline.prefetch = v; }, "batch buffers")
+          "prefetch", [](const O& o) { return o.pipeline.buffers; },
+          [](O& o, int v) { o.pipeline.buffers = v; }, "batch buffers")
       .def_prop_rw(
           "in_order", [](const O& o) { return o.pipeline.in_order; },
           [](O& o, bool v) { o.pipeline.in_order = v; })

@@ -31,8 +31,8 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/online_sources.h"
+#include "draftfeed/read_ahead/lookahead_source.h"
 #include "draftfeed/source/cache_source.h"
-#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 #include "options_init.h"
 #include "python_transfer.h"
@@ -240,8 +240,9 @@ void bind_lookahead_options(nb::module_& m) {
           [](O& o, double v) { o.hedge.factor = v; },
           "ask again for a row whose request ran that many times its predicted time (0: never)")
       .def_prop_rw(
-          "hedge_min_seconds", [](const O& o) { return o.hedge.min_seconds; },
-          [](O& o, double v) { o.hedge.min_seconds = v; }, "and at least that long")
+          "hedge_min_seconds", [](const O& o) { return o.hedge.min_wait.count(); },
+          [](O& o, double v) { o.hedge.min_wait = std::chrono::duration<double>(v); },
+          "and at least that long")
       .def_prop_rw(
           "lookahead_next_epoch", [](const O& o) { return o.next_epoch; },
           [](O& o, bool v) { o.next_epoch = v; },
@@ -334,12 +335,12 @@ void init_online(nb::module_& m) {
              return stats_dict(tree);
            })
       .def(
-          "prefetch",
+          "plan_rows",
           [](PyOnlineSource& s, const Int64Input& rows) {
             LookaheadSource& ahead = lookahead_of(s);
             std::vector<std::int64_t> list(rows.data(), rows.data() + rows.shape(0));
             nb::gil_scoped_release release;
-            ahead.prefetch(list);
+            ahead.plan_rows(list);
           },
           nb::arg("rows"),
           "the global rows coming next, in order (each its own batch): fetched ahead by the "

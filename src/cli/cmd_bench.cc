@@ -43,7 +43,7 @@ options:
   --threads N           fetch + assembly threads (default )" +
          std::to_string(d.pipeline.num_threads) + R"()
   --prefetch P          batch buffers (default )" +
-         std::to_string(d.pipeline.prefetch) + R"()
+         std::to_string(d.pipeline.buffers) + R"()
   --as-ready            deliver batches as they are ready instead of in order
   --on-missing POLICY   skip | warn | raise for rows without a cached file (default )" +
          on_missing_name(d.cache.on_missing) + R"()
@@ -94,8 +94,8 @@ int run(const std::vector<std::string>& argv) {
   options.rank = static_cast<int>(args.integer("rank", options.rank, 0));
   options.pipeline.num_threads =
       static_cast<int>(args.integer("threads", options.pipeline.num_threads, 1));
-  options.pipeline.prefetch =
-      static_cast<int>(args.integer("prefetch", options.pipeline.prefetch, 1));
+  options.pipeline.buffers =
+      static_cast<int>(args.integer("prefetch", options.pipeline.buffers, 1));
   require(options.rank < options.plan.world_size, ErrorKind::kInvalidArgument,
           "--rank " + std::to_string(options.rank) + " is outside --world-size " +
               std::to_string(options.plan.world_size));

@@ -59,7 +59,7 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
                 static_cast<long long>(layers), static_cast<long long>(hidden),
                 torch_dtype_name(options.batch.dtype));
     std::printf("engine    %d threads, %d buffers of %s (peak batch memory %s), %s, %s (%s)\n",
-                options.pipeline.num_threads, options.pipeline.prefetch,
+                options.pipeline.num_threads, options.pipeline.buffers,
                 human_bytes(static_cast<double>(train_loader.layout().total_bytes)).c_str(),
                 human_bytes(static_cast<double>(train_loader.pool_bytes())).c_str(),
                 options.pipeline.in_order ? "in order" : "as ready",

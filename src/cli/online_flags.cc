@@ -126,7 +126,7 @@ std::string lookahead_flags_usage(int width) {
               "ask again for a row whose request ran X times its predicted time (default " +
                   default_text(d.hedge.factor) + "; 0: never)") +
          line(width, "--hedge-min-seconds S",
-              "and at least S seconds (default " + default_text(d.hedge.min_seconds) + ")");
+              "and at least S seconds (default " + default_text(d.hedge.min_wait.count()) + ")");
 }
 
 LookaheadOptions lookahead_options_from(const Args& args) {
@@ -138,7 +138,8 @@ LookaheadOptions lookahead_options_from(const Args& args) {
       args.integer("lookahead-bytes", static_cast<std::int64_t>(options.budget_bytes), 0));
   options.next_epoch = args.has("lookahead-next-epoch");
   options.hedge.factor = args.real("hedge-factor", options.hedge.factor, 0.0);
-  options.hedge.min_seconds = args.real("hedge-min-seconds", options.hedge.min_seconds, 0.0);
+  options.hedge.min_wait = std::chrono::duration<double>(
+      args.real("hedge-min-seconds", options.hedge.min_wait.count(), 0.0));
   return options;
 }
 

@@ -72,7 +72,7 @@ class LoaderEpochTest : public TempFolderTest {
     o.batch.dtype = DType::kF32;
     o.batch.noise.seed = 11;
     o.pipeline.num_threads = 2;
-    o.pipeline.prefetch = 2;
+    o.pipeline.buffers = 2;
     o.pipeline.try_pin = false;
     o.source = source;
     return o;

@@ -59,7 +59,7 @@ class LoaderTest : public TempFolderTest {
     o.batch.dtype = DType::kF32;
     o.batch.noise.seed = 7;
     o.pipeline.num_threads = 2;
-    o.pipeline.prefetch = 2;
+    o.pipeline.buffers = 2;
     o.pipeline.try_pin = false;
     return o;
   }

@@ -131,7 +131,7 @@ class PipelineFileChangeTest : public TempFolderTest,
     spec.num_target_layers = kLayers - 1;
     PipelineOptions options;
     options.num_threads = 3;
-    options.prefetch = 2;
+    options.buffers = 2;
     options.max_drop_examples = 8;
     options.chunk_bytes = 4096;  // several copy tasks per sample
     Pipeline pipeline(make_batch_layout(spec), dataset_, source_, options);

@@ -124,7 +124,7 @@ class PipelineTest : public ::testing::Test {
     return batches;
   }
 
-  std::unique_ptr<Pipeline> make(bool in_order, int threads = 3, int prefetch = 3,
+  std::unique_ptr<Pipeline> make(bool in_order, int threads = 3, int buffers = 3,
                                  Preprocess preprocess = Preprocess::kNone) {
     BatchSpec spec;
     spec.preprocess = preprocess;
@@ -133,7 +133,7 @@ class PipelineTest : public ::testing::Test {
     spec.num_target_layers = kLayers - 1;
     PipelineOptions options;
     options.num_threads = threads;
-    options.prefetch = prefetch;
+    options.buffers = buffers;
     options.in_order = in_order;
     options.chunk_bytes = 64 * 4;  // tiny chunks: many copy tasks per sample
     return std::make_unique<Pipeline>(make_batch_layout(spec), dataset_, source_, options);

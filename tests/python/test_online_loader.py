@@ -251,7 +251,7 @@ def test_lookahead_window_bounds_the_rows_fetched_ahead(data, clean_sim, tmp_pat
     source = draftfeed.online.OnlineSource(
         clean_sim.url, data_path=data, hidden_states_path=tmp_path / "cache", fetch_threads=3,
         lookahead=5, on_generate="cache")
-    source.prefetch(np.arange(ROWS, dtype=np.int64))
+    source.plan_rows(np.arange(ROWS, dtype=np.int64))
     deadline = time.monotonic() + 30
     while source.stats()["lookahead"]["ready"] < 5:
         assert time.monotonic() < deadline
@@ -266,10 +266,10 @@ def test_lookahead_window_bounds_the_rows_fetched_ahead(data, clean_sim, tmp_pat
         assert time.monotonic() < deadline, "a claim makes room for one more row"
         time.sleep(0.02)
     with pytest.raises(ValueError, match="outside the dataset"):
-        source.prefetch(np.array([ROWS], dtype=np.int64))
+        source.plan_rows(np.array([ROWS], dtype=np.int64))
     no_lookahead = draftfeed.online.OnlineSource(clean_sim.url, hidden_states_path=tmp_path / "c2")
     with pytest.raises(ValueError, match="lookahead"):
-        no_lookahead.prefetch(np.arange(3, dtype=np.int64))
+        no_lookahead.plan_rows(np.arange(3, dtype=np.int64))
 
 
 def test_a_request_stalled_far_past_its_prediction_is_asked_again(run_cli, data, clean_sim,

@@ -120,14 +120,6 @@ void MappedFile::advise_normal() const {
   if (data_ != nullptr) ::madvise(const_cast<std::uint8_t*>(data_), size_, MADV_NORMAL);
 }
 
-void MappedFile::prefetch(std::size_t offset, std::size_t length) const {
-  if (data_ == nullptr || offset >= size_) return;
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t start = offset / page * page;
-  const std::size_t end = std::min(size_, offset + length);
-  ::madvise(const_cast<std::uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
-}
-
 void MappedFile::release(std::size_t offset, std::size_t length) const {
   if (data_ == nullptr || offset >= size_) return;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));

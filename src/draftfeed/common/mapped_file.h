@@ -87,9 +87,6 @@ class MappedFile {
   // for a file whose rows are copied through the mapping (CacheCopy's default).
   void advise_normal() const;
 
-  // Asks the kernel to read ahead the given range (MADV_WILLNEED); a hint, never an error.
-  void prefetch(std::size_t offset, std::size_t length) const;
-
   // Drops this process's page-table entries for the whole pages inside [offset, offset + length)
   // (MADV_DONTNEED on a shared read-only mapping): the pages stay in the page cache, and a later
   // read of them faults them in again. Why: a page of the cache mapped by this process counts in

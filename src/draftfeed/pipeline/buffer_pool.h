@@ -1,4 +1,4 @@
-// A pool of batch buffers, `prefetch` deep, shared between the pipeline and the batches it
+// A pool of batch buffers, `buffers` deep (PipelineOptions::buffers), shared between the pipeline and the batches it
 // delivered.
 //
 // A buffer holds every tensor of a batch, each in its own slot (the layout's). A delivered batch

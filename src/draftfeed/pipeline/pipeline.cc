@@ -98,7 +98,7 @@ Pipeline::Pipeline(BatchLayout layout, std::shared_ptr<const TokenDataset> datas
       options_(options),
       cuda_(pinning_worker(options, &pinning_detail_)),
       pool_(BufferPool::create(layout_->total_bytes, batch_slot_spans(*layout_),
-                               std::max(1, options.prefetch), [worker = cuda_](std::size_t bytes) {
+                               std::max(1, options.buffers), [worker = cuda_](std::size_t bytes) {
                                  return std::make_shared<HostBuffer>(bytes, worker);
                                })) {
   require(dataset_ != nullptr && source_ != nullptr, ErrorKind::kInvalidArgument,

@@ -47,7 +47,7 @@ namespace draftfeed {
 
 struct PipelineOptions {
   int num_threads = 2;   // fetch + assembly threads (plus the source's blocking_fetches())
-  int prefetch = 4;      // batch buffers (batches in flight or waiting)
+  int buffers = 4;       // batch buffers (batches in flight or waiting; Python: prefetch)
   bool in_order = true;  // deliver in plan order, or as batches become ready
   bool try_pin = true;   // page-lock buffers when a CUDA runtime is present
   // The rank's CUDA device, current for every CUDA call draftfeed makes (pinning, the device
@@ -200,7 +200,7 @@ class Pipeline {
 
   PipelineMetrics metrics() const;
   const BatchLayout& layout() const { return *layout_; }
-  // Bytes the pool holds: prefetch x batch size (plus any extra buffers a kept batch forced).
+  // Bytes the pool holds: buffers x batch size (plus any extra buffers a kept batch forced).
   std::size_t pool_bytes() const;
   // The device worker when buffers may be page-locked (try_pin and a CUDA device), else null.
   // pinning_detail(): the device and the runtime, or why buffers are pageable.

@@ -89,27 +89,27 @@ CacheSampleSource::CacheSampleSource(const CacheSourceOptions& options)
 
 CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
                                      const CacheSourceOptions& options,
-                                     CachePrefetchOptions prefetch)
+                                     FileReadAheadOptions read_ahead)
     : store_(std::move(store)),
       options_(checked(options)),
       read_rows_(options_.rows_are_read()),
       blocking_fetches_(on_network_file_system(options_.hidden_states_path) ? 8 : 0),
-      prefetch_(std::make_unique<CachePrefetch>(
-          // Header only, descriptor kept: the prefetch reads ahead through it (and the copy too
+      read_ahead_(std::make_unique<FileReadAhead>(
+          // Header only, descriptor kept: the read-ahead reads ahead through it (and the copy too
           // with CacheCopy kRead), never around the header's page when thousands of files are
           // opened ahead.
           [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
-          prefetch)) {}
+          read_ahead)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
-  // Opened (and read) ahead, or, when the prefetch has not got there, opened now and read whole
-  // before the copy's preads (as the prefetch would have: read_before_copy).
-  std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
+  // Opened (and read) ahead, or, when the read-ahead has not got there, opened now and read whole
+  // before the copy's preads (as the read-ahead would have: read_before_copy).
+  std::optional<FileReadAhead::Prepared> prepared = read_ahead_->take(global_row);
   if (!prepared) {
     prepared.emplace(store_->lookup(global_row, kMapForRowReads));
     if (prepared->ok() && prepared->value()) read_before_copy(*prepared->value()->file->mapping());
   }
-  CachePrefetch::Prepared found = std::move(*prepared);
+  FileReadAhead::Prepared found = std::move(*prepared);
   if (!found.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  row_text(global_row) + ": " + found.error().what());
@@ -127,22 +127,22 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
 }
 
 void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
-  PrefetchPlan files;
+  FileReadAheadPlan files;
   files.batches.reserve(plan.batches->size());
   for (const PlannedBatch& batch : *plan.batches) files.batches.emplace_back(batch.rows);
   files.owner = plan.batches;
-  prefetch_->plan(std::move(files));
+  read_ahead_->plan(std::move(files));
 }
 
 StatsTree CacheSampleSource::stats_report() const {
   StatsTree out;
-  out.groups.emplace_back("read_ahead", stats_tree(prefetch_->stats()));
+  out.groups.emplace_back("read_ahead", stats_tree(read_ahead_->stats()));
   return out;
 }
 
-void CacheSampleSource::interrupt() { prefetch_->clear(); }
+void CacheSampleSource::interrupt() { read_ahead_->clear(); }
 
-void CacheSampleSource::resume() { prefetch_->clear(); }
+void CacheSampleSource::resume() { read_ahead_->clear(); }
 
 FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayView& input_ids,
                                       const HiddenStateSample& sample, DType fp8_dequantize_dtype,

@@ -1,7 +1,7 @@
 // The offline sample source: hidden states from the cache folder (`hs_<row>.safetensors`, flat or
 // sharded: cache_layout.h), checked against the dataset row before anything is copied. Finiteness
 // is checked later, inside the copy. The epoch's files are opened and read ahead in plan order
-// (cache_prefetch.h), so a cold cache streams at the disk's speed and a network file system's
+// (file_read_ahead.h), so a cold cache streams at the disk's speed and a network file system's
 // round trips overlap instead of adding up.
 // Files may be bf16/f16/f32 or hs-connectors' FP8 (F8_E4M3 with per-token scales), mixed in one
 // folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize_dtype`.
@@ -12,8 +12,8 @@
 #include <string>
 #include <string_view>
 
-#include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/read_ahead/file_read_ahead.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
@@ -28,7 +28,7 @@ const char* on_missing_name(OnMissing on_missing);
 // descriptor (pipeline/file_rows_copy.h). kAuto maps, on every file system:
 //   - on a network or FUSE one (common/file_system.h) each read() of a file whose attributes the
 //     client holds longer than its attribute timeout asks the server for them first, one round trip
-//     per file in the copy, while a fault on a mapping of cached pages asks nothing (the prefetch
+//     per file in the copy, while a fault on a mapping of cached pages asks nothing (the read-ahead
 //     has read the file into the page cache by then);
 //   - on a local one, where the kernel maps a file's 2 MiB folios with one fault each, the copy
 //     reads each row once into its place, where the read scatters a token's layers with one small
@@ -69,19 +69,19 @@ class CacheSampleSource : public SampleSource {
   explicit CacheSampleSource(const CacheSourceOptions& options);
   // The same over `store` (options.store() or one it allows more of), shared with its owner.
   CacheSampleSource(std::shared_ptr<const CacheStore> store, const CacheSourceOptions& options,
-                    CachePrefetchOptions prefetch = {});
+                    FileReadAheadOptions read_ahead = {});
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
-  // The epoch's files are opened and read ahead in this order (hidden/cache_prefetch.h).
+  // The epoch's files are opened and read ahead in this order (read_ahead/file_read_ahead.h).
   void will_need(const ReadAheadPlan& plan) override;
   // The pipeline stops: what was prepared ahead is dropped, at once and again once its threads
   // have joined.
   void interrupt() override;
   void resume() override;
-  CachePrefetchStats prefetch_stats() const { return prefetch_->stats(); }
+  FileReadAheadStats read_ahead_stats() const { return read_ahead_->stats(); }
   // {"read_ahead": the file read-ahead's statistics}.
   StatsTree stats_report() const override;
   // On a network file system a fetch may wait for its file's open: one of a tail of seconds, until
-  // the prefetch's second ask answers (tens of ms). Threads of their own for such waits, so that
+  // the read-ahead's second ask answers (tens of ms). Threads of their own for such waits, so that
   // the copies of the other batches go on meanwhile (none where opens are local).
   int blocking_fetches() const override { return blocking_fetches_; }
 
@@ -98,7 +98,7 @@ class CacheSampleSource : public SampleSource {
   const CacheSourceOptions options_;
   const bool read_rows_;  // options_.rows_are_read(), decided once
   const int blocking_fetches_;
-  std::unique_ptr<CachePrefetch> prefetch_;
+  std::unique_ptr<FileReadAhead> read_ahead_;
 };
 
 }  // namespace draftfeed

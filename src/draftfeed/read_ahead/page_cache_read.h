@@ -10,7 +10,7 @@
 // depth runs several at once. WILLNEED fills the page cache with single pages, so each device
 // request carries at most max_segments pages, where a sequential read's kernel readahead allocates
 // large folios and asks for them in large requests: reading is what the disk bound does, so it is
-// the default (hidden/cache_prefetch.h; docs/decisions.md has the measurement).
+// the default (read_ahead/file_read_ahead.h; docs/decisions.md has the measurement).
 //
 // A file whose first and last pages are in the page cache (asked with mincore, which starts no
 // I/O) is taken as read and skipped when `skip_cached`: a file is read from its start, so its end

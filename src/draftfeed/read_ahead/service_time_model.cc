@@ -1,4 +1,4 @@
-#include "draftfeed/source/service_time_model.h"
+#include "draftfeed/read_ahead/service_time_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "draftfeed/common/error.h"
-#include "draftfeed/common/file_readahead.h"
-#include "draftfeed/hidden/cache_prefetch.h"
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/read_ahead/file_read_ahead.h"
+#include "draftfeed/read_ahead/page_cache_read.h"
 #include "sample_file.h"
 #include "temp_folder.h"
 
@@ -176,7 +176,7 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
   }
 
   // The store's lookup, counted; `held_` rows wait until release(), each `delay_` long.
-  CachePrefetch::Opener opener() {
+  FileReadAhead::Opener opener() {
     return [this](std::int64_t row) {
       const int now = ++opening_;
       int seen = max_opening_.load();
@@ -191,7 +191,7 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
       }
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
       --opening_;
-      // As the cache source opens its files (kMapForRowReads: the prefetch reads through the fd).
+      // As the cache source opens its files (kMapForRowReads: the read-ahead reads through the fd).
       return store_->lookup(row, MapOptions{.keep_descriptor = true, .header_only = true});
     };
   }
@@ -206,18 +206,18 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
     std::lock_guard lock(mutex_);
     return opened_.count(row) != 0;
   }
-  // Every row, from the prefetch or, where it has not opened the row, opened here (as a fetch
+  // Every row, from the read-ahead or, where it has not opened the row, opened here (as a fetch
   // does).
-  void take_or_open_each(CachePrefetch& prefetch) {
+  void take_or_open_each(FileReadAhead& prefetch) {
     for (int row = 0; row < kRows; ++row) {
       auto taken = prefetch.take(row);
       if (!taken) taken.emplace(opener()(row));
       ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
     }
   }
-  static PrefetchPlan plan_of(std::vector<std::vector<std::int64_t>> batches) {
+  static FileReadAheadPlan plan_of(std::vector<std::vector<std::int64_t>> batches) {
     auto owner = std::make_shared<std::vector<std::vector<std::int64_t>>>(std::move(batches));
-    PrefetchPlan plan;
+    FileReadAheadPlan plan;
     for (const auto& batch : *owner) plan.batches.emplace_back(batch);
     plan.owner = owner;
     return plan;
@@ -246,7 +246,7 @@ TEST_F(ConcurrentCachePrefetchTest, ReadsEveryPlannedFileAheadAndHandsItToItsFet
   for (int row = 0; row < kRows; ++row) {
     if (!evicted(store_->path_for(row), file_bytes_)) GTEST_SKIP() << "the pages stay cached";
   }
-  CachePrefetch prefetch(opener());
+  FileReadAhead prefetch(opener());
   prefetch.plan(plan_of(all_rows()));
   // Each file read, unless its open alone brought all of it in (the kernel's read-around of the
   // header's page fault is read_ahead_kb: 8 MB on some disks).
@@ -257,14 +257,14 @@ TEST_F(ConcurrentCachePrefetchTest, ReadsEveryPlannedFileAheadAndHandsItToItsFet
     ASSERT_TRUE(taken->ok() && taken->value().has_value()) << row;
     EXPECT_EQ(taken->value()->file->path(), store_->path_for(row));
   }
-  const CachePrefetchStats stats = prefetch.stats();
+  const FileReadAheadStats stats = prefetch.stats();
   EXPECT_EQ(stats.opened, kRows);  // each file opened once: a take opens nothing again
   EXPECT_EQ(stats.taken, kRows);
   EXPECT_EQ(stats.bytes, static_cast<std::uint64_t>(stats.read) * file_bytes_);
 }
 
 TEST_F(ConcurrentCachePrefetchTest, FilesAlreadyCachedAreOpenedNotRead) {
-  CachePrefetch prefetch(opener());  // the files were just written: in the page cache
+  FileReadAhead prefetch(opener());  // the files were just written: in the page cache
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
   EXPECT_EQ(prefetch.stats().read, 0);
@@ -276,7 +276,7 @@ TEST_F(ConcurrentCachePrefetchTest, FilesAlreadyCachedAreOpenedNotRead) {
 // are long so that they overlap even where a loaded machine, or TSan, starts threads slowly.)
 TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount) {
   delay_ = std::chrono::milliseconds(600);
-  CachePrefetch prefetch(opener());
+  FileReadAhead prefetch(opener());
   prefetch.plan(plan_of(all_rows()));
   ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));  // each waits for its open, or opens it
   EXPECT_GE(prefetch.stats().max_opening, 8);
@@ -285,19 +285,19 @@ TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount
   EXPECT_GT(prefetch.stats().waited, 0);
 }
 
-// Where opens are quick and the prefetch keeps ahead of the fetches, no thread is added: more would
-// only contend for the CPUs and the memory map. "Quick" is what the pacer compares with
+// Where opens are quick and the read-ahead keeps ahead of the fetches, no thread is added: more
+// would only contend for the CPUs and the memory map. "Quick" is what the pacer compares with
 // (`grow_after`): here a second, far above what a loaded machine or a sanitizer adds to an open of
 // a local file (at the default 1 ms a descheduled open counts as slow, and then threads are added
 // rightly). Each open takes 20 ms, so both threads are busy while work waits: only the opens'
 // speed holds the pacer back. No hedges either: an open a loaded machine stalls may be asked
 // again, by a thread of its own (the hedge tests cover that).
 TEST_F(ConcurrentCachePrefetchTest, NoThreadIsAddedWhileThePrefetchKeepsAhead) {
-  CachePrefetchOptions options;
+  FileReadAheadOptions options;
   options.grow_after = std::chrono::seconds(1);
-  options.hedge = false;
+  options.hedge.factor = 0;
   delay_ = std::chrono::milliseconds(20);
-  CachePrefetch prefetch(opener(), options);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
   for (int row = 0; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
@@ -312,9 +312,9 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
     std::lock_guard lock(mutex_);
     held_ = {1};
   }
-  CachePrefetchOptions options;
-  options.hedge = false;  // a file stuck for every open: hedging would wait as well
-  CachePrefetch prefetch(opener(), options);
+  FileReadAheadOptions options;
+  options.hedge.factor = 0;  // a file stuck for every open: hedging would wait as well
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
   for (int row = 0; row < kRows; ++row) {
@@ -345,9 +345,9 @@ TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
     held_ = {5};
     hold_calls_ = 1;
   }
-  CachePrefetchOptions options;
-  options.hedge_after = std::chrono::milliseconds(50);
-  CachePrefetch prefetch(opener(), options);
+  FileReadAheadOptions options;
+  options.hedge.min_wait = std::chrono::milliseconds(50);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
   const auto start = std::chrono::steady_clock::now();
@@ -376,10 +376,10 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
   delay_ = std::chrono::milliseconds(20);
   // A tail is 0.5 s or more here, and a waiting fetch asks again after 2 s: an open a loaded
   // machine (or a sanitizer) stretches to 4 x the usual is no tail, nor a hedge's own answer.
-  CachePrefetchOptions options;
-  options.hedge_after = std::chrono::milliseconds(500);
-  options.wanted_hedge_after = std::chrono::seconds(2);
-  CachePrefetch prefetch(opener(), options);
+  FileReadAheadOptions options;
+  options.hedge.min_wait = std::chrono::milliseconds(500);
+  options.wanted_hedge.min_wait = std::chrono::seconds(2);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().hedged == 1; }));
   for (int row = 0; row < kRows; ++row) {
@@ -398,7 +398,7 @@ TEST_F(ConcurrentCachePrefetchTest, AHedgeThatStallsIsAskedAgain) {
     held_ = {5};
     hold_calls_ = 3;  // the first three opens of row 5 wait (20 s, or until released)
   }
-  CachePrefetch prefetch(opener());
+  FileReadAhead prefetch(opener());
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
   const auto start = std::chrono::steady_clock::now();
@@ -422,12 +422,12 @@ TEST_F(ConcurrentCachePrefetchTest, StalledOpensOfTheBatchesBeingFetchedAreAsked
     held_ = {6};  // batch 1
     hold_calls_ = 1;
   }
-  CachePrefetchOptions options;
-  options.hedge_after = std::chrono::hours(1);
+  FileReadAheadOptions options;
+  options.hedge.min_wait = std::chrono::hours(1);
   // Long enough that the second ask (not held) answers within it on a loaded machine: else it is
   // asked a third time, rightly.
-  options.wanted_hedge_after = std::chrono::milliseconds(500);
-  CachePrefetch prefetch(opener(), options);
+  options.wanted_hedge.min_wait = std::chrono::milliseconds(500);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
   EXPECT_EQ(prefetch.stats().hedged, 0);
@@ -448,10 +448,10 @@ TEST_F(ConcurrentCachePrefetchTest, StalledOpensOfTheBatchesBeingFetchedAreAsked
 // 100 ms here, not 1 ms: a loaded machine makes no local open that slow, so the fast opens add no
 // thread.
 TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) {
-  CachePrefetchOptions options;
-  options.hedge = false;  // every open slow alike: nothing to hedge
+  FileReadAheadOptions options;
+  options.hedge.factor = 0;  // every open slow alike: nothing to hedge
   options.grow_after = std::chrono::milliseconds(100);
-  CachePrefetch prefetch(opener(), options);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
   for (int row = 0; row < kRows; ++row) ASSERT_TRUE(prefetch.take(row).has_value()) << row;
@@ -466,11 +466,11 @@ TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) 
 // The threads a slow file system's epoch started end once idle (down to two), not kept (up to 256)
 // for the rest of the run; and a later plan is served as before.
 TEST_F(ConcurrentCachePrefetchTest, IdleThreadsEndDownToTwo) {
-  CachePrefetchOptions options;
-  options.hedge = false;
+  FileReadAheadOptions options;
+  options.hedge.factor = 0;
   options.idle_exit_after = std::chrono::milliseconds(200);
   delay_ = std::chrono::milliseconds(100);
-  CachePrefetch prefetch(opener(), options);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));
   ASSERT_GT(prefetch.stats().threads, 2);
@@ -482,10 +482,10 @@ TEST_F(ConcurrentCachePrefetchTest, IdleThreadsEndDownToTwo) {
 }
 
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
-  CachePrefetchOptions options;
+  FileReadAheadOptions options;
   options.max_ahead_bytes = 2 * file_bytes_ + file_bytes_ / 2;  // room for two files
   options.skip_cached = false;                                  // read them all, cached or not
-  CachePrefetch prefetch(opener(), options);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   // Every planned file opened, and read as far as the budget allows: then a third read is due if
   // the budget does not hold.
@@ -493,7 +493,7 @@ TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
   EXPECT_EQ(prefetch.stats().opened, kRows);
   EXPECT_EQ(prefetch.stats().read, 2);
   // Rows 0 and 1 fetched (the two read, unless an open that came late let a later row's read
-  // go first: a fetch reads its file itself when the prefetch did not): room for more.
+  // go first: a fetch reads its file itself when the read-ahead did not): room for more.
   ASSERT_TRUE(prefetch.take(0).has_value());
   ASSERT_TRUE(prefetch.take(1).has_value());
   ASSERT_TRUE(eventually([&] { return prefetch.stats().read >= 3 && prefetch.settled(); }));
@@ -502,15 +502,15 @@ TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
 }
 
 TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfOpenFiles) {
-  CachePrefetchOptions options;
+  FileReadAheadOptions options;
   options.max_open_files = 3;
-  CachePrefetch prefetch(opener(), options);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.settled(); }));  // the fourth open would be due
   EXPECT_EQ(prefetch.stats().opened, 3);
   EXPECT_TRUE(was_opened(2));
   EXPECT_FALSE(was_opened(3));
-  // A fetch ahead of the prefetch opens its row itself; the prefetch then skips it.
+  // A fetch ahead of the read-ahead opens its row itself; the read-ahead then skips it.
   EXPECT_FALSE(prefetch.take(4).has_value());
   ASSERT_TRUE(prefetch.take(0).has_value());
   ASSERT_TRUE(prefetch.take(1).has_value());
@@ -521,9 +521,9 @@ TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfOpenFiles) {
 }
 
 TEST_F(ConcurrentCachePrefetchTest, ClearDropsThePlanAndWhatWasPrepared) {
-  CachePrefetchOptions options;
+  FileReadAheadOptions options;
   options.max_open_files = 2;
-  CachePrefetch prefetch(opener(), options);
+  FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of({{0, 1, 2, 3}}));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == 2; }));
   prefetch.clear();  // an epoch stopped: rows 2 and 3 never come
@@ -537,7 +537,7 @@ TEST_F(ConcurrentCachePrefetchTest, ClearDropsThePlanAndWhatWasPrepared) {
 
 // The statistics' one list (for_each_stat): each field once, under its own name, with its value.
 TEST(CachePrefetchStatsTest, EachFieldIsVisitedOnceUnderItsName) {
-  CachePrefetchStats stats;
+  FileReadAheadStats stats;
   stats.opened = 1;
   stats.wait_seconds = 0.5;
   stats.max_ahead = 7;
@@ -545,7 +545,7 @@ TEST(CachePrefetchStatsTest, EachFieldIsVisitedOnceUnderItsName) {
   for_each_stat(stats, [&](const char* name, auto value) {
     EXPECT_TRUE(seen.emplace(name, static_cast<double>(value)).second) << name << " twice";
   });
-  EXPECT_EQ(seen.size(), sizeof(CachePrefetchStats) / 8);
+  EXPECT_EQ(seen.size(), sizeof(FileReadAheadStats) / 8);
   EXPECT_EQ(seen["opened"], 1);
   EXPECT_EQ(seen["wait_seconds"], 0.5);
   EXPECT_EQ(seen["max_ahead_bytes"], 7);
@@ -554,7 +554,7 @@ TEST(CachePrefetchStatsTest, EachFieldIsVisitedOnceUnderItsName) {
 
 // The read-ahead's options are checked once, the message naming the field.
 TEST(CachePrefetchOptionsTest, BadValuesAreRefusedNamingTheField) {
-  auto refused = [](const CachePrefetchOptions& options, const char* field) {
+  auto refused = [](const FileReadAheadOptions& options, const char* field) {
     try {
       options.validate();
       ADD_FAILURE() << "accepted; expected an error naming " << field;
@@ -562,7 +562,7 @@ TEST(CachePrefetchOptionsTest, BadValuesAreRefusedNamingTheField) {
       EXPECT_NE(std::string(error.what()).find(field), std::string::npos) << error.what();
     }
   };
-  CachePrefetchOptions o;
+  FileReadAheadOptions o;
   o.validate();
   o.max_threads = 0;
   refused(o, "max_threads");
@@ -573,8 +573,8 @@ TEST(CachePrefetchOptionsTest, BadValuesAreRefusedNamingTheField) {
   o.max_open_files = -1;
   refused(o, "max_open_files");
   o = {};
-  o.hedge_factor = 0.5;
-  refused(o, "hedge_factor");
+  o.hedge.factor = -1;
+  refused(o, "hedge.factor");
   o = {};
   o.max_asks = 0;
   refused(o, "max_asks");

@@ -38,7 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "draftfeed/source/service_time_model.h"
+#include "draftfeed/read_ahead/service_time_model.h"
 
 namespace draftfeed {
 

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "draftfeed/source/fetch_schedule.h"
-#include "draftfeed/source/service_time_model.h"
+#include "draftfeed/read_ahead/fetch_schedule.h"
+#include "draftfeed/read_ahead/service_time_model.h"
 
 namespace draftfeed {
 namespace {

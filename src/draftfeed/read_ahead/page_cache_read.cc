@@ -1,4 +1,4 @@
-#include "draftfeed/common/file_readahead.h"
+#include "draftfeed/read_ahead/page_cache_read.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "draftfeed/source/lookahead_source.h"
+#include "draftfeed/read_ahead/lookahead_source.h"
 
 #include <algorithm>
 #include <chrono>
@@ -33,10 +33,7 @@ void LookaheadOptions::validate() const {
           "lookahead must be >= 0 (0: off), got " + std::to_string(window.value_or(0)));
   require(budget_buffers >= 1, ErrorKind::kInvalidArgument,
           "lookahead_budget_buffers must be >= 1, got " + std::to_string(budget_buffers));
-  require(hedge.factor >= 0, ErrorKind::kInvalidArgument,
-          "hedge_factor must be >= 0 (0: never), got " + std::to_string(hedge.factor));
-  require(hedge.min_seconds >= 0, ErrorKind::kInvalidArgument,
-          "hedge_min_seconds must be >= 0, got " + std::to_string(hedge.min_seconds));
+  hedge.validate("hedge_factor", "hedge_min_seconds");
 }
 
 int LookaheadOptions::window_for(int blocking_fetches, bool has_dataset) const {
@@ -52,6 +49,7 @@ LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
       options_(std::move(options)),
       window_(options_.window.value_or(0)),
       schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
+  held_.set_limit(budget(0));
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
   options_.validate();
@@ -73,23 +71,19 @@ LookaheadSource::~LookaheadSource() {
   inner_->resume();  // the inner source may outlive the lookahead
 }
 
-std::uint64_t LookaheadSource::budget() const {
+std::uint64_t LookaheadSource::budget(std::uint64_t plan_budget) const {
   if (options_.budget_bytes > 0) return options_.budget_bytes;
-  return plan_budget_ > 0 ? plan_budget_ : kDefaultBudgetBytes;
+  return plan_budget > 0 ? plan_budget : kDefaultBudgetBytes;
 }
 
 bool LookaheadSource::fits(std::int64_t tokens) const {
-  return held_rows_ < window_ &&
-         held_bytes_ + static_cast<std::uint64_t>(tokens) * bytes_per_token_ <= budget();
+  return held_rows_ < window_ && held_.fits(static_cast<std::uint64_t>(tokens) * bytes_per_token_);
 }
 
-void LookaheadSource::hold(std::uint64_t bytes) {
-  held_bytes_ += bytes;
-  stats_.peak_held_bytes = std::max(stats_.peak_held_bytes, held_bytes_);
-}
+void LookaheadSource::hold(std::uint64_t bytes) { held_.hold(bytes); }
 
 void LookaheadSource::release(const std::shared_ptr<Entry>& entry) {
-  held_bytes_ -= entry->bytes;
+  held_.release(entry->bytes);
   entry->bytes = 0;
   --held_rows_;
 }
@@ -108,13 +102,13 @@ void LookaheadSource::observe(const FetchSchedule::Item& item, double seconds) {
 std::shared_ptr<LookaheadSource::Entry> LookaheadSource::hedge_candidate(
     std::chrono::steady_clock::time_point now,
     std::chrono::steady_clock::time_point& next_due) const {
-  if (options_.hedge.factor <= 0 || model_.observations() < kMinHedgeObservations) return nullptr;
+  if (!options_.hedge.enabled() || model_.observations() < kMinHedgeObservations) return nullptr;
   std::shared_ptr<Entry> best;
   std::chrono::steady_clock::time_point best_due;
   for (const auto& entry : running_entries_) {
     if (entry->orphan || entry->decided || entry->hedged) continue;
     const double predicted = model_.predict(entry->item.row, entry->item.tokens);
-    const double after = std::max(options_.hedge.factor * predicted, options_.hedge.min_seconds);
+    const double after = options_.hedge.delay(std::chrono::duration<double>(predicted)).count();
     const auto due =
         entry->started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(after));
@@ -226,7 +220,7 @@ void LookaheadSource::run_attempt(std::unique_lock<std::mutex>& lock,
       // were released when it was orphaned.
       if (outcome.sample) ++stats_.discarded;
     } else {
-      held_bytes_ -= entry->bytes;
+      held_.release(entry->bytes);
       entry->bytes = outcome.sample ? sample_bytes(*outcome.sample) : 0;  // a failure holds none
       hold(entry->bytes);
       entry->outcome = std::move(outcome);
@@ -256,7 +250,7 @@ FetchOutcome LookaheadSource::fetch(std::int64_t row, const IntArrayView& input_
       results_.wait(lock, [&] { return entry->done || stopping_; });
       --stats_.waiting_claims;
       if (!entry->done) break;
-      held_bytes_ -= entry->bytes;  // the sample's own bytes, counted when it ended
+      held_.release(entry->bytes);  // the sample's own bytes, counted when it ended
       FetchOutcome outcome = std::move(entry->outcome);
       lock.unlock();
       work_.notify_all();  // room in the window
@@ -369,7 +363,7 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
   const FetchSchedule::Batches after = with_tokens(next, 2 * static_cast<std::size_t>(window_));
   {
     std::lock_guard lock(mutex_);
-    if (budget_bytes > 0) plan_budget_ = budget_bytes;
+    if (budget_bytes > 0) held_.set_limit(budget(budget_bytes));
     schedule_.set_plan(stream, current, after, model_);
     reconcile(stream);
     std::erase_if(not_stored_, [this](std::int64_t row) { return !schedule_.queued(row); });
@@ -378,7 +372,7 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
   results_.notify_all();  // claims of rows no plan holds any more
 }
 
-void LookaheadSource::prefetch(const std::vector<std::int64_t>& rows) {
+void LookaheadSource::plan_rows(const std::vector<std::int64_t>& rows) {
   std::vector<std::vector<std::int64_t>> batches;
   batches.reserve(rows.size());
   for (const std::int64_t row : rows) batches.push_back({row});
@@ -455,8 +449,9 @@ LookaheadStats LookaheadSource::stats() const {
   for (const auto& [row, list] : entries_) {
     for (const auto& entry : list) out.ready += entry->done ? 1 : 0;
   }
-  out.held_bytes = held_bytes_;
-  out.budget_bytes = budget();
+  out.held_bytes = held_.held();
+  out.peak_held_bytes = held_.peak();
+  out.budget_bytes = held_.limit();
   out.trusts_history = model_.trusts_history();
   out.tail_factor = model_.tail_factor();
   return out;

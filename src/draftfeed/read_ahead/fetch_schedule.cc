@@ -1,4 +1,4 @@
-#include "draftfeed/source/fetch_schedule.h"
+#include "draftfeed/read_ahead/fetch_schedule.h"
 
 #include <algorithm>
 #include <string>

@@ -1,4 +1,4 @@
-#include "draftfeed/hidden/cache_prefetch.h"
+#include "draftfeed/read_ahead/file_read_ahead.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -10,14 +10,14 @@
 #include <exception>
 
 #include "draftfeed/common/error.h"
-#include "draftfeed/common/file_readahead.h"
+#include "draftfeed/read_ahead/page_cache_read.h"
 
 namespace draftfeed {
 
 namespace {
 
 // The mapping of a prepared file worth reading (found, with its descriptor kept), else null.
-std::shared_ptr<const MappedFile> readable_mapping(const CachePrefetch::Prepared& prepared) {
+std::shared_ptr<const MappedFile> readable_mapping(const FileReadAhead::Prepared& prepared) {
   if (!prepared.ok() || !prepared.value()) return nullptr;
   const auto& mapping = prepared.value()->file->mapping();
   return mapping->fd() >= 0 && mapping->size() > 0 ? mapping : nullptr;
@@ -41,7 +41,7 @@ std::int64_t default_max_open_files() {
   return std::max<std::int64_t>(16, files);
 }
 
-void CachePrefetchOptions::validate() const {
+void FileReadAheadOptions::validate() const {
   auto positive = [](bool ok, const char* field, const std::string& value) {
     require(ok, ErrorKind::kInvalidArgument,
             std::string("read-ahead: ") + field + " must be positive, got " + value);
@@ -55,23 +55,22 @@ void CachePrefetchOptions::validate() const {
   require(max_open_files >= 0, ErrorKind::kInvalidArgument,
           "read-ahead: max_open_files must be >= 0 (0: from the open-file limit), got " +
               std::to_string(max_open_files));
-  require(grow_after.count() >= 0 && hedge_after.count() >= 0 && wanted_hedge_after.count() >= 0,
-          ErrorKind::kInvalidArgument,
-          "read-ahead: grow_after, hedge_after and wanted_hedge_after must be >= 0");
-  require(
-      hedge_factor >= 1 && wanted_hedge_factor >= 1, ErrorKind::kInvalidArgument,
-      "read-ahead: hedge_factor and wanted_hedge_factor must be >= 1 (x the median open), got " +
-          std::to_string(hedge_factor) + " and " + std::to_string(wanted_hedge_factor));
+  require(grow_after.count() >= 0, ErrorKind::kInvalidArgument,
+          "read-ahead: grow_after must be >= 0");
+  hedge.validate("read-ahead: hedge.factor", "read-ahead: hedge.min_wait");
+  wanted_hedge.validate("read-ahead: wanted_hedge.factor", "read-ahead: wanted_hedge.min_wait");
 }
 
-CachePrefetch::CachePrefetch(Opener opener, CachePrefetchOptions options)
+FileReadAhead::FileReadAhead(Opener opener, FileReadAheadOptions options)
     : opener_(std::move(opener)),
       options_((options.validate(), options)),
       max_open_files_(options.max_open_files > 0 ? options.max_open_files
                                                  : default_max_open_files()),
-      pacer_([this] { pace(); }) {}
+      pacer_([this] { pace(); }) {
+  ahead_.set_limit(options_.max_ahead_bytes);
+}
 
-CachePrefetch::~CachePrefetch() {
+FileReadAhead::~FileReadAhead() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -85,7 +84,7 @@ CachePrefetch::~CachePrefetch() {
   for (std::thread& thread : threads_) thread.join();
 }
 
-void CachePrefetch::plan(PrefetchPlan plan) {
+void FileReadAhead::plan(FileReadAheadPlan plan) {
   std::unordered_map<std::int64_t, Entry> dropped;
   {
     std::lock_guard lock(mutex_);
@@ -99,7 +98,7 @@ void CachePrefetch::plan(PrefetchPlan plan) {
     opens_started_.clear();
     opening_by_batch_.clear();
     wanted_batches_ = 0;
-    ahead_bytes_ = 0;
+    ahead_.clear();
     ++generation_;
     start_threads();
   }
@@ -109,27 +108,27 @@ void CachePrefetch::plan(PrefetchPlan plan) {
   // `dropped` unmaps and closes its files here, outside the lock.
 }
 
-void CachePrefetch::clear() { plan(PrefetchPlan{}); }
+void FileReadAhead::clear() { plan(FileReadAheadPlan{}); }
 
-CachePrefetchStats CachePrefetch::stats() const {
+FileReadAheadStats FileReadAhead::stats() const {
   std::lock_guard lock(mutex_);
-  CachePrefetchStats stats = stats_;
+  FileReadAheadStats stats = stats_;
   stats.running = static_cast<std::int64_t>(threads_.size() - ended_.size());
   return stats;
 }
 
-bool CachePrefetch::settled() const {
+bool FileReadAhead::settled() const {
   std::lock_guard lock(mutex_);
   // Every open and read runs on a worker outside the lock: with none under way and none allowed,
   // no worker can start one before a take, a plan or a clear changes the budgets or the plan.
   return opening_ == 0 && reading_ == 0 && to_hedge_.empty() && !can_read() && !can_open();
 }
 
-std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
+std::optional<FileReadAhead::Prepared> FileReadAhead::take(std::int64_t row) {
   std::unique_lock lock(mutex_);
   auto it = entries_.find(row);
   if (it == entries_.end()) {
-    // Not opened yet: the caller opens it, and the prefetch skips it when it gets there.
+    // Not opened yet: the caller opens it, and the read-ahead skips it when it gets there.
     if (batch_ < plan_.batches.size()) reached_early_.insert(row);
     return std::nullopt;
   }
@@ -155,8 +154,8 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
     // (its batch waits; the first answer wins).
     while (!settled()) {
       Entry& entry = it->second;
-      const bool can_ask = entry.state == State::kOpening && options_.hedge && opens_timed_ >= 8 &&
-                           entry.asks < options_.max_asks;
+      const bool can_ask = entry.state == State::kOpening && options_.hedge.enabled() &&
+                           opens_timed_ >= 8 && entry.asks < options_.max_asks;
       if (!can_ask) {
         ready_.wait(lock, settled);
         break;
@@ -176,7 +175,7 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   Entry& entry = it->second;
   const bool read_here = entry.state == State::kOpened;  // opened, its read not started
   if (read_here) to_read_.erase(entry.position);
-  if (entry.counted_ahead) ahead_bytes_ -= entry.bytes;
+  if (entry.counted_ahead) ahead_.release(entry.bytes);
   std::optional<Prepared> prepared = std::move(entry.prepared);
   entries_.erase(it);
   ++stats_.taken;
@@ -194,20 +193,20 @@ std::optional<CachePrefetch::Prepared> CachePrefetch::take(std::int64_t row) {
   return prepared;
 }
 
-bool CachePrefetch::can_open() const {
+bool FileReadAhead::can_open() const {
   return batch_ < plan_.batches.size() &&
          static_cast<std::int64_t>(entries_.size()) < max_open_files_;
 }
 
-bool CachePrefetch::can_read() const {
+bool FileReadAhead::can_read() const {
   if (to_read_.empty()) return false;
   const std::uint64_t bytes = entries_.at(to_read_.begin()->second).bytes;
   const bool reading_room = reading_ == 0 || reading_bytes_ + bytes <= options_.max_reading_bytes;
-  const bool ahead_room = ahead_bytes_ == 0 || ahead_bytes_ + bytes <= options_.max_ahead_bytes;
+  const bool ahead_room = ahead_.fits(bytes, /*first_always_fits=*/true);
   return reading_room && ahead_room;
 }
 
-void CachePrefetch::start_threads() {
+void FileReadAhead::start_threads() {
   const auto wanted = static_cast<std::size_t>(std::min(2, std::max(1, options_.max_threads)));
   while (!stopping_ && threads_.size() < wanted && (can_read() || can_open())) {
     threads_.emplace_back([this] { run(); });
@@ -215,7 +214,7 @@ void CachePrefetch::start_threads() {
   }
 }
 
-std::chrono::steady_clock::duration CachePrefetch::hedge_delay(bool wanted) const {
+std::chrono::steady_clock::duration FileReadAhead::hedge_delay(bool wanted) const {
   const std::size_t timed = std::min(opens_timed_, open_times_.size());
   std::chrono::steady_clock::duration median{};
   if (timed > 0) {
@@ -226,23 +225,23 @@ std::chrono::steady_clock::duration CachePrefetch::hedge_delay(bool wanted) cons
     median = *middle;
   }
   const auto scaled = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      median * (wanted ? options_.wanted_hedge_factor : options_.hedge_factor));
-  return std::max<std::chrono::steady_clock::duration>(
-      scaled, wanted ? options_.wanted_hedge_after : options_.hedge_after);
+      (wanted ? options_.wanted_hedge : options_.hedge)
+          .delay(std::chrono::duration<double>(median)));
+  return scaled;
 }
 
-bool CachePrefetch::due_another_ask(const Entry& entry, std::chrono::steady_clock::time_point now,
+bool FileReadAhead::due_another_ask(const Entry& entry, std::chrono::steady_clock::time_point now,
                                     std::chrono::steady_clock::duration delay) const {
   return entry.state == State::kOpening && entry.asks < options_.max_asks &&
          now >= entry.asked_at + delay;
 }
 
-void CachePrefetch::note_ask(Entry& entry) {
+void FileReadAhead::note_ask(Entry& entry) {
   entry.asked_at = std::chrono::steady_clock::now();
   ++entry.asks;
 }
 
-void CachePrefetch::ask_again(std::int64_t row, Entry& entry) {
+void FileReadAhead::ask_again(std::int64_t row, Entry& entry) {
   note_ask(entry);
   opens_started_.emplace_back(entry.asked_at, row);  // timed by the pacer, as a first ask
   to_hedge_.push_back(row);
@@ -251,7 +250,7 @@ void CachePrefetch::ask_again(std::int64_t row, Entry& entry) {
   if (pacer_idle_) paced_.notify_one();  // a thread for it, if every one is in a call
 }
 
-bool CachePrefetch::opens_are_slow() const {
+bool FileReadAhead::opens_are_slow() const {
   // Half of the latest 8 opens, not of the 32 the hedges time: a file system that turns slow (a
   // mount replaced, a server loaded) is seen after two rounds of opens on the two first threads,
   // not after most of 32; and on a local disk an open of a millisecond (a thread descheduled on a
@@ -267,7 +266,7 @@ bool CachePrefetch::opens_are_slow() const {
   return 2 * slow >= timed;  // half of them took grow_after or more
 }
 
-void CachePrefetch::join_ended() {
+void FileReadAhead::join_ended() {
   for (const std::thread::id id : ended_) {
     const auto it = std::find_if(threads_.begin(), threads_.end(),
                                  [id](const std::thread& thread) { return thread.get_id() == id; });
@@ -278,14 +277,14 @@ void CachePrefetch::join_ended() {
   ended_.clear();
 }
 
-void CachePrefetch::pace() {
+void FileReadAhead::pace() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     join_ended();
     const auto now = std::chrono::steady_clock::now();
     auto wake = std::chrono::steady_clock::time_point::max();
     // Opens far slower than the usual one: hedged (asked again by a worker; the first answer wins).
-    if (options_.hedge && opens_timed_ >= 8) {
+    if (options_.hedge.enabled() && opens_timed_ >= 8) {
       const auto delay = hedge_delay(/*wanted=*/false);
       while (!opens_started_.empty()) {
         const auto [began, row] = opens_started_.front();
@@ -339,7 +338,7 @@ void CachePrefetch::pace() {
   }
 }
 
-std::int64_t CachePrefetch::next_row() {
+std::int64_t FileReadAhead::next_row() {
   while (batch_ < plan_.batches.size()) {
     const std::span<const std::int64_t> rows = plan_.batches[batch_];
     if (in_batch_ < rows.size()) {
@@ -352,7 +351,7 @@ std::int64_t CachePrefetch::next_row() {
   return -1;
 }
 
-void CachePrefetch::run() {
+void FileReadAhead::run() {
   std::unique_lock lock(mutex_);
   while (true) {
     ++idle_;
@@ -388,7 +387,7 @@ void CachePrefetch::run() {
   }
 }
 
-void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
+void FileReadAhead::open_one(std::unique_lock<std::mutex>& lock) {
   const std::int64_t row = next_row();
   if (row < 0) return;
   if (reached_early_.erase(row) != 0) {
@@ -405,7 +404,7 @@ void CachePrefetch::open_one(std::unique_lock<std::mutex>& lock) {
   open_row(lock, row, /*hedge=*/false);
 }
 
-void CachePrefetch::open_row(std::unique_lock<std::mutex>& lock, std::int64_t row, bool hedge) {
+void FileReadAhead::open_row(std::unique_lock<std::mutex>& lock, std::int64_t row, bool hedge) {
   ++opening_;
   stats_.max_opening = std::max(stats_.max_opening, opening_);
   stats_.max_open_ahead =
@@ -466,7 +465,7 @@ void CachePrefetch::open_row(std::unique_lock<std::mutex>& lock, std::int64_t ro
   ready_.notify_all();
 }
 
-void CachePrefetch::read_one(std::unique_lock<std::mutex>& lock) {
+void FileReadAhead::read_one(std::unique_lock<std::mutex>& lock) {
   const std::int64_t row = to_read_.begin()->second;
   to_read_.erase(to_read_.begin());
   Entry& entry = entries_.at(row);
@@ -475,10 +474,10 @@ void CachePrefetch::read_one(std::unique_lock<std::mutex>& lock) {
   // Held here: the file stays open while it is read, even if the entry is dropped meanwhile.
   std::shared_ptr<const MappedFile> mapping = readable_mapping(*entry.prepared);
   const std::uint64_t bytes = entry.bytes;
-  ahead_bytes_ += bytes;
+  ahead_.hold(bytes);
   reading_bytes_ += bytes;
   ++reading_;
-  stats_.max_ahead = std::max(stats_.max_ahead, ahead_bytes_);
+  stats_.max_ahead = ahead_.peak();
   const std::uint64_t generation = generation_;
   lock.unlock();
 

@@ -1,6 +1,7 @@
-// A fetch lookahead: a SampleSource that fetches the rows it was told are coming, ahead of the
-// pipeline's requests, with its own threads, in the order of a fetch schedule (fetch_schedule.h),
-// holding at most a window of rows and a byte budget of fetched samples.
+// The request lookahead (the other read-ahead of read_ahead/, beside file_read_ahead.h): a
+// SampleSource that fetches the rows it was told are coming, ahead of the pipeline's requests, with
+// its own threads, in the order of a fetch schedule (fetch_schedule.h), holding at most a window of
+// rows and a byte budget of fetched samples.
 //
 // Why: the pipeline takes a batch buffer before fetching a batch's samples, so with in-order
 // delivery a batch stuck on one slow request holds every buffer behind it and the requests in
@@ -31,16 +32,16 @@
 //
 // Hedged fetches: a lookahead thread that has nothing to start (no queued row fits, or none is
 // left) fetches a row again whose fetch has run `hedge.factor` x its predicted time (and at least
-// `hedge.min_seconds`), once per row; whichever fetch ends first with a sample is the row's, the
-// other is cancelled (cancel_scope.h: the online source ends its request). Why: a server's tail
-// (a preempted or queued request) is often a property of the request, not of the prompt, and one
-// such request started late holds the epoch's end; a second ask usually takes the median. It
-// never adds requests beyond the inner source's bound: the lookahead runs as many threads as the
-// inner source has fetches. A thread hedges when it has nothing else to start, one hedge at a time;
-// once more hedges have won than lost (the server's slow requests are slow for the request's
-// sake, not the prompt's), a due hedge goes before new rows, any number at once. Where the slow
-// requests are slow for the prompt's sake (a long prompt, a server's cold cache), hedges lose
-// (both asks take long), and after two losses more than wins no more are started; the prompt's
+// `hedge.min_wait`: read_ahead/hedge_rule.h), once per row; whichever fetch ends first with a
+// sample is the row's, the other is cancelled (cancel_scope.h: the online source ends its request).
+// Why: a server's tail (a preempted or queued request) is often a property of the request, not of
+// the prompt, and one such request started late holds the epoch's end; a second ask usually takes
+// the median. It never adds requests beyond the inner source's bound: the lookahead runs as many
+// threads as the inner source has fetches. A thread hedges when it has nothing else to start, one
+// hedge at a time; once more hedges have won than lost (the server's slow requests are slow for the
+// request's sake, not the prompt's), a due hedge goes before new rows, any number at once. Where
+// the slow requests are slow for the prompt's sake (a long prompt, a server's cold cache), hedges
+// lose (both asks take long), and after two losses more than wins no more are started; the prompt's
 // history then predicts its time in later epochs, so none is due there. Not before the service-time
 // model has kMinHedgeObservations (one observation is no median). A hedge that fails leaves the
 // row to its first fetch.
@@ -68,9 +69,11 @@
 #include <vector>
 
 #include "draftfeed/dataset/token_dataset.h"
-#include "draftfeed/source/fetch_schedule.h"
+#include "draftfeed/read_ahead/byte_budget.h"
+#include "draftfeed/read_ahead/fetch_schedule.h"
+#include "draftfeed/read_ahead/hedge_rule.h"
+#include "draftfeed/read_ahead/service_time_model.h"
 #include "draftfeed/source/sample_source.h"
-#include "draftfeed/source/service_time_model.h"
 
 namespace draftfeed {
 
@@ -116,11 +119,6 @@ void for_each_stat(const LookaheadStats& l, Visit&& visit) {
   visit("tail_factor", l.tail_factor);
 }
 
-struct LookaheadHedge {
-  double factor = 2;         // x the predicted time; 0: no hedged fetches
-  double min_seconds = 1.0;  // and at least this long
-};
-
 // The lookahead's settings, each held here once (the Python OnlineSource's lookahead arguments and
 // the command line's --lookahead flags set them).
 struct LookaheadOptions {
@@ -136,7 +134,9 @@ struct LookaheadOptions {
   // LookaheadSource::kDefaultBudgetBytes before any plan.
   std::uint64_t budget_bytes = 0;
   int budget_buffers = 4;
-  LookaheadHedge hedge;
+  // x the prompt's predicted service time, and at least min_wait (Python: hedge_factor,
+  // hedge_min_seconds); factor 0: no hedged fetches.
+  HedgeRule hedge{.factor = 2, .min_wait = std::chrono::duration<double>(1.0)};
   // The loader hands the lookahead the next epoch's batches too (training only): its first
   // requests run while this epoch's last ones are slow. Requests beyond the epoch (wasted after
   // the last one), so off by default.
@@ -176,7 +176,7 @@ class LookaheadSource : public SampleSource {
             const std::vector<std::vector<std::int64_t>>& next = {},
             std::uint64_t budget_bytes = 0);
   // Stream 0's plan, each row its own batch.
-  void prefetch(const std::vector<std::int64_t>& rows);
+  void plan_rows(const std::vector<std::int64_t>& rows);
   // A loader's epoch (SampleSource): plan(stream, batches, next, budget_buffers x batch memory).
   void will_need(const ReadAheadPlan& plan) override;
   bool plans_next_epoch() const override { return options_.next_epoch; }
@@ -206,7 +206,7 @@ class LookaheadSource : public SampleSource {
     FetchSchedule::Item item;
     bool done = false;
     FetchOutcome outcome;
-    std::uint64_t bytes = 0;  // counted in held_bytes_: the estimate, then the sample's own
+    std::uint64_t bytes = 0;  // counted in held_: the estimate, then the sample's own
     bool orphan = false;      // under way, wanted by no plan any more: dropped when it ends
     std::chrono::steady_clock::time_point started;
     int attempts = 0;      // fetches under way: 1, or 2 once hedged
@@ -226,7 +226,8 @@ class LookaheadSource : public SampleSource {
   std::shared_ptr<Entry> hedge_candidate(std::chrono::steady_clock::time_point now,
                                          std::chrono::steady_clock::time_point& next_due) const;
   bool fits(std::int64_t tokens) const;
-  std::uint64_t budget() const;
+  // The byte budget: the options', else a plan's (`plan_budget` > 0), else the default.
+  std::uint64_t budget(std::uint64_t plan_budget) const;
   // Keeps the samples some plan still wants (marking their occurrences started), drops the rest.
   void reconcile(int stream);
   void drop(const std::shared_ptr<Entry>& entry);
@@ -252,9 +253,8 @@ class LookaheadSource : public SampleSource {
   // Entries with a fetch under way (orphans included), for hedging.
   std::vector<std::shared_ptr<Entry>> running_entries_;
   int hedges_running_ = 0;
-  std::int64_t held_rows_ = 0;  // entries not claimed and not orphaned
-  std::uint64_t plan_budget_ = 0;
-  std::uint64_t held_bytes_ = 0;
+  std::int64_t held_rows_ = 0;         // entries not claimed and not orphaned
+  ByteBudget held_;                    // see the header's formula
   std::uint64_t bytes_per_token_ = 0;  // the largest seen
   bool stopping_ = false;
   LookaheadStats stats_;

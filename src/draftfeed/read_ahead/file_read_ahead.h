@@ -1,5 +1,9 @@
-// Opening and reading the cache ahead of the batch copy, in the order the epoch's plan will fetch
-// it: what keeps a cold cache at the disk's speed, and hides a network file system's latency.
+// The file read-ahead: opening and reading the cache ahead of the batch copy, in the order the
+// epoch's plan will fetch it: what keeps a cold cache at the disk's speed, and hides a network file
+// system's latency. One of the two read-aheads of read_ahead/ (the other, lookahead_source.h,
+// starts an online source's requests ahead); both are planned by the loader through
+// SampleSource::will_need, hold what they read ahead against a ByteBudget, ask again for what
+// stalls by a HedgeRule, and report through SampleSource::stats_report.
 //
 // On NFS, Lustre, CephFS or an object store's FUSE mount every name lookup, open and first read is
 // a round trip of milliseconds, with tails of seconds. By Little's law a reader that wants R bytes
@@ -13,7 +17,7 @@
 //     fetch of that very file waits for it. Files are mapped header-only (kMapForRowReads:
 //     touching the header reads its page alone, no read-around; the fetch's check ends that);
 //   * read ahead: the bytes of opened files read into the page cache (sequentially, through the
-//     descriptor the open left: file_readahead.h), nearest in the plan first, at most
+//     descriptor the open left: page_cache_read.h), nearest in the plan first, at most
 //     `max_reading_bytes` being read at once and `max_ahead_bytes` read and not yet fetched.
 //     A file whose first and last pages are already cached is not read again (a warm epoch reads
 //     nothing and only opens).
@@ -32,8 +36,8 @@
 // read when that is under way, or, when its read has not started, after reading it whole there
 // (through the same descriptor, sequentially), so that the copy finds it in the page cache, whether
 // it maps the rows (the default) or reads them (pipeline/file_rows_copy.h; source/cache_source.h's
-// CacheCopy); a row the prefetch has not reached yet is left to the fetch
-// (and skipped when the prefetch gets there).
+// CacheCopy); a row the read-ahead has not reached yet is left to the fetch
+// (and skipped when the read-ahead gets there).
 // An open taking far longer than opens usually do (4 x the median of the latest 32 answers that
 // won, at least 50 ms: a network file system's tail) is hedged: the pacer has a worker open the
 // file again, and the first answer wins (the late ones are dropped, untimed). An open for a batch
@@ -69,10 +73,12 @@
 
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/hidden_state_sample.h"
+#include "draftfeed/read_ahead/byte_budget.h"
+#include "draftfeed/read_ahead/hedge_rule.h"
 
 namespace draftfeed {
 
-struct CachePrefetchOptions {
+struct FileReadAheadOptions {
   std::size_t max_ahead_bytes = std::size_t{256} << 20;   // read ahead, not yet fetched
   std::size_t max_reading_bytes = std::size_t{32} << 20;  // being read at once (at least 1 file)
   // Files opened ahead and not yet fetched; 0: a quarter of the process's open-file limit
@@ -83,14 +89,11 @@ struct CachePrefetchOptions {
   // A thread with nothing to do this long ends (down to two): a slow file system's epoch leaves
   // no hundreds of idle threads behind for the rest of the run.
   std::chrono::milliseconds idle_exit_after{30000};
-  // An open under way `hedge_factor` x the median open time (at least `hedge_after`) is asked for
-  // again, sooner (`wanted_hedge_factor`, `wanted_hedge_after`) when a fetch waits for it; the
-  // first answer wins. At most `max_asks` asks of one file.
-  bool hedge = true;
-  double hedge_factor = 4;
-  std::chrono::milliseconds hedge_after{50};
-  double wanted_hedge_factor = 2;
-  std::chrono::milliseconds wanted_hedge_after{10};
+  // An open under way longer than `hedge` allows (x the median open time) is asked for again,
+  // sooner (`wanted_hedge`) when a fetch waits for it; the first answer wins (read_ahead/
+  // hedge_rule.h). At most `max_asks` asks of one file. hedge.factor 0: never.
+  HedgeRule hedge{.factor = 4, .min_wait = std::chrono::milliseconds(50)};
+  HedgeRule wanted_hedge{.factor = 2, .min_wait = std::chrono::milliseconds(10)};
   int max_asks = 4;
   bool read_data = true;    // read files into the page cache (off: open ahead only)
   bool skip_cached = true;  // files already in the page cache are not read again
@@ -99,7 +102,7 @@ struct CachePrefetchOptions {
   void validate() const;
 };
 
-struct CachePrefetchStats {
+struct FileReadAheadStats {
   std::int64_t opened = 0;          // files opened ahead (found or not)
   std::int64_t read = 0;            // files read into the page cache
   std::int64_t cached = 0;          // files found in the page cache once opened (not read again)
@@ -109,10 +112,10 @@ struct CachePrefetchStats {
   std::int64_t waited_opening = 0;  // of them, for an open (the rest: for a read)
   double wait_seconds = 0;          // how long they waited, in all
   std::int64_t hedged = 0;          // opens asked for again (see hedge)
-  std::int64_t overtaken = 0;       // rows a fetch reached before the prefetch (left to the fetch)
-  std::int64_t threads = 0;         // threads started so far
-  std::int64_t running = 0;         // threads running now (idle ones end: idle_exit_after)
-  std::int64_t max_opening = 0;     // the most opens under way at once
+  std::int64_t overtaken = 0;    // rows a fetch reached before the read-ahead (left to the fetch)
+  std::int64_t threads = 0;      // threads started so far
+  std::int64_t running = 0;      // threads running now (idle ones end: idle_exit_after)
+  std::int64_t max_opening = 0;  // the most opens under way at once
   std::int64_t max_open_ahead = 0;  // the most files opened and not yet fetched
   std::uint64_t max_ahead = 0;      // the most bytes read ahead of the fetches
 };
@@ -120,7 +123,7 @@ struct CachePrefetchStats {
 // Each statistic under its reported name, in declaration order: the one list of them, from which
 // the Python dict (python/bindings/engine.cc) is made. Calls `visit(name, value)` once per field.
 template <typename Visit>
-constexpr void for_each_stat(const CachePrefetchStats& s, Visit&& visit) {
+constexpr void for_each_stat(const FileReadAheadStats& s, Visit&& visit) {
   visit("opened", s.opened);
   visit("read", s.read);
   visit("cached", s.cached);
@@ -138,42 +141,42 @@ constexpr void for_each_stat(const CachePrefetchStats& s, Visit&& visit) {
   visit("max_ahead_bytes", s.max_ahead);
 }
 // Every field is 8 bytes: one added to the struct but not to for_each_stat changes the size.
-static_assert(sizeof(CachePrefetchStats) == 8 * [] {
+static_assert(sizeof(FileReadAheadStats) == 8 * [] {
   std::size_t fields = 0;
-  for_each_stat(CachePrefetchStats{}, [&](const char*, auto) { ++fields; });
+  for_each_stat(FileReadAheadStats{}, [&](const char*, auto) { ++fields; });
   return fields;
 }());
 
 // Batches of rows in fetch order, viewed where they lie (the pipeline's plan): no copy of an
 // epoch's rows.
-struct PrefetchPlan {
+struct FileReadAheadPlan {
   std::shared_ptr<const void> owner;  // keeps the rows viewed alive
   std::vector<std::span<const std::int64_t>> batches;
 };
 
-class CachePrefetch {
+class FileReadAhead {
  public:
   // What opening a row's file means: the cache store's lookup (lock protocol, open, header).
   using Opener = std::function<Result<std::optional<HiddenStateSample>>(std::int64_t row)>;
   using Prepared = Result<std::optional<HiddenStateSample>>;
 
-  CachePrefetch(Opener opener, CachePrefetchOptions options = {});
-  ~CachePrefetch();  // stops the threads (after the system call each is in)
-  CachePrefetch(const CachePrefetch&) = delete;
-  CachePrefetch& operator=(const CachePrefetch&) = delete;
+  FileReadAhead(Opener opener, FileReadAheadOptions options = {});
+  ~FileReadAhead();  // stops the threads (after the system call each is in)
+  FileReadAhead(const FileReadAhead&) = delete;
+  FileReadAhead& operator=(const FileReadAhead&) = delete;
 
   // The rows coming, in the order the fetches will want them (an epoch's plan: batches of rows).
   // Replaces what was planned before (clear()).
-  void plan(PrefetchPlan plan);
+  void plan(FileReadAheadPlan plan);
   // The prepared file of `row`, waiting for its open or read when under way; nothing when the
   // prefetch has not opened it (the caller opens it itself).
   std::optional<Prepared> take(std::int64_t row);
   // Drops the plan, the prepared files and the accounting (an epoch stopped).
   void clear();
 
-  const CachePrefetchOptions& options() const { return options_; }
-  CachePrefetchStats stats() const;
-  // Whether the prefetch has done all it may until the next take, plan or clear: no open or read
+  const FileReadAheadOptions& options() const { return options_; }
+  FileReadAheadStats stats() const;
+  // Whether the read-ahead has done all it may until the next take, plan or clear: no open or read
   // under way, and nothing planned that the budgets let it open or read. What a caller waits for
   // before it checks that a budget held (a sleep would not say whether the workers got there).
   bool settled() const;
@@ -188,7 +191,7 @@ class CachePrefetch {
     int asks = 0;                                      // opens asked for (1 + hedges)
     std::optional<Prepared> prepared;
     std::uint64_t bytes = 0;     // the file's size, once opened
-    bool counted_ahead = false;  // its bytes count in ahead_bytes_
+    bool counted_ahead = false;  // its bytes count in ahead_
   };
 
   void run();
@@ -216,12 +219,12 @@ class CachePrefetch {
   void read_one(std::unique_lock<std::mutex>& lock);
 
   const Opener opener_;
-  const CachePrefetchOptions options_;
+  const FileReadAheadOptions options_;
   const std::int64_t max_open_files_;
   mutable std::mutex mutex_;
   std::condition_variable work_;   // workers: something to do, or stopping
   std::condition_variable ready_;  // fetches: an entry became ready
-  PrefetchPlan plan_;
+  FileReadAheadPlan plan_;
   std::size_t batch_ = 0;  // the plan's cursor: batch, then row in it
   std::size_t in_batch_ = 0;
   std::int64_t position_ = 0;                        // rows the cursor passed
@@ -231,7 +234,7 @@ class CachePrefetch {
   std::int64_t opening_ = 0;
   std::uint64_t reading_bytes_ = 0;
   std::int64_t reading_ = 0;
-  std::uint64_t ahead_bytes_ = 0;
+  ByteBudget ahead_;              // bytes read ahead of the fetches (options_.max_ahead_bytes)
   std::uint64_t generation_ = 0;  // bumped by clear(): work under way is then dropped
   int idle_ = 0;
   std::array<std::chrono::steady_clock::duration, 32> open_times_{};  // the latest opens' times
@@ -248,13 +251,13 @@ class CachePrefetch {
   bool slow_opens_ = false;  // opens_are_slow() as of the latest open
   bool stopping_ = false;
   std::atomic<bool> stop_reads_{false};  // read without the lock by reads under way
-  CachePrefetchStats stats_;
+  FileReadAheadStats stats_;
   std::vector<std::thread> threads_;    // started, not yet joined
   std::vector<std::thread::id> ended_;  // of them, those that ended idle (the pacer joins)
   std::thread pacer_;
 };
 
-// The default for max_open_files (see CachePrefetchOptions).
+// The default for max_open_files (see FileReadAheadOptions).
 std::int64_t default_max_open_files();
 
 // Reads the file of `mapping` (opened with keep_descriptor) into the page cache through its

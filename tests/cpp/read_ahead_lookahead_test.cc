@@ -19,7 +19,7 @@
 
 #include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/dataset/synthetic.h"
-#include "draftfeed/source/lookahead_source.h"
+#include "draftfeed/read_ahead/lookahead_source.h"
 
 namespace draftfeed {
 namespace {
@@ -119,7 +119,7 @@ class OnlineLookaheadTest : public ::testing::Test {
 TEST_F(OnlineLookaheadTest, FetchesAheadInOrderAndServesClaims) {
   auto fake = std::make_shared<FakeSource>();
   LookaheadSource ahead(fake, dataset_, {.window = 4});
-  ahead.prefetch({5, 2, 9, 7});
+  ahead.plan_rows({5, 2, 9, 7});
   // Four threads start the rows in the order given but record them in any order: the order
   // itself is FetchScheduleTest's.
   std::vector<std::int64_t> started = fake->wait_calls(4);
@@ -141,7 +141,7 @@ TEST_F(OnlineLookaheadTest, StaysWithinTheWindow) {
   auto fake = std::make_shared<FakeSource>();
   fake->threads = 3;
   LookaheadSource ahead(fake, dataset_, {.window = 3});
-  ahead.prefetch({0, 1, 2, 3, 4, 5, 6, 7});
+  ahead.plan_rows({0, 1, 2, 3, 4, 5, 6, 7});
   fake->wait_calls(3);
   // Settled: the three rows fetched, and no thread may start a fourth (it would have by now).
   ASSERT_TRUE(eventually([&] { return ahead.settled(); }));
@@ -160,7 +160,7 @@ TEST_F(OnlineLookaheadTest, AClaimWaitsForARowUnderWayAndForAQueuedOneToStart) {
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
   LookaheadSource ahead(fake, dataset_, {.window = 8});
-  ahead.prefetch({10, 11, 12});
+  ahead.plan_rows({10, 11, 12});
   fake->wait_calls(1);  // the only thread holds row 10; 11 and 12 are queued
   // Row 12 claimed before the lookahead gets to it: the lookahead starts it (not the consumer:
   // its plan order would take the slots from the schedule).
@@ -197,7 +197,7 @@ TEST_F(OnlineLookaheadTest, AClaimOfAStoredRowIsNotQueuedBehindAHeldThread) {
   fake->held = true;
   fake->stored = {11};
   LookaheadSource ahead(fake, dataset_, {.window = 8});
-  ahead.prefetch({10, 11, 12});
+  ahead.plan_rows({10, 11, 12});
   fake->wait_calls(1);  // the only thread holds row 10 (a stalled request); 11 and 12 are queued
   // Row 11 is in the cache: the claim reads it now, without waiting for the held thread.
   auto claim =
@@ -222,17 +222,17 @@ TEST_F(OnlineLookaheadTest, ReplacingTheQueueDropsUnclaimedRows) {
   auto fake = std::make_shared<FakeSource>();
   fake->threads = 2;
   LookaheadSource ahead(fake, dataset_, {.window = 8});
-  ahead.prefetch({1, 2, 3});
+  ahead.plan_rows({1, 2, 3});
   fake->wait_calls(3);
   ASSERT_TRUE(eventually([&] { return ahead.settled(); }));  // the three fetched
-  ahead.prefetch({20, 21});
+  ahead.plan_rows({20, 21});
   fake->wait_calls(5);
   ASSERT_TRUE(eventually([&] { return ahead.settled(); }));
   EXPECT_EQ(ahead.stats().discarded, 3);
   // A row of the old queue is fetched again when claimed.
   EXPECT_TRUE(ahead.fetch(1, dataset_->input_ids(1)).sample);
   EXPECT_EQ(fake->calls_now().size(), 6u);
-  EXPECT_THROW(ahead.prefetch({40}), Error) << "row 40 is outside the 40-row dataset";
+  EXPECT_THROW(ahead.plan_rows({40}), Error) << "row 40 is outside the 40-row dataset";
 }
 
 TEST_F(OnlineLookaheadTest, TheNextPlanStartsAfterTheCurrentOneAndServesTheNextEpoch) {
@@ -257,7 +257,7 @@ TEST_F(OnlineLookaheadTest, TheNextPlanStartsAfterTheCurrentOneAndServesTheNextE
 TEST_F(OnlineLookaheadTest, AnErrorBecomesAFatalOutcome) {
   auto fake = std::make_shared<FakeSource>();
   LookaheadSource ahead(fake, dataset_, {.window = 2});
-  ahead.prefetch({13});
+  ahead.plan_rows({13});
   fake->wait_calls(1);  // the lookahead thread has it (a claim now waits for its outcome)
   const FetchOutcome outcome = ahead.fetch(13, dataset_->input_ids(13));
   EXPECT_FALSE(outcome.sample.has_value());
@@ -270,7 +270,7 @@ TEST_F(OnlineLookaheadTest, DestructionInterruptsTheInnerSource) {
   fake->held = true;
   {
     LookaheadSource ahead(fake, dataset_, {.window = 2});
-    ahead.prefetch({10, 1});
+    ahead.plan_rows({10, 1});
     fake->wait_calls(1);  // row 10 is held: only the interrupt lets the destructor join
   }
   EXPECT_EQ(fake->interrupts.load(), 1);
@@ -281,7 +281,7 @@ TEST_F(OnlineLookaheadTest, InterruptDropsTheQueueAndResumeWaitsForIdleThreads) 
   auto fake = std::make_shared<FakeSource>();
   fake->held = true;
   LookaheadSource ahead(fake, dataset_, {.window = 4});
-  ahead.prefetch({10, 1, 2, 3});
+  ahead.plan_rows({10, 1, 2, 3});
   EXPECT_EQ(fake->wait_calls(1), std::vector<std::int64_t>({10}));
   ahead.interrupt();  // the pipeline stops mid-epoch
   ahead.resume();     // returns once row 10's fetch has ended
@@ -292,7 +292,7 @@ TEST_F(OnlineLookaheadTest, InterruptDropsTheQueueAndResumeWaitsForIdleThreads) 
   EXPECT_EQ(stats.running, 0);
   EXPECT_EQ(stats.ready, 0) << "row 10's result belongs to the stopped epoch";
   // The next epoch fetches normally.
-  ahead.prefetch({5, 6});
+  ahead.plan_rows({5, 6});
   EXPECT_EQ(fake->wait_calls(3), std::vector<std::int64_t>({10, 5, 6}));
   EXPECT_TRUE(ahead.fetch(6, dataset_->input_ids(6)).sample);
 }
@@ -351,7 +351,7 @@ void plan_and_claim_all_but(LookaheadSource& ahead, const TokenDataset& dataset,
                             std::int64_t skip) {
   std::vector<std::int64_t> rows(12);
   for (std::int64_t r = 0; r < 12; ++r) rows[static_cast<std::size_t>(r)] = r;
-  ahead.prefetch(rows);
+  ahead.plan_rows(rows);
   for (std::int64_t r = 0; r < 12; ++r) {
     if (r == skip) continue;
     ASSERT_TRUE(ahead.fetch(r, dataset.input_ids(r)).sample.has_value()) << "row " << r;
@@ -373,8 +373,9 @@ double seconds_to_claim(LookaheadSource& ahead, const TokenDataset& dataset, std
 
 TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
-  LookaheadSource ahead(fake, dataset_,
-                        {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
+  LookaheadSource ahead(
+      fake, dataset_,
+      {.window = 16, .hedge = {.factor = 2, .min_wait = std::chrono::duration<double>(0.05)}});
   plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   // 20 s if it waits out the stall; a margin of half that for a loaded machine.
@@ -396,8 +397,9 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
   auto fake = std::make_shared<StallingSource>();
   fake->stall_calls = {1};       // the hedge stalls
   fake->slow_row_takes = 300ms;  // the first is slow, not stuck
-  LookaheadSource ahead(fake, dataset_,
-                        {.window = 16, .hedge = {.factor = 2, .min_seconds = 0.05}});
+  LookaheadSource ahead(
+      fake, dataset_,
+      {.window = 16, .hedge = {.factor = 2, .min_wait = std::chrono::duration<double>(0.05)}});
   plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
   FetchOutcome outcome;
   EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);
@@ -415,7 +417,9 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
 TEST_F(OnlineLookaheadTest, NoHedgeWhenTheFactorIsZero) {
   auto fake = std::make_shared<StallingSource>();
   fake->stall_for = 1s;
-  LookaheadSource ahead(fake, dataset_, {.window = 16, .hedge = {.factor = 0, .min_seconds = 0}});
+  LookaheadSource ahead(
+      fake, dataset_,
+      {.window = 16, .hedge = {.factor = 0, .min_wait = std::chrono::duration<double>(0)}});
   plan_and_claim_all_but(ahead, *dataset_, -1);
   EXPECT_EQ(ahead.stats().hedges, 0);
   std::lock_guard lock(fake->mutex);
