@@ -15,8 +15,11 @@ cases:
           with the machine's bounds measured in the same turns: `draftfeed verify --baseline memcpy`
           (every file's mapping copied with memcpy) and `--baseline pread` (every file read through
           its descriptor into a ring): what a mapped and a read copy could reach at most;
-  cold    the same files (the first H) evicted from the page cache before each epoch
-          (posix_fadvise DONTNEED, checked with mincore): the rows come from the local disk;
+  cold    the same files (the first H) evicted from the page cache before an epoch (posix_fadvise
+          DONTNEED, checked with mincore): the rows come from the local disk; then a warm epoch of
+          the same loader, the files in the page cache as its own reads left them (a page cache
+          filled by reads may hold smaller folios than one filled by the writer: more faults for a
+          mapped copy); with the disk's bound (every file read whole, 4 threads) before each turn;
   netfs   the cache through tools/slowfs (FUSE; --latency-ms on every open, lookup and first read of a
           file, no tail), rows of 32-128 tokens (files of 0.25-1 MB), --netfs-rows rows: a cold epoch
           on a fresh mount (a cold client), then a warm one on the same mount, for each copy; with
@@ -44,7 +47,14 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tools"))
-from bench_common import cli_path, make_cached_dataset, print_table, time_epoch, warm_page_cache  # noqa: E402
+from bench_common import (  # noqa: E402
+    cli_path,
+    make_cached_dataset,
+    parallel_read,
+    print_table,
+    time_epoch,
+    warm_page_cache,
+)
 from page_cache import evict_checked, files_under  # noqa: E402
 
 NOISE_STD = 0.05
@@ -120,14 +130,20 @@ def warm_case(data: str, hidden: int, workers: int, repeat: int, cli: str) -> di
 def cold_case(data: str, rows: int, hidden: int, workers: int, repeat: int) -> dict:
     paths = training_files(data, rows)
     loaders = {copy: make_loader(copy, loader_args(data, hidden, workers, 0.0)) for copy in COPIES}
-    runs: dict[str, list[dict]] = {copy: [] for copy in COPIES}
+    runs: dict[str, list[dict]] = {f"{copy} {kind}": [] for copy in COPIES for kind in ("cold", "warm")}
+    disk: list[float] = []
     for turn in range(repeat):
+        # The disk's own bound right before the turn (a parallel read of the evicted files).
+        evict_checked(paths)
+        disk.append(parallel_read(paths, 4)["gbps"])
         for copy, loader in loaders.items():
             size, left = evict_checked(paths)
-            r = epoch_gbps(loader, turn)
+            r = epoch_gbps(loader, 2 * turn)
             r["resident_before"] = left / size
-            runs[copy].append(r)
-    return dict(hidden_size=hidden, runs=runs)
+            runs[f"{copy} cold"].append(r)
+            # Then warm: the files in the page cache as the loader's own reads left them.
+            runs[f"{copy} warm"].append(epoch_gbps(loader, 2 * turn + 1))
+    return dict(hidden_size=hidden, runs=runs, disk_gbps=statistics.median(disk))
 
 
 def netfs_case(data: str, hidden: int, workers: int, repeat: int, latency_ms: float, mountpoint: str) -> dict:
@@ -165,11 +181,17 @@ def tables(results: dict) -> list[tuple[str, tuple, list[tuple]]]:
     out.append(("Warm page cache (GB/s)", ("H", "map", "read", "read / map", "map+noise", "read+noise",
                                            "read / map (noise)", "verify memcpy", "verify pread"), rows))
     c = results["cold"]
-    out.append(("Cold: evicted before each epoch, local disk (GB/s)",
-                ("H", "map", "read", "read / map", "resident before (max)"),
-                [(c["hidden_size"], f"{median(c['runs']['map']):.2f}", f"{median(c['runs']['read']):.2f}",
-                  f"{median(c['runs']['read']) / median(c['runs']['map']):.2f}",
-                  f"{max(r['resident_before'] for v in c['runs'].values() for r in v):.1%}")]))
+    rows = []
+    for kind in ("cold", "warm"):
+        m, r = c["runs"][f"map {kind}"], c["runs"][f"read {kind}"]
+        rows.append((kind, c["hidden_size"], f"{median(m):.2f}", f"{median(r):.2f}", f"{median(r) / median(m):.2f}",
+                     f"{median(m, 'cpu_seconds') / median(m, 'seconds'):.2f}",
+                     f"{median(r, 'cpu_seconds') / median(r, 'seconds'):.2f}"))
+    out.append((f"Local disk: an epoch with the files evicted before it, then a warm one (GB/s; the disk's own "
+                f"bound {c['disk_gbps']:.2f} GB/s, at most "
+                f"{max(r['resident_before'] for k, v in c['runs'].items() if 'cold' in k for r in v):.1%} "
+                "resident before a cold epoch)",
+                ("epoch", "H", "map", "read", "read / map", "cores map", "cores read"), rows))
     n = results.get("netfs")
     if n:
         rows = []
