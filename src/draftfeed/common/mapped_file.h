@@ -39,7 +39,7 @@ struct MapOptions {
 };
 
 // How the loader's sources (and verify's read baseline) map cache files: the descriptor kept, for
-// the batch copy reads the rows through it (pipeline/file_rows_copy.h); through the mapping only
+// the batch copy reads the rows through it (batch/file_rows_copy.h); through the mapping only
 // the header, token ids and scales are read, without the kernel's read-around.
 inline constexpr MapOptions kMapForRowReads{.keep_descriptor = true, .header_only = true};
 

@@ -160,7 +160,7 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
     fetched.hidden.scales = sample.scales->data;
     fetched.hidden.dequantize = fp8_dequantize_dtype;
   }
-  // The copy reads the rows through the descriptor (pipeline/file_rows_copy.h): the pages the
+  // The copy reads the rows through the descriptor (batch/file_rows_copy.h): the pages the
   // checks touched through the mapping (header, token ids, FP8 scales; on a file system with large
   // folios a fault maps a whole 2 MiB folio) leave this process's memory now.
   if (fetched.file->fd() >= 0) fetched.file->release(0, fetched.file->size());

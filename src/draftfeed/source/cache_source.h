@@ -25,7 +25,7 @@ OnMissing parse_on_missing(std::string_view text);  // throws kInvalidArgument n
 const char* on_missing_name(OnMissing on_missing);
 
 // How the batch copy takes a cache file's rows: from its mapping, or read through the file's
-// descriptor (pipeline/file_rows_copy.h). kAuto maps, on every file system:
+// descriptor (batch/file_rows_copy.h). kAuto maps, on every file system:
 //   - on a network or FUSE one (common/file_system.h) each read() of a file whose attributes the
 //     client holds longer than its attribute timeout asks the server for them first, one round trip
 //     per file in the copy, while a fault on a mapping of cached pages asks nothing (the prefetch
