@@ -357,7 +357,7 @@ def copy_bound_table(results: dict) -> list[dict]:
         "things: the read bound is the most a reader of page-cache files through read() reaches; memcpy is "
         "what memory allows. draftfeed copies the rows from each file's mapping (source/cache_source.h's "
         "CacheCopy); the last column is the same drop-in with DRAFTFEED_CACHE_COPY=read (the rows read through "
-        "the file's descriptor, src/draftfeed/pipeline/file_rows_copy.h), in the same turns.")]
+        "the file's descriptor, src/draftfeed/batch/file_rows_copy.h), in the same turns.")]
 
 
 def memory_table(results: dict) -> list[dict]:

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "draftfeed/batch/file_rows_copy.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/file_system.h"
 #include "draftfeed/hidden/cache_store.h"
-#include "draftfeed/pipeline/file_rows_copy.h"
 #include "draftfeed/source/cache_source.h"
 #include "sample_file.h"
 #include "temp_folder.h"

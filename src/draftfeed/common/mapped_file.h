@@ -39,8 +39,9 @@ struct MapOptions {
 };
 
 // How the loader's sources (and verify's read baseline) map cache files: the descriptor kept, for
-// the batch copy reads the rows through it (pipeline/file_rows_copy.h); through the mapping only
-// the header, token ids and scales are read, without the kernel's read-around.
+// the read-ahead reads the files through it, and so may the batch copy (batch/file_rows_copy.h);
+// through the mapping only the header, token ids and scales are read, without the kernel's
+// read-around, until the fetch ends that for a file whose rows are copied from the mapping.
 inline constexpr MapOptions kMapForRowReads{.keep_descriptor = true, .header_only = true};
 
 class MappedFile {

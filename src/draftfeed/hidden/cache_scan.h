@@ -36,7 +36,7 @@ enum class ScanMode {
   kRead,      // baseline: map each file and read every byte once (no copy), nothing else
   // baseline: read each file through its descriptor (pread) into a 64 MiB ring of destinations:
   // the kernel's copy out of the page cache, the way the loader's batch copy reads cache files
-  // (pipeline/file_rows_copy.h), so the bound for it
+  // (batch/file_rows_copy.h), so the bound for it
   kPread,
 };
 

@@ -5,9 +5,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "draftfeed/batch/sample_copy.h"
 #include "draftfeed/common/error.h"
-#include "draftfeed/common/fault_guard.h"
-#include "draftfeed/pipeline/file_rows_copy.h"
 
 namespace draftfeed {
 
@@ -74,8 +73,7 @@ struct Pipeline::Job {
   std::vector<std::uint8_t> usable;  // bytes: each fetch task writes its own entry
   std::vector<std::int64_t> rows;    // per sample, after preprocess
   BatchPlacement placement;
-  std::unique_ptr<std::atomic<std::int64_t>[]> nonfinite;  // per sample, found while copying
-  std::unique_ptr<std::atomic<bool>[]> shrank;  // per sample: its file faulted (SIGBUS) in a copy
+  std::unique_ptr<SampleCopy[]> copies;  // per sample: its copy into the batch, and what it found
   std::atomic<std::int64_t> pending{0};
 };
 
@@ -212,8 +210,7 @@ void Pipeline::run_scheduler(std::uint64_t epoch,
     job->masks.resize(n);
     job->usable.assign(n, 0);
     job->rows.assign(n, 0);
-    job->nonfinite = std::make_unique<std::atomic<std::int64_t>[]>(n);
-    job->shrank = std::make_unique<std::atomic<bool>[]>(n);
+    job->copies = std::make_unique<SampleCopy[]>(n);
     {
       std::lock_guard lock(mutex_);
       ++in_flight_;
@@ -352,63 +349,20 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
                                std::int64_t first, std::int64_t last) {
   const SamplePlacement& placement = job->placement.samples[placed];
   const std::size_t i = placement.sample;
-  const NoiseContext noise{options_.noise, job->epoch};
-  const FetchedSample& sample = *job->outcomes[i].sample;
-  std::int64_t bad = 0;
-  bool read = true;
-  if (can_read_file_rows(sample)) {
-    // A cache file whose rows its source wants read, not mapped (file_rows_copy.h).
-    const FileRowsCopy copied = copy_file_rows(*job->layout, job->memory, placement, sample,
-                                               job->plan.rows[i], noise, first, last);
-    bad = copied.nonfinite;
-    read = !copied.unreadable;
-  } else {
-    // Memory a transfer gave, or a mapped file another process may truncate meanwhile: a SIGBUS
-    // in the copy drops this sample (finish_step) instead of killing the trainer.
-    read = guard_mapped_reads([&] {
-      bad = copy_sample_rows(*job->layout, job->memory, placement, sample.hidden, job->plan.rows[i],
-                             noise, first, last);
-    });
-    // The rows are in the batch now: their file pages leave this process's memory (they stay in
-    // the page cache; a repack after a drop reads them again).
-    if (sample.file) {
-      const HiddenStatesView& hs = sample.hidden;
-      const std::size_t row_bytes =
-          static_cast<std::size_t>(hs.layers * hs.hidden) * dtype_size(hs.dtype);
-      sample.file->release(hs.data + static_cast<std::size_t>(first) * row_bytes,
-                           hs.data + static_cast<std::size_t>(last) * row_bytes);
-    }
-  }
-  if (!read) job->shrank[i].store(true, std::memory_order_relaxed);
-  if (bad != 0) job->nonfinite[i].fetch_add(bad, std::memory_order_relaxed);
+  job->copies[i].copy_rows(*job->layout, job->memory, placement, *job->outcomes[i].sample,
+                           job->plan.rows[i], NoiseContext{options_.noise, job->epoch}, first,
+                           last);
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
 void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
   if (stopping_) return;
-  // A sample with NaN/Inf, or whose file changed while it was copied (truncated: a SIGBUS the
-  // guard caught, or rewritten: a new size or modification time), is dropped like any failed
-  // sample; the batch is packed again without it.
+  // A sample the copy found bad (SampleCopy::finish) is dropped like any failed sample; the
+  // batch is packed again without it.
   bool repack = false;
   for (const SamplePlacement& p : job->placement.samples) {
-    const std::int64_t bad = job->nonfinite[p.sample].exchange(0);
-    const bool shrank = job->shrank[p.sample].exchange(false);
-    const std::string row = "row " + std::to_string(job->plan.rows[p.sample]) + ": ";
-    const FetchedSample& sample = *job->outcomes[p.sample].sample;
-    std::optional<FetchOutcome> drop;
-    if (shrank) {
-      drop = FetchOutcome::dropped(
-          DropReason::kInvalid,
-          row + (sample.file ? sample.file->path() : std::string("the hidden states")) +
-              ": the file shrank while being copied (truncated by another process: a short "
-              "read, or SIGBUS on the mapping)");
-    } else if (auto change = sample.file ? sample.file->change_since_mapped() : std::nullopt) {
-      drop = FetchOutcome::dropped(DropReason::kInvalid,
-                                   row + sample.file->path() + ": the file " + *change);
-    } else if (bad != 0) {
-      drop = FetchOutcome::dropped(DropReason::kNonFinite,
-                                   row + std::to_string(bad) + " non-finite hidden-state values");
-    }
+    std::optional<FetchOutcome> drop =
+        job->copies[p.sample].finish(*job->outcomes[p.sample].sample, job->plan.rows[p.sample]);
     if (!drop) continue;
     job->usable[p.sample] = 0;
     job->outcomes[p.sample] = std::move(*drop);

@@ -166,14 +166,14 @@ FetchOutcome CacheSampleSource::check(std::int64_t global_row, const IntArrayVie
     fetched.hidden.scales = sample.scales->data;
     fetched.hidden.dequantize = fp8_dequantize_dtype;
   }
-  // The copy reads the rows through the descriptor (pipeline/file_rows_copy.h): the pages the
-  // checks touched through the mapping (header, token ids, FP8 scales; on a file system with large
-  // folios a fault maps a whole 2 MiB folio) leave this process's memory now.
+  // The pages the checks touched through the mapping (header, token ids, FP8 scales; on a file
+  // system with large folios a fault maps a whole 2 MiB folio) leave this process's memory now:
+  // the copy (batch/sample_copy.h) maps or reads the rows it needs.
   if (fetched.file->fd() >= 0) fetched.file->release(0, fetched.file->size());
   if (!read_rows) {
-    // A network file system (CacheCopy): the copy takes the rows from the mapping, its pages in
-    // the page cache already (read ahead, or read before the copy); should some have left it, a
-    // fault reads around it again instead of page by page (header_only's MADV_RANDOM ends).
+    // The mapped copy (CacheCopy): the copy takes the rows from the mapping, its pages in the page
+    // cache already (read ahead, or read before the copy); should some have left it, a fault reads
+    // around it again instead of page by page (header_only's MADV_RANDOM ends).
     fetched.read_rows = false;
     fetched.file->advise_normal();
   }

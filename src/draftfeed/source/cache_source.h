@@ -24,18 +24,20 @@ enum class OnMissing : std::uint8_t { kGenerate, kSkip, kWarn, kRaise };
 OnMissing parse_on_missing(std::string_view text);  // throws kInvalidArgument naming the choices
 const char* on_missing_name(OnMissing on_missing);
 
-// How the batch copy takes a cache file's rows: from its mapping, or read through the file's
-// descriptor (pipeline/file_rows_copy.h). kAuto maps, on every file system:
+// How the batch copy (batch/sample_copy.h) takes a cache file's rows: from its mapping, or read
+// through the file's descriptor (batch/file_rows_copy.h); the source says which in
+// FetchedSample::read_rows. kAuto maps, on every file system:
 //   - on a network or FUSE one (common/file_system.h) each read() of a file whose attributes the
 //     client holds longer than its attribute timeout asks the server for them first, one round trip
 //     per file in the copy, while a fault on a mapping of cached pages asks nothing (the read-ahead
 //     has read the file into the page cache by then);
-//   - on a local one, where the kernel maps a file's 2 MiB folios with one fault each, the copy
-//     reads each row once into its place, where the read scatters a token's layers with one small
-//     iovec each (docs/decisions.md: the mapped copy against the read).
-// The environment variable DRAFTFEED_CACHE_COPY (read, map or auto) overrides kAuto, for tests and
-// for a machine where the read is faster (one whose page cache holds small folios and whose memory
-// is fast: there the mapping's page-table work can cost more than the read's).
+//   - on a local one, where the page cache holds a file the writer left there in large folios, one
+//     fault maps a whole folio, while the read scatters a token's layers with one small iovec each.
+// The read is the faster where the page cache holds the files in small folios: a cache read from a
+// local disk (larger than memory, or an epoch after the cache left the page cache), where a fault
+// maps little and each release unmaps it again (docs/decisions.md: the mapped copy against the
+// read). The environment variable DRAFTFEED_CACHE_COPY (read, map or auto) overrides kAuto, for
+// such a cache and for tests.
 enum class CacheCopy : std::uint8_t { kAuto, kRead, kMap };
 CacheCopy parse_cache_copy(std::string_view text);  // throws kInvalidArgument naming the choices
 const char* cache_copy_name(CacheCopy copy);

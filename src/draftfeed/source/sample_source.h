@@ -52,9 +52,9 @@ struct FetchedSample {
   // The mapped file `hidden.data` points into, when it is one (null for memory a transfer gave):
   // the copy reads it under a fault guard and checks afterwards that the file did not change.
   std::shared_ptr<const MappedFile> file;
-  // The copy reads the rows through `file`'s descriptor when it has one (pipeline/
-  // file_rows_copy.h); false: from the mapping, as for a file without a descriptor (the cache
-  // sources' default: source/cache_source.h's CacheCopy).
+  // The copy (batch/sample_copy.h) reads the rows through `file`'s descriptor when it has one
+  // (batch/file_rows_copy.h); false: from the mapping, as for a file without a descriptor (the
+  // cache sources' default: source/cache_source.h's CacheCopy).
   bool read_rows = true;
 };
 

@@ -10,11 +10,11 @@
 //     finiteness check fused, streaming stores into the batch); the buffer stays in the core's
 //     L2, so that copy reads cache, not memory.
 //
-// Used when asked for (DRAFTFEED_CACHE_COPY=read, source/cache_source.h's CacheCopy); by default
-// the copy takes the rows from the file's mapping. A read copies from the page cache with no page
-// tables, and the file's pages never count in this process's memory; a mapping costs page faults
-// and a TLB shootdown to unmap. Which is faster depends on how many pages a fault maps (a whole
-// 2 MiB folio on kernels with large folios): docs/decisions.md has the measurements.
+// The read copy of SampleCopy (sample_copy.h), for a sample whose source asks for it
+// (FetchedSample::read_rows: source/cache_source.h's CacheCopy). No page of the rows is mapped:
+// no page faults, no TLB shootdown to unmap them, and the file's pages never count in this
+// process's memory; a read instead copies a token's layers with one small iovec each and pays the
+// kernel's per-folio work. docs/decisions.md says when each copy is the faster.
 #pragma once
 
 #include <cstddef>

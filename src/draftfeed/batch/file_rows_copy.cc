@@ -1,4 +1,4 @@
-#include "draftfeed/pipeline/file_rows_copy.h"
+#include "draftfeed/batch/file_rows_copy.h"
 
 #include <sys/uio.h>
 

@@ -14,10 +14,10 @@
 
 #include "draftfeed/batch/assemble.h"
 #include "draftfeed/batch/batch_spec.h"
+#include "draftfeed/batch/file_rows_copy.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/mapped_file.h"
 #include "draftfeed/hidden/safetensors.h"
-#include "draftfeed/pipeline/file_rows_copy.h"
 #include "sample_file.h"
 #include "temp_folder.h"
 

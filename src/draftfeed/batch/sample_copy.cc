@@ -1,0 +1,63 @@
+#include "draftfeed/batch/sample_copy.h"
+
+#include <string>
+
+#include "draftfeed/batch/file_rows_copy.h"
+#include "draftfeed/common/dtype.h"
+#include "draftfeed/common/fault_guard.h"
+
+namespace draftfeed {
+
+void SampleCopy::copy_rows(const BatchLayout& layout, const BatchMemory& batch,
+                           const SamplePlacement& placement, const FetchedSample& sample,
+                           std::int64_t global_row, const NoiseContext& noise, std::int64_t first,
+                           std::int64_t last) {
+  if (can_read_file_rows(sample)) {
+    const FileRowsCopy copied =
+        copy_file_rows(layout, batch, placement, sample, global_row, noise, first, last);
+    record(copied.nonfinite, !copied.unreadable);
+    return;
+  }
+  std::int64_t bad = 0;
+  const bool read = guard_mapped_reads([&] {
+    bad = copy_sample_rows(layout, batch, placement, sample.hidden, global_row, noise, first, last);
+  });
+  if (sample.file) {
+    const HiddenStatesView& hs = sample.hidden;
+    const std::size_t row_bytes =
+        static_cast<std::size_t>(hs.layers * hs.hidden) * dtype_size(hs.dtype);
+    sample.file->release(hs.data + static_cast<std::size_t>(first) * row_bytes,
+                         hs.data + static_cast<std::size_t>(last) * row_bytes);
+  }
+  record(bad, read);
+}
+
+void SampleCopy::record(std::int64_t nonfinite, bool read) {
+  if (!read) shrank_.store(true, std::memory_order_relaxed);
+  if (nonfinite != 0) nonfinite_.fetch_add(nonfinite, std::memory_order_relaxed);
+}
+
+std::optional<FetchOutcome> SampleCopy::finish(const FetchedSample& sample,
+                                               std::int64_t global_row) {
+  const std::int64_t bad = nonfinite_.exchange(0);
+  const bool shrank = shrank_.exchange(false);
+  const std::string row = "row " + std::to_string(global_row) + ": ";
+  if (shrank) {
+    return FetchOutcome::dropped(
+        DropReason::kInvalid,
+        row + (sample.file ? sample.file->path() : std::string("the hidden states")) +
+            ": the file shrank while being copied (truncated by another process: a short "
+            "read, or SIGBUS on the mapping)");
+  }
+  if (auto change = sample.file ? sample.file->change_since_mapped() : std::nullopt) {
+    return FetchOutcome::dropped(DropReason::kInvalid,
+                                 row + sample.file->path() + ": the file " + *change);
+  }
+  if (bad != 0) {
+    return FetchOutcome::dropped(DropReason::kNonFinite,
+                                 row + std::to_string(bad) + " non-finite hidden-state values");
+  }
+  return std::nullopt;
+}
+
+}  // namespace draftfeed
