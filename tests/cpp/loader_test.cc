@@ -115,10 +115,10 @@ TEST_F(LoaderTest, NoiseOnlyOnTheTrainingSplitDecidedOnceByTheLoader) {
   LoaderOptions noisy = options();
   noisy.batch.noise.std = 0.05;
   Loader train(noisy);
-  EXPECT_TRUE(train.options().pipeline.noise);
+  EXPECT_TRUE(train.options().batch.noise.enabled());
   LoaderOptions quiet = options();
   Loader train_quiet(quiet);
-  EXPECT_FALSE(train_quiet.options().pipeline.noise);
+  EXPECT_FALSE(train_quiet.options().batch.noise.enabled());
   const auto with_noise = epoch_hidden_states(train, 0);
   const auto without = epoch_hidden_states(train_quiet, 0);
   ASSERT_EQ(with_noise.size(), without.size());
@@ -129,7 +129,7 @@ TEST_F(LoaderTest, NoiseOnlyOnTheTrainingSplitDecidedOnceByTheLoader) {
   EXPECT_EQ(val.options().split, Split::kVal);
   EXPECT_EQ(val.options().batch.noise.kind, NoiseKind::kNone);
   EXPECT_EQ(val.options().batch.noise.std, 0.0);
-  EXPECT_FALSE(val.options().pipeline.noise);
+  EXPECT_FALSE(val.options().batch.noise.enabled());
   LoaderOptions plain_val = options();
   plain_val.split = Split::kVal;
   plain_val.batch.noise.seed = 0;

@@ -74,7 +74,6 @@ LoaderOptions completed(LoaderOptions options) {
     options.batch.noise.kind = NoiseKind::kNone;
     options.batch.noise.std = 0.0;
   }
-  options.pipeline.noise = options.batch.noise.enabled();
   // Copies from pageable memory would not run asynchronously.
   if (options.pipeline.device_stage) options.pipeline.try_pin = true;
   options.validate();

@@ -57,7 +57,6 @@ struct PipelineOptions {
   // of them at most (being copied, waiting, or held by the consumer). Pins the host buffers.
   bool device_stage = false;
   int device_buffers = 2;
-  bool noise = false;                  // apply the spec's noise (the training split)
   std::int64_t chunk_bytes = 4 << 20;  // bytes of hidden states per copy task
   int max_drop_examples = 8;           // drop messages kept per batch
   // A fatal generation failure (online: too many rows failed in a row, fail_on_hidden_state_error)

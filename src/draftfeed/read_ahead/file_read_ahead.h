@@ -35,7 +35,7 @@
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or, when its read has not started, after reading it whole there
 // (through the same descriptor, sequentially), so that the copy finds it in the page cache, whether
-// it maps the rows (the default) or reads them (pipeline/file_rows_copy.h; source/cache_source.h's
+// it maps the rows (the default) or reads them (batch/sample_copy.h; source/cache_source.h's
 // CacheCopy); a row the read-ahead has not reached yet is left to the fetch
 // (and skipped when the read-ahead gets there).
 // An open taking far longer than opens usually do (4 x the median of the latest 32 answers that
