@@ -53,7 +53,7 @@ def OnlineSource(
         `<data_path>/hidden_states`.
     lookahead: rows fetched ahead of the loader and not yet taken (with those under way) at most.
         The source's own threads (one per request in flight) fetch the rows the Loader says are
-        coming (`source.plan(...)`, each epoch: this epoch's batches and the next epoch's) in the
+        coming (each epoch, through the engine's loader: this epoch's batches and the next epoch's) in the
         order they are due, a long request early. Default 8 * fetch_threads with data_path, else
         off (0). Needs `data_path`.
     lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): four times
