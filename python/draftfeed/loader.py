@@ -1,12 +1,12 @@
 """PyTorch-facing loaders over the C++ engine.
 
-`Loader` plans an epoch with the multipack planner (identical to the reference sampler), hands the
-batches to the engine (threads fetch and assemble them into a fixed pool of buffers) and yields
-`dict[str, torch.Tensor]` whose tensors view the batch buffers without copying. A buffer goes back
+`Loader` yields `dict[str, torch.Tensor]` whose tensors view the engine's batch buffers without
+copying (threads fetch and assemble the batches into a fixed pool of buffers). A buffer goes back
 to the pool only when every tensor viewing it is gone.
 
 The engine's loader (`_core.Loader`, src/draftfeed/loader/) is the epoch driver: it plans, tells
-the source what to read ahead, and keeps the resume state (`state_dict()` records which batches of
+the source what to read ahead, with the multipack planner (identical to the reference sampler),
+and keeps the resume state (`state_dict()` records which batches of
 the epoch were delivered, whatever the delivery order; `load_state_dict()` makes the next iteration
 yield exactly the others). This module is the iterator over it, and torch's side of CUDA.
 """
