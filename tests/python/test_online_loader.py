@@ -221,6 +221,23 @@ def test_bench_command_runs_online(run_cli_json, data, clean_sim, tmp_path):
     assert report["online"]["client"]["max_in_flight"] <= 4
     assert sum(p["dropped"]["generation_failed"] for p in report["passes"]) == 0
     assert clean_sim.stats()["completions"] == ROWS
+    # The command line drives the same loader as Python, and so fetches ahead as the drop-in does:
+    # 8 x 4 rows by default, every row claimed from the lookahead.
+    ahead = report["lookahead"]
+    assert ahead["hits"] + ahead["stored_reads"] + ahead["inline_fetches"] == ROWS
+    assert ahead["hits"] > 0 and ahead["discarded"] == 0
+
+
+def test_bench_command_lookahead_flags(run_cli_json, data, clean_sim, tmp_path):
+    common = ["bench", str(data), "--endpoint", clean_sim.url, "--server-dir",
+              str(clean_sim.server_dir), "--hidden-size", str(HIDDEN), "--layers", str(LAYERS),
+              "--max-len", "256", "--fetch-threads", "2", "--noise-std", "0", "--no-val"]
+    off = run_cli_json(*common, "--hidden-states", str(tmp_path / "off"), "--lookahead", "0")
+    assert "lookahead" not in off and off["online"]["generated"] > 0
+    budget = run_cli_json(*common, "--hidden-states", str(tmp_path / "on"), "--lookahead", "3",
+                          "--lookahead-bytes", "1000000", "--hedge-factor", "0")
+    assert budget["lookahead"]["budget_bytes"] == 1000000
+    assert budget["lookahead"]["hedges"] == 0
 
 
 def test_lookahead_fetches_ahead_of_the_buffers(run_cli, data, clean_sim, tmp_path):
