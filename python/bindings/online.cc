@@ -31,7 +31,7 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/online_sources.h"
-#include "draftfeed/read_ahead/lookahead_source.h"
+#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/online_source.h"
 #include "options_init.h"

@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "draftfeed/loader/loader.h"
-#include "draftfeed/read_ahead/lookahead_source.h"
+#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 
 namespace draftfeed::cli {

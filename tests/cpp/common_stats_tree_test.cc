@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "draftfeed/common/stats_tree.h"
-#include "draftfeed/read_ahead/lookahead_source.h"
+#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 
 namespace draftfeed {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "draftfeed/read_ahead/lookahead_source.h"
+#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 #include "draftfeed/source/sample_source.h"
 

@@ -1,6 +1,6 @@
 // The file read-ahead: opening and reading the cache ahead of the batch copy, in the order the
 // epoch's plan will fetch it: what keeps a cold cache at the disk's speed, and hides a network file
-// system's latency. One of the two read-aheads of read_ahead/ (the other, lookahead_source.h,
+// system's latency. One of the two read-aheads (the other, source/lookahead_source.h,
 // starts an online source's requests ahead); both are planned by the loader through
 // SampleSource::will_need, hold what they read ahead against a ByteBudget, ask again for what
 // stalls by a HedgeRule, and report through SampleSource::stats_report.

@@ -19,7 +19,7 @@
 
 #include "draftfeed/common/cancel_scope.h"
 #include "draftfeed/dataset/synthetic.h"
-#include "draftfeed/read_ahead/lookahead_source.h"
+#include "draftfeed/source/lookahead_source.h"
 
 namespace draftfeed {
 namespace {

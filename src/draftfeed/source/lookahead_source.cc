@@ -1,4 +1,4 @@
-#include "draftfeed/read_ahead/lookahead_source.h"
+#include "draftfeed/source/lookahead_source.h"
 
 #include <algorithm>
 #include <chrono>
