@@ -9,6 +9,7 @@
 #include "draftfeed/common/file_system.h"
 #include "draftfeed/common/fp8.h"
 #include "draftfeed/hidden/validate.h"
+#include "draftfeed/source/packed_fetch.h"
 
 namespace draftfeed {
 
@@ -99,9 +100,15 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
           // with CacheCopy kRead), never around the header's page when thousands of files are
           // opened ahead.
           [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
-          prefetch)) {}
+          prefetch)),
+      pack_(open_packed_cache(options_.hidden_states_path)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
+  if (pack_ != nullptr) {
+    if (const PackEntry* entry = pack_->find(global_row)) {
+      return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype);
+    }
+  }
   // Opened (and read) ahead, or, when the prefetch has not got there, opened now and read whole
   // before the copy's preads (as the prefetch would have: read_before_copy).
   std::optional<CachePrefetch::Prepared> prepared = prefetch_->take(global_row);
@@ -127,6 +134,10 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
 }
 
 void CacheSampleSource::will_need(std::shared_ptr<const std::vector<PlannedBatch>> batches) {
+  if (pack_ != nullptr) {
+    prefetch_->plan(plan_without_packed(*pack_, std::move(batches)));
+    return;
+  }
   PrefetchPlan plan;
   plan.batches.reserve(batches->size());
   for (const PlannedBatch& batch : *batches) plan.batches.emplace_back(batch.rows);
