@@ -209,7 +209,7 @@ def test_a_bad_manifest_is_refused_by_name(fixture, tmp_path):
                 "sample_fields": ["row", "shard", "offset", "length", "checksum", "file_bytes", "layout"],
                 "shards": [{"file": "../shard-000000.safetensors", "bytes": 1}], "samples": []}
     (cache / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(Exception, match="manifest.json.*shards\\[0\\].file"):
+    with pytest.raises(Exception, match=r"manifest.json.*shards\[0\].file"):
         draftfeed.Loader(fixture.path, hidden_size=HIDDEN, total_seq_len=MAX_LEN, hidden_states_path=cache,
                          pin_memory=False)
     assert os.path.exists(cache / "manifest.json")
