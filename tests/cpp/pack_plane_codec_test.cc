@@ -101,11 +101,20 @@ TEST(PlaneCodec, DamagedBlobsAreRefused) {
     const std::span<const std::uint8_t> part(blob.data(), cut);
     EXPECT_TRUE(plane_decode(DType::kBF16, part, out)) << "cut at " << cut;
   }
+  // A changed byte is refused, or changed nothing the decoder reads (a zstd frame header bit
+  // that does not change the frame's output): the bytes that come out are the original ones.
+  std::size_t refused = 0;
   for (std::size_t at = 0; at < blob.size(); at += 5) {
     auto changed = blob;
     changed[at] ^= 0x10;
-    EXPECT_TRUE(plane_decode(DType::kBF16, changed, out)) << "byte " << at;
+    std::fill(out.begin(), out.end(), 0);
+    if (plane_decode(DType::kBF16, changed, out)) {
+      ++refused;
+    } else {
+      EXPECT_EQ(out, bytes) << "byte " << at;
+    }
   }
+  EXPECT_GT(refused, blob.size() / 5 * 9 / 10);
   // The wrong dtype, the wrong size.
   EXPECT_TRUE(plane_decode(DType::kF8E4M3, blob, out));
   std::vector<std::uint8_t> shorter(bytes.size() - 2);

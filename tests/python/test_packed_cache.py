@@ -213,3 +213,26 @@ def test_a_bad_manifest_is_refused_by_name(fixture, tmp_path):
         draftfeed.Loader(fixture.path, hidden_size=HIDDEN, total_seq_len=MAX_LEN, hidden_states_path=cache,
                          pin_memory=False)
     assert os.path.exists(cache / "manifest.json")
+
+
+def test_verify_checks_a_pack(fixture, tmp_path, run_cli, run_cli_json):
+    """Rows in the pack are read back (checksums, decoding) and checked; rows outside it are looked
+    for as files; a changed byte is a corrupt row named by shard, offset and row."""
+    cache = mixed_cache(fixture, tmp_path / "cache")
+    run_cli_json("pack", fixture.path, "--hidden-states", cache, "--in-place", "--rows", "50:", "--compress",
+                 "--shard-bytes", 40000)
+    report = run_cli_json("verify", fixture.path, "--hidden-states", cache)
+    assert report["ok"] == ROWS and report["missing"] == 0, report
+    assert report["packed"]["samples"] == ROWS - 50 and report["packed"]["compressed"] > 0
+    manifest = json.loads((cache / "manifest.json").read_text())
+    row, shard, offset, length = manifest["samples"][7][:4]
+    path = cache / manifest["shards"][shard]["file"]
+    data = bytearray(path.read_bytes())
+    data[offset + length // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    proc = run_cli("verify", fixture.path, "--hidden-states", cache, "--json", check=False)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["corrupt"] == 1 and report["ok"] == ROWS - 1
+    reason = report["examples"]["corrupt"][0]["reason"]
+    assert manifest["shards"][shard]["file"] in reason and f"offset {offset}" in reason and f"row {row}" in reason

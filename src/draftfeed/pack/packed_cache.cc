@@ -8,7 +8,10 @@
 namespace draftfeed {
 
 PackedCache::PackedCache(std::string root, PackManifest manifest)
-    : root_(std::move(root)), manifest_(std::move(manifest)), shards_(manifest_.shards.size()) {
+    : root_(std::move(root)),
+      manifest_(std::move(manifest)),
+      checked_(std::make_unique<std::atomic<bool>[]>(manifest_.samples.size())),
+      shards_(manifest_.shards.size()) {
   rows_.reserve(manifest_.samples.size());
   for (std::size_t i = 0; i < manifest_.samples.size(); ++i) rows_[manifest_.samples[i].row] = i;
 }
@@ -39,7 +42,9 @@ Result<std::shared_ptr<const OpenPackShard>> PackedCache::shard(std::uint32_t in
   const PackShard& info = manifest_.shards[index];
   const std::string path = root_ + "/" + info.file;
   auto opened = [&]() -> Result<std::shared_ptr<const OpenPackShard>> {
-    auto file = SafetensorsFile::open(path);
+    // The descriptor kept: the batch copy asks the open file whether it changed (no path lookup,
+    // and on a network file system no round trip), once per sample.
+    auto file = SafetensorsFile::open(path, MapOptions{.keep_descriptor = true});
     if (!file.ok()) return file.error();
     const auto& shard_file = file.value();
     if (shard_file->file_size() != info.bytes) {
@@ -90,7 +95,7 @@ Result<std::uint64_t> guarded_hash(const std::uint8_t* data, std::size_t size,
 
 }  // namespace
 
-Result<PackedSample> PackedCache::read(const PackEntry& entry, bool verify_checksum) const {
+Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check) const {
   auto open_shard = shard(entry.shard);
   if (!open_shard.ok()) {
     return Error(open_shard.error().kind(), where(entry) + ": " + open_shard.error().what());
@@ -100,7 +105,10 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool verify_check
   if (!found.ok()) return found.error();
   const PackedSampleParts& p = *found.value();
   const std::uint8_t* begin = s.file->mapping()->data() + entry.offset;
-  if (verify_checksum) {
+  std::atomic<bool>& checked =
+      checked_[static_cast<std::size_t>(&entry - manifest_.samples.data())];
+  const bool check = always_check || !checked.load(std::memory_order_relaxed);
+  if (check) {
     auto hash = guarded_hash(begin, entry.length, where(entry));
     if (!hash.ok()) return hash.error();
     if (hash.value() != entry.checksum) {
@@ -108,6 +116,7 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool verify_check
                                            xxh64_hex(hash.value()) + ", the manifest says " +
                                            xxh64_hex(entry.checksum) + " (corrupt)");
     }
+    checked.store(true, std::memory_order_relaxed);
   }
   PackedSample out;
   out.sample.file = s.file;
@@ -141,14 +150,17 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool verify_check
     if (!guarded_copy(blob.data(), hidden->view.data, blob.size())) {
       return Error(ErrorKind::kIo, where(entry) + ": the shard shrank while being read");
     }
-    auto decoded = std::make_shared<std::vector<std::uint8_t>>(hidden->decoded_bytes);
-    const std::optional<Error> error = plane_decode(hidden->dtype, blob, *decoded);
+    std::shared_ptr<std::uint8_t[]> decoded =
+        std::make_shared_for_overwrite<std::uint8_t[]>(hidden->decoded_bytes);
+    // The blob's own hash of the decoded bytes is checked with the sample's checksum.
+    const std::optional<Error> error = plane_decode(
+        hidden->dtype, blob, std::span<std::uint8_t>(decoded.get(), hidden->decoded_bytes), check);
     if (error) return Error(ErrorKind::kFormat, where(entry) + ": hidden_states: " + error->what());
     TensorView view;
     view.dtype = hidden->dtype;
     view.shape = hidden->shape;
-    view.data = decoded->data();
-    view.nbytes = decoded->size();
+    view.data = decoded.get();
+    view.nbytes = hidden->decoded_bytes;
     out.sample.hidden_states = std::move(view);
     out.decoded = std::move(decoded);
   }
@@ -157,7 +169,7 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool verify_check
 }
 
 Result<std::vector<std::uint8_t>> PackedCache::file_bytes(const PackEntry& entry) const {
-  auto sample = read(entry, true);
+  auto sample = read(entry, /*always_check=*/true);
   if (!sample.ok()) return sample.error();
   const OpenPackShard& s = *shard(entry.shard).value();
   const PackedSampleParts& p = *parts(entry, s).value();

@@ -50,9 +50,10 @@ std::vector<std::uint8_t> plane_encode(DType dtype, std::span<const std::uint8_t
 
 // Decodes `blob` into `out`, which must be exactly the decoded size (value count x the dtype's
 // size); the blob must say the same dtype and count. A refusal (kFormat) says what disagrees, at
-// which byte of the blob; the decoded bytes are checked against the blob's XXH64.
+// which byte of the blob; the decoded bytes are checked against the blob's XXH64 when
+// `check_hash` (a reader that checked the blob's own checksum before may skip it).
 std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blob,
-                                  std::span<std::uint8_t> out);
+                                  std::span<std::uint8_t> out, bool check_hash = true);
 
 // Byte counts of the two planes, for measurements: the stored exponent planes and the raw rest.
 struct PlaneSizes {

@@ -1,6 +1,6 @@
 #include "draftfeed/source/packed_fetch.h"
 
-#include "draftfeed/source/cache_source.h"
+#include "draftfeed/hidden/validate.h"
 
 namespace draftfeed {
 
@@ -15,7 +15,7 @@ namespace {
 // Keeps a decoded sample's buffer and its shard alive together.
 struct DecodedOwner {
   std::shared_ptr<const SafetensorsFile> shard;
-  std::shared_ptr<const std::vector<std::uint8_t>> decoded;
+  std::shared_ptr<const std::uint8_t[]> decoded;
 };
 
 }  // namespace
@@ -28,16 +28,31 @@ FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
                                  "row " + std::to_string(entry.row) + ": " + read.error().what());
   }
   const PackedSample& packed = read.value();
-  FetchOutcome outcome = CacheSampleSource::check(entry.row, input_ids, packed.sample,
-                                                  fp8_dequantize_dtype, /*read_rows=*/false);
-  if (outcome.sample && packed.decoded) {
-    // Decoded memory, not the mapping: the copy reads it as memory a transfer gave.
-    outcome.sample->owner =
-        std::make_shared<const DecodedOwner>(DecodedOwner{packed.sample.file, packed.decoded});
-    outcome.sample->file = nullptr;
+  const HiddenStateSample& sample = packed.sample;
+  // As CacheSampleSource::check, less what a per-sample file needs: the shard stays mapped for all
+  // its rows (no release of this process's pages), and the copy takes the rows from the mapping.
+  const SampleCheck check = validate_sample(sample, input_ids, entry.row, ValueCheck::kSkip);
+  if (!check.ok()) {
+    const DropReason reason = check.problem == SampleProblem::kTokenMismatch ? DropReason::kMismatch
+                                                                             : DropReason::kInvalid;
+    return FetchOutcome::dropped(reason, pack.where(entry) + ": " + check.message);
   }
-  if (!outcome.sample) outcome.message = pack.where(entry) + ": " + outcome.message;
-  return outcome;
+  const TensorView& hs = sample.hidden_states;
+  FetchedSample fetched;
+  fetched.hidden = HiddenStatesView{hs.data, hs.dtype, hs.shape[0], hs.shape[1], hs.shape[2]};
+  if (hs.dtype == DType::kF8E4M3) {
+    fetched.hidden.scales = sample.scales->data;  // validate_sample checked them
+    fetched.hidden.dequantize = fp8_dequantize_dtype;
+  }
+  fetched.read_rows = false;
+  if (packed.decoded) {
+    // Decoded memory, not the mapping: the copy reads it as memory a transfer gave.
+    fetched.owner = std::make_shared<const DecodedOwner>(DecodedOwner{sample.file, packed.decoded});
+  } else {
+    fetched.owner = sample.file;
+    fetched.file = sample.file->mapping();
+  }
+  return FetchOutcome::ok(std::move(fetched));
 }
 
 namespace {
