@@ -236,3 +236,34 @@ def test_verify_checks_a_pack(fixture, tmp_path, run_cli, run_cli_json):
     assert report["corrupt"] == 1 and report["ok"] == ROWS - 1
     reason = report["examples"]["corrupt"][0]["reason"]
     assert manifest["shards"][shard]["file"] in reason and f"offset {offset}" in reason and f"row {row}" in reason
+
+
+def test_a_pack_killed_anywhere_leaves_a_readable_cache(tmp_path, run_cli, run_cli_json):
+    """`pack --in-place` killed (SIGKILL) at random moments: after each kill every row verifies (in
+    a shard the manifest names, or still in its file), and the next run goes on from there."""
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from conftest import cli_path
+
+    data = tmp_path / "data"
+    run_cli("synth", data, "--rows", 400, "--min-len", 16, "--max-len", 256, "--hidden-size", 256, "--layers", 4)
+    rng = random.Random(41)
+    kills = 0
+    for attempt in range(8):
+        proc = subprocess.Popen([cli_path(), "pack", str(data), "--in-place", "--compress", "--shard-bytes", "3000000",
+                                 "--no-progress", "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=60)
+        report = run_cli_json("verify", data)
+        assert report["ok"] == 400 and report["missing"] == 0 and report["corrupt"] == 0, (attempt, report)
+    final = run_cli_json("pack", data, "--in-place", "--compress", "--shard-bytes", 3000000)
+    assert final["already_packed"] + final["packed"] == 400
+    assert not list((data / "hidden_states").glob("hs_*")) and not list((data / "hidden_states").glob(".*tmp*"))
+    assert run_cli_json("verify", data)["ok"] == 400
+    assert kills > 0, "no run was killed: the test tested nothing"
