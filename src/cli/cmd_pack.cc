@@ -12,6 +12,7 @@
 #include "draftfeed/pack/pack_writer.h"
 #include "pack_progress.h"
 #include "row_range.h"
+#include "skip_report.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -111,19 +112,7 @@ int run_pack(const std::vector<std::string>& argv) {
     j["missing"] = report.missing;
     j["shards"] = report.shards;
     j["removed"] = report.removed;
-    nlohmann::json skipped = nlohmann::json::object();
-    nlohmann::json listed = nlohmann::json::object();
-    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
-      const auto status = static_cast<ScanStatus>(s);
-      if (status == ScanStatus::kOk || status == ScanStatus::kMissing) continue;
-      skipped[scan_status_name(status)] = report.skipped[s];
-      for (const auto& example : report.examples[s]) {
-        listed[scan_status_name(status)].push_back(
-            {{"row", example.row}, {"reason", example.reason}});
-      }
-    }
-    j["skipped"] = skipped;
-    j["examples"] = listed;
+    add_skipped_json(j, report.skipped, report.examples);
     j["bytes_before"] = report.bytes_before;
     j["bytes_after"] = report.bytes_after;
     j["ratio"] = ratio(report.bytes_after, report.bytes_before);
@@ -141,15 +130,7 @@ int run_pack(const std::vector<std::string>& argv) {
                 static_cast<long long>(report.packed), static_cast<long long>(report.shards),
                 static_cast<long long>(report.already_packed),
                 static_cast<long long>(report.missing));
-    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
-      if (report.skipped[s] == 0) continue;
-      std::printf("  left per-sample (%s) %lld\n", scan_status_name(static_cast<ScanStatus>(s)),
-                  static_cast<long long>(report.skipped[s]));
-      for (const auto& example : report.examples[s]) {
-        std::printf("      row %lld: %s\n", static_cast<long long>(example.row),
-                    example.reason.c_str());
-      }
-    }
+    print_skipped("left per-sample", report.skipped, report.examples);
     std::printf("bytes: %s -> %s (%.1f%%; hidden states %.1f%%) in %.2f s on %u threads\n",
                 gigabytes(static_cast<double>(report.bytes_before)).c_str(),
                 gigabytes(static_cast<double>(report.bytes_after)).c_str(),
