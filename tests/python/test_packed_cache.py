@@ -75,9 +75,9 @@ def reference_batches(fixture, flat: Path) -> list[dict]:
         return [collate([dataset[int(i)] for i in batch]) for batch in sampler]
 
 
-def our_batches(fixture, cache: Path) -> list[dict]:
+def our_batches(fixture, cache: Path, batches: int = BATCHES) -> list:
     loader = draftfeed.Loader(fixture.path, hidden_size=HIDDEN, total_seq_len=MAX_LEN, hidden_states_path=cache,
-                              num_target_layers=fixture.layers - 1, train_ratio=0.9, max_batches=BATCHES,
+                              num_target_layers=fixture.layers - 1, train_ratio=0.9, max_batches=batches,
                               pin_memory=False)
     try:
         return list(loader)
@@ -185,21 +185,11 @@ def test_a_corrupt_sample_is_dropped_naming_shard_offset_and_row(fixture, tmp_pa
     data[offset + length - 9] ^= 0x40  # a bit of the sample's last tensor
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="draftfeed"):
-        batches = our_batches_first(fixture, cache)
+        batches = our_batches(fixture, cache, batches=1)
     messages = [r.getMessage() for r in caplog.records]
     assert any(manifest["shards"][shard]["file"] in m and f"offset {offset}" in m and f"row {row}" in m
                for m in messages), messages
     assert batches[0]["document_ids"].max().item() + 1 == len(rows) - 1, "the row was dropped"
-
-
-def our_batches_first(fixture, cache: Path) -> list[dict]:
-    loader = draftfeed.Loader(fixture.path, hidden_size=HIDDEN, total_seq_len=MAX_LEN, hidden_states_path=cache,
-                              num_target_layers=fixture.layers - 1, train_ratio=0.9, max_batches=1,
-                              pin_memory=False)
-    try:
-        return list(loader)
-    finally:
-        loader.close()
 
 
 def test_a_bad_manifest_is_refused_by_name(fixture, tmp_path):
