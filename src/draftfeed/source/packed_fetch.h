@@ -2,8 +2,8 @@
 // manifest.json, the rows it names are served from their shards (pack/packed_cache.h), the others
 // from their per-sample files as before (rows generated or cached after the pack).
 //
-// A packed row is checked as a per-sample file is (CacheSampleSource::check: token ids, dtype,
-// shape; values inside the copy), after its checksum; a corrupt or truncated shard or sample is a
+// A packed row is checked as a per-sample file is (token ids, dtype, shape; values inside the
+// copy), after its checksum (on its first read); a corrupt or truncated shard or sample is a
 // dropped row (kInvalid) whose message names the shard, the offset and the row. The copy takes
 // uncompressed rows from the shard's mapping; compressed hidden states are decoded first into a
 // buffer of the sample's own, which the copy then copies (a first version: the decode inside the
