@@ -367,12 +367,12 @@ def _packs() -> dict[str, dict[str, bytes]]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         subprocess.run([program, "synth", str(data), "--rows", "6", "--min-len", "2", "--max-len", "5",
-                        "--hidden-size", "8", "--layers", "2"], check=True, capture_output=True)
+                        "--hidden-size", "64", "--layers", "2"], check=True, capture_output=True)
         subprocess.run([program, "quantize", str(data), "--out", str(Path(tmp) / "fp8"), "--no-progress"],
                        check=True, capture_output=True)
         for source in ("hidden_states", "fp8"):
             for compress in (False, True):
-                for shard_bytes in ("100000", "300"):
+                for shard_bytes in ("100000", "2000"):
                     name = f"{'bf16' if source == 'hidden_states' else 'fp8'}_{'zstd' if compress else 'plain'}" \
                            f"_{'one' if shard_bytes == '100000' else 'many'}"
                     out = Path(tmp) / name
