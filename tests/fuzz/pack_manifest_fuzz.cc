@@ -24,9 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!is_pack_shard_name(manifest->shards[e.shard].file)) std::abort();
   }
   const std::string text = pack_manifest_json(manifest.value());
-  auto again = parse_pack_manifest(
-      std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()),
-      "fuzz-rewritten");
+  auto again =
+      parse_pack_manifest(std::span<const std::uint8_t>(
+                              reinterpret_cast<const std::uint8_t*>(text.data()), text.size()),
+                          "fuzz-rewritten");
   if (!again.ok() || again->samples.size() != manifest->samples.size() ||
       again->shards.size() != manifest->shards.size() || again->codec != manifest->codec) {
     std::abort();

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "draftfeed/common/xxh64.h"
+#include "draftfeed/online/vllm_protocol.h"
 #include "draftfeed/pack/durable_file.h"
 #include "draftfeed/pack/plane_codec.h"
 
@@ -29,36 +30,6 @@ constexpr std::size_t kSampleFieldCount = 7;
 
 Error bad(const std::string& name, const std::string& what) {
   return Error(ErrorKind::kFormat, name + ": " + what);
-}
-
-// The deepest nesting of `text` outside strings, stopping early past kMaxDepth: the JSON parser
-// recurses per level, so depth is bounded before it runs.
-int nesting_depth(std::span<const std::uint8_t> text) {
-  int depth = 0;
-  int deepest = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (const std::uint8_t c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > kMaxDepth) return deepest;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 bool is_hex64(const std::string& text) {
@@ -127,7 +98,9 @@ Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
     return bad(name, std::to_string(text.size()) + " bytes, more than the " +
                          std::to_string(kMaxManifestBytes) + " a manifest may have");
   }
-  if (nesting_depth(text) > kMaxDepth) {
+  // The JSON parser recurses per level: depth is bounded before it runs.
+  if (!json_depth_within(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                         kMaxDepth)) {
     return bad(name, "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels");
   }
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
