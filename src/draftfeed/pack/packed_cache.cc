@@ -105,9 +105,13 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check
   if (!found.ok()) return found.error();
   const PackedSampleParts& p = *found.value();
   const std::uint8_t* begin = s.file->mapping()->data() + entry.offset;
-  std::atomic<bool>& checked =
-      checked_[static_cast<std::size_t>(&entry - manifest_.samples.data())];
-  const bool check = always_check || !checked.load(std::memory_order_relaxed);
+  // The entry's "checked once" flag, when it is one of the manifest's entries (a copy is always
+  // checked).
+  const auto index = static_cast<std::size_t>(&entry - manifest_.samples.data());
+  const bool own = &entry >= manifest_.samples.data() && index < manifest_.samples.size();
+  std::atomic<bool>* checked = own ? &checked_[index] : nullptr;
+  const bool check =
+      always_check || checked == nullptr || !checked->load(std::memory_order_relaxed);
   if (check) {
     auto hash = guarded_hash(begin, entry.length, where(entry));
     if (!hash.ok()) return hash.error();
@@ -116,7 +120,7 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check
                                            xxh64_hex(hash.value()) + ", the manifest says " +
                                            xxh64_hex(entry.checksum) + " (corrupt)");
     }
-    checked.store(true, std::memory_order_relaxed);
+    if (checked != nullptr) checked->store(true, std::memory_order_relaxed);
   }
   PackedSample out;
   out.sample.file = s.file;
