@@ -10,6 +10,7 @@ packages=(
   ccache                                     # scripts/build_wheel.sh and CI compile the core once
   libgtest-dev libgmock-dev                  # the C++ test suite
   libcurl4-openssl-dev                       # the vLLM client
+  libzstd-dev                                # the packed caches' lossless codec (entropy stage)
   nlohmann-json3-dev                         # JSON (safetensors headers, state.json, HTTP bodies)
   python3-dev
   libibverbs1                                # mooncake_master and the Mooncake store client

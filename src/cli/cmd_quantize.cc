@@ -16,6 +16,7 @@
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/fp8_convert.h"
 #include "row_range.h"
+#include "skip_report.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -151,19 +152,7 @@ int run_quantize(const std::vector<std::string>& argv) {
     j["moved"] = report.moved;
     j["copied"] = report.copied;
     j["missing"] = report.missing;
-    nlohmann::json skipped = nlohmann::json::object();
-    nlohmann::json listed = nlohmann::json::object();
-    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
-      const auto status = static_cast<ScanStatus>(s);
-      if (status == ScanStatus::kOk || status == ScanStatus::kMissing) continue;
-      skipped[scan_status_name(status)] = report.skipped[s];
-      for (const auto& example : report.examples[s]) {
-        listed[scan_status_name(status)].push_back(
-            {{"row", example.row}, {"reason", example.reason}});
-      }
-    }
-    j["skipped"] = skipped;
-    j["examples"] = listed;
+    add_skipped_json(j, report.skipped, report.examples);
     j["bytes_before"] = report.bytes_before;
     j["bytes_after"] = report.bytes_after;
     j["ratio"] = ratio;
@@ -183,15 +172,7 @@ int run_quantize(const std::vector<std::string>& argv) {
       std::printf("  moved       %lld (FP8 files renamed into the %s layout)\n",
                   static_cast<long long>(report.moved), cache_layout_name(*options.layout));
     }
-    for (std::size_t s = 0; s < kScanStatusCount; ++s) {
-      if (report.skipped[s] == 0) continue;
-      std::printf("  skipped (%s) %lld\n", scan_status_name(static_cast<ScanStatus>(s)),
-                  static_cast<long long>(report.skipped[s]));
-      for (const auto& example : report.examples[s]) {
-        std::printf("      row %lld: %s\n", static_cast<long long>(example.row),
-                    example.reason.c_str());
-      }
-    }
+    print_skipped("skipped", report.skipped, report.examples);
     std::printf("bytes: %s -> %s (%.1f%%) in %.2f s on %u threads\n",
                 gb(static_cast<double>(report.bytes_before)).c_str(),
                 gb(static_cast<double>(report.bytes_after)).c_str(), 100.0 * ratio, report.seconds,

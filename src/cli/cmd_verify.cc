@@ -10,6 +10,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/cache_scan.h"
+#include "draftfeed/pack/pack_verify.h"
 
 namespace draftfeed::cli {
 
@@ -27,9 +28,15 @@ looked for in both, and the counts say how many were found in each) against the 
 verify never waits and never removes a lock file (a stale lock without a holder is left in place and
 its data file checked).
 
+A packed cache (DIR/manifest.json, `draftfeed pack`) is checked too: every sample the manifest names
+is read back from its shard (checksum, compressed parts decoded) and checked the same way, a problem
+naming the shard, the offset and the row; the rows it names are not looked for as files. The
+baselines read per-sample files only.
+
   --threads N        scanning threads (default: one per core)
   --json             one JSON object: rows, ok, missing, corrupt, mismatched, nonfinite, locked,
-                     bytes, layouts (flat, sharded), seconds, gb_per_s, threads, examples
+                     bytes, layouts (flat, sharded), packed (samples, shards, compressed),
+                     seconds, gb_per_s, threads, examples
   --baseline memcpy  measure a plain memcpy of every file instead of validating it (the bound
                      for anything that copies every byte once, as a loader does)
   --baseline read    measure a read-only pass over every byte of every file instead (the bound
@@ -68,16 +75,31 @@ int run_verify(const std::vector<std::string>& argv) {
   store_options.lock_mode = LockMode::kProbe;
   const CacheStore store(store_options);
 
+  auto opened = PackedCache::open(hidden);
+  if (!opened.ok()) throw opened.error();
+  const std::shared_ptr<const PackedCache> pack = opened.value();
+
   CacheScanOptions options;
+  if (pack != nullptr) {
+    options.skip_row = [&pack](std::int64_t row) { return pack->find(row) != nullptr; };
+  }
   options.threads = static_cast<unsigned>(threads);
   options.max_examples = static_cast<std::size_t>(examples);
   options.mode = baseline.empty()       ? ScanMode::kValidate
                  : baseline == "memcpy" ? ScanMode::kMemcpy
                  : baseline == "pread"  ? ScanMode::kPread
                                         : ScanMode::kRead;
-  const CacheScanReport report = scan_cache(
-      store, dataset->num_rows(),
-      [&dataset](std::int64_t row) { return RowIds(dataset->input_ids(row)); }, options);
+  const auto ids_of_row = [&dataset](std::int64_t row) { return RowIds(dataset->input_ids(row)); };
+  CacheScanReport report = scan_cache(store, dataset->num_rows(), ids_of_row, options);
+  PackVerifyReport packed;
+  if (pack != nullptr && options.mode == ScanMode::kValidate) {
+    packed =
+        verify_pack(*pack, dataset->num_rows(), ids_of_row, options.threads, options.max_examples);
+    merge_by_status(report.counts, report.examples, packed.scan.counts, packed.scan.examples);
+    keep_lowest_examples(report.examples, options.max_examples);
+    report.bytes += packed.scan.bytes;
+    report.seconds += packed.scan.seconds;
+  }
   const double gb_per_s =
       report.seconds > 0 ? static_cast<double>(report.bytes) / 1e9 / report.seconds : 0.0;
 
@@ -92,6 +114,8 @@ int run_verify(const std::vector<std::string>& argv) {
       out["layouts"][cache_layout_name(static_cast<CacheLayout>(l))] =
           report.layouts[static_cast<std::size_t>(l)];
     }
+    out["packed"] = {
+        {"samples", packed.samples}, {"shards", packed.shards}, {"compressed", packed.compressed}};
     out["seconds"] = report.seconds;
     out["gb_per_s"] = gb_per_s;
     out["threads"] = report.threads;
@@ -121,6 +145,11 @@ int run_verify(const std::vector<std::string>& argv) {
     }
     std::printf("  files      %lld flat, %lld sharded\n", static_cast<long long>(report.layouts[0]),
                 static_cast<long long>(report.layouts[1]));
+    if (pack != nullptr) {
+      std::printf("  packed     %lld samples in %lld shards (%lld compressed)\n",
+                  static_cast<long long>(packed.samples), static_cast<long long>(packed.shards),
+                  static_cast<long long>(packed.compressed));
+    }
     std::printf("scanned %s GB in %.3f s: %.2f GB/s on %u threads\n",
                 gb_text(static_cast<double>(report.bytes)).c_str(), report.seconds, gb_per_s,
                 report.threads);

@@ -153,7 +153,7 @@ TEST_F(ConcurrentCacheReadaheadTest, AStoppedReadStartsNoFurtherStep) {
 
 // Sample files of rows 0..kRows-1 (2 MB each) in a flat cache, opened through the
 // store's lookup, counted and, for tests that need it, made slow or held.
-class ConcurrentCachePrefetchTest : public TempFolderTest {
+class ConcurrentFileReadAheadTest : public TempFolderTest {
  protected:
   static constexpr int kRows = 12;
   void SetUp() override {
@@ -242,7 +242,7 @@ class ConcurrentCachePrefetchTest : public TempFolderTest {
   bool release_all_ = false;
 };
 
-TEST_F(ConcurrentCachePrefetchTest, ReadsEveryPlannedFileAheadAndHandsItToItsFetch) {
+TEST_F(ConcurrentFileReadAheadTest, ReadsEveryPlannedFileAheadAndHandsItToItsFetch) {
   for (int row = 0; row < kRows; ++row) {
     if (!evicted(store_->path_for(row), file_bytes_)) GTEST_SKIP() << "the pages stay cached";
   }
@@ -263,7 +263,7 @@ TEST_F(ConcurrentCachePrefetchTest, ReadsEveryPlannedFileAheadAndHandsItToItsFet
   EXPECT_EQ(stats.bytes, static_cast<std::uint64_t>(stats.read) * file_bytes_);
 }
 
-TEST_F(ConcurrentCachePrefetchTest, FilesAlreadyCachedAreOpenedNotRead) {
+TEST_F(ConcurrentFileReadAheadTest, FilesAlreadyCachedAreOpenedNotRead) {
   FileReadAhead prefetch(opener());  // the files were just written: in the page cache
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
@@ -274,7 +274,7 @@ TEST_F(ConcurrentCachePrefetchTest, FilesAlreadyCachedAreOpenedNotRead) {
 // prefetch adds threads and keeps the opens in flight by the dozen, not two at a time. (Counted
 // where the opens happen, not timed: a loaded machine stretches a run, not the count. The opens
 // are long so that they overlap even where a loaded machine, or TSan, starts threads slowly.)
-TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount) {
+TEST_F(ConcurrentFileReadAheadTest, OpensInFlightFollowTheLatencyNotAThreadCount) {
   delay_ = std::chrono::milliseconds(600);
   FileReadAhead prefetch(opener());
   prefetch.plan(plan_of(all_rows()));
@@ -292,7 +292,7 @@ TEST_F(ConcurrentCachePrefetchTest, OpensInFlightFollowTheLatencyNotAThreadCount
 // rightly). Each open takes 20 ms, so both threads are busy while work waits: only the opens'
 // speed holds the pacer back. No hedges either: an open a loaded machine stalls may be asked
 // again, by a thread of its own (the hedge tests cover that).
-TEST_F(ConcurrentCachePrefetchTest, NoThreadIsAddedWhileThePrefetchKeepsAhead) {
+TEST_F(ConcurrentFileReadAheadTest, NoThreadIsAddedWhileThePrefetchKeepsAhead) {
   FileReadAheadOptions options;
   options.grow_after = std::chrono::seconds(1);
   options.hedge.factor = 0;
@@ -307,7 +307,7 @@ TEST_F(ConcurrentCachePrefetchTest, NoThreadIsAddedWhileThePrefetchKeepsAhead) {
 
 // A file whose open takes seconds (a network file system's tail) holds back its own fetch only:
 // the files after it are opened and read meanwhile, and their fetches take them at once.
-TEST_F(ConcurrentCachePrefetchTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
+TEST_F(ConcurrentFileReadAheadTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
   {
     std::lock_guard lock(mutex_);
     held_ = {1};
@@ -339,7 +339,7 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowOpenHoldsBackOnlyItsOwnRow) {
 
 // A fetch waiting for an open far slower than the others asks again itself (a hedged request):
 // where the slowness was that one request's, the second answer comes at once.
-TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
+TEST_F(ConcurrentFileReadAheadTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
   {
     std::lock_guard lock(mutex_);
     held_ = {5};
@@ -367,7 +367,7 @@ TEST_F(ConcurrentCachePrefetchTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
 
 // On a slow file system (opens of 20 ms) an open that takes far longer is asked for again before
 // any fetch waits for it: the file is ready when its fetch comes, the late answer dropped.
-TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
+TEST_F(ConcurrentFileReadAheadTest, ASlowFileSystemsTailIsHedgedAhead) {
   {
     std::lock_guard lock(mutex_);
     held_ = {9};
@@ -392,7 +392,7 @@ TEST_F(ConcurrentCachePrefetchTest, ASlowFileSystemsTailIsHedgedAhead) {
 
 // Asks that meet the tail too (as often as the tail is common: every few epochs of a large cache)
 // are asked again, not waited out: the fourth answer comes at once (docs/decisions.md: why four).
-TEST_F(ConcurrentCachePrefetchTest, AHedgeThatStallsIsAskedAgain) {
+TEST_F(ConcurrentFileReadAheadTest, AHedgeThatStallsIsAskedAgain) {
   {
     std::lock_guard lock(mutex_);
     held_ = {5};
@@ -416,7 +416,7 @@ TEST_F(ConcurrentCachePrefetchTest, AHedgeThatStallsIsAskedAgain) {
 // asked again at the waiting fetch's sooner delay, before any fetch waits for it (once one waits,
 // the tail's time is lost). The pacer's own delay is an hour here: only the batch's nearness can
 // hedge.
-TEST_F(ConcurrentCachePrefetchTest, StalledOpensOfTheBatchesBeingFetchedAreAskedAgainAhead) {
+TEST_F(ConcurrentFileReadAheadTest, StalledOpensOfTheBatchesBeingFetchedAreAskedAgainAhead) {
   {
     std::lock_guard lock(mutex_);
     held_ = {6};  // batch 1
@@ -447,7 +447,7 @@ TEST_F(ConcurrentCachePrefetchTest, StalledOpensOfTheBatchesBeingFetchedAreAsked
 // longer history (a plan of 12 files after 12 fast opens would stay on two threads). "Slow" is
 // 100 ms here, not 1 ms: a loaded machine makes no local open that slow, so the fast opens add no
 // thread.
-TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) {
+TEST_F(ConcurrentFileReadAheadTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) {
   FileReadAheadOptions options;
   options.hedge.factor = 0;  // every open slow alike: nothing to hedge
   options.grow_after = std::chrono::milliseconds(100);
@@ -465,7 +465,7 @@ TEST_F(ConcurrentCachePrefetchTest, ThreadsGrowSoonAfterTheFileSystemTurnsSlow) 
 
 // The threads a slow file system's epoch started end once idle (down to two), not kept (up to 256)
 // for the rest of the run; and a later plan is served as before.
-TEST_F(ConcurrentCachePrefetchTest, IdleThreadsEndDownToTwo) {
+TEST_F(ConcurrentFileReadAheadTest, IdleThreadsEndDownToTwo) {
   FileReadAheadOptions options;
   options.hedge.factor = 0;
   options.idle_exit_after = std::chrono::milliseconds(200);
@@ -481,7 +481,7 @@ TEST_F(ConcurrentCachePrefetchTest, IdleThreadsEndDownToTwo) {
   ASSERT_NO_FATAL_FAILURE(take_or_open_each(prefetch));
 }
 
-TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
+TEST_F(ConcurrentFileReadAheadTest, StaysWithinItsBudgetOfBytesReadAhead) {
   FileReadAheadOptions options;
   options.max_ahead_bytes = 2 * file_bytes_ + file_bytes_ / 2;  // room for two files
   options.skip_cached = false;                                  // read them all, cached or not
@@ -501,7 +501,7 @@ TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfBytesReadAhead) {
   EXPECT_LE(prefetch.stats().max_ahead, options.max_ahead_bytes);
 }
 
-TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfOpenFiles) {
+TEST_F(ConcurrentFileReadAheadTest, StaysWithinItsBudgetOfOpenFiles) {
   FileReadAheadOptions options;
   options.max_open_files = 3;
   FileReadAhead prefetch(opener(), options);
@@ -520,7 +520,7 @@ TEST_F(ConcurrentCachePrefetchTest, StaysWithinItsBudgetOfOpenFiles) {
   EXPECT_LE(prefetch.stats().max_open_ahead, 3);
 }
 
-TEST_F(ConcurrentCachePrefetchTest, ClearDropsThePlanAndWhatWasPrepared) {
+TEST_F(ConcurrentFileReadAheadTest, ClearDropsThePlanAndWhatWasPrepared) {
   FileReadAheadOptions options;
   options.max_open_files = 2;
   FileReadAhead prefetch(opener(), options);

@@ -21,6 +21,11 @@ files in practice:
   dataset_state_fuzz/  the JSON files `datasets` writes beside its shards (state.json of one and of
                        several shards, dataset_info.json, a DatasetDict's dataset_dict.json), and
                        hostile ones (nested deep, a non-object entry, a path as a shard name)
+  pack_manifest_fuzz/  manifest.json files `draftfeed pack` writes (bf16 and FP8 caches, plain and
+                       --compress, one shard and several), and hostile ones (nested deep, a path as
+                       a shard name, overlapping samples, a row twice)
+  pack_shard_fuzz/     the shard files of the same packs (samples of bf16 and FP8 files, plain and
+                       planes-zstd), and a bare planes-zstd blob
   vllm_response_fuzz/  bodies tools/sim_vllm_server.py answers (completions, chat, /models, its
                        error bodies and injected faults), for the prompt [1, 2, 3] the fuzz target
                        checks against, plus `messages` arrays (has_multimodal_content)
@@ -344,6 +349,63 @@ def dataset_state_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def _draftfeed() -> str:
+    """The draftfeed program: DRAFTFEED_CLI, a dev build, or the one on PATH."""
+    for candidate in (os.environ.get("DRAFTFEED_CLI"), str(ROOT / "build" / "dev" / "draftfeed"),
+                      shutil.which("draftfeed")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise SystemExit("make_corpus: no draftfeed program (build it, or set DRAFTFEED_CLI)")
+
+
+def _packs() -> dict[str, dict[str, bytes]]:
+    """Small packs written by `draftfeed pack`: name -> {file name: bytes}."""
+    import subprocess
+
+    program = _draftfeed()
+    packs: dict[str, dict[str, bytes]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        subprocess.run([program, "synth", str(data), "--rows", "6", "--min-len", "2", "--max-len", "5",
+                        "--hidden-size", "64", "--layers", "2"], check=True, capture_output=True)
+        subprocess.run([program, "quantize", str(data), "--out", str(Path(tmp) / "fp8"), "--no-progress"],
+                       check=True, capture_output=True)
+        for source in ("hidden_states", "fp8"):
+            for compress in (False, True):
+                for shard_bytes in ("100000", "2000"):
+                    name = f"{'bf16' if source == 'hidden_states' else 'fp8'}_{'zstd' if compress else 'plain'}" \
+                           f"_{'one' if shard_bytes == '100000' else 'many'}"
+                    out = Path(tmp) / name
+                    subprocess.run([program, "pack", str(data), "--hidden-states",
+                                    str(data / source if source == "hidden_states" else Path(tmp) / source),
+                                    "--out", str(out), "--shard-bytes", shard_bytes, "--no-progress",
+                                    *(["--compress"] if compress else [])], check=True, capture_output=True)
+                    packs[name] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    return packs
+
+
+def pack_manifest_seeds() -> dict[str, bytes]:
+    seeds = {f"{name}.json": files["manifest.json"] for name, files in _packs().items()}
+    base = json.loads(seeds["bf16_plain_many.json"])
+    seeds["nested_deep.json"] = b'{"samples": ' + b"[" * 200 + b"]" * 200 + b"}"
+    hostile = dict(base, shards=[{"file": "../shard-000000.safetensors", "bytes": 10}])
+    seeds["shard_name_path.json"] = json.dumps(hostile).encode()
+    overlap = dict(base, samples=[base["samples"][0], [99, *base["samples"][0][1:]]], num_samples=2)
+    seeds["overlap.json"] = json.dumps(overlap).encode()
+    twice = dict(base, samples=[base["samples"][0], base["samples"][0]], num_samples=2)
+    seeds["row_twice.json"] = json.dumps(twice).encode()
+    return seeds
+
+
+def pack_shard_seeds() -> dict[str, bytes]:
+    seeds: dict[str, bytes] = {}
+    for name, files in _packs().items():
+        for file, data in files.items():
+            if file.endswith(".safetensors") and (name.endswith("_one") or file.endswith("000001.safetensors")):
+                seeds[f"{name}_{file}"] = data
+    return seeds
+
+
 def write(out: Path, fuzzer: str, seeds: dict[str, bytes]) -> None:
     folder = out / fuzzer
     if folder.exists():
@@ -367,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "safetensors_fuzz": safetensors_seeds,
         "vllm_response_fuzz": vllm_seeds,
         "dataset_state_fuzz": dataset_state_seeds,
+        "pack_manifest_fuzz": pack_manifest_seeds,
+        "pack_shard_fuzz": pack_shard_seeds,
     }
     for fuzzer, make in makers.items():
         if args.only is None or args.only == fuzzer:

@@ -153,6 +153,35 @@ def test_online_epoch_equals_the_epoch_from_the_generated_cache(run_cli, data, c
     assert clean_sim.stats()["max_in_flight"] >= 4
 
 
+def test_online_reads_a_pack_and_generates_only_the_rows_it_lacks(run_cli, data, clean_sim, tmp_path):
+    """A cache packed for its first 40 rows (`draftfeed pack`), the rest not cached: the rows in the
+    pack are read from its shards, only the others are asked of the server, and the epoch is the one
+    the full per-sample cache gives."""
+    import shutil
+
+    cache = tmp_path / "filled"
+    status, _ = generate(run_cli, data, clean_sim, cache)
+    assert status == 0
+    offline = loader_batches(make_loader(data, hidden_states_path=str(cache)))
+    partial = tmp_path / "partial"
+    shutil.copytree(cache, partial)
+    run_cli("pack", str(data), "--hidden-states", str(partial), "--in-place", "--rows", ":40", "--compress",
+            "--shard-bytes", "20000", "--no-progress")
+    for path in partial.rglob("hs_*.safetensors"):
+        path.unlink()  # rows 40.. are to be generated
+    clean_sim.reset()
+    source = draftfeed.online.OnlineSource(
+        clean_sim.url, hidden_states_path=partial, server_dir=clean_sim.server_dir, on_generate="delete",
+        fetch_threads=4, retry_backoff=0.01)
+    online = loader_batches(make_loader(data, source=source))
+    assert sorted(online) == sorted(offline)
+    for index, batch in offline.items():
+        for key in batch:
+            assert torch.equal(batch[key], online[index][key]), (index, key)
+    assert source.stats()["generated"] == ROWS - 40
+    assert clean_sim.stats()["completions"] == ROWS - 40
+
+
 def test_online_drops_are_counted_by_the_loader(data, clean_sim, tmp_path):
     clean_sim.set_faults({"nan": {"first": 3}})
     source = draftfeed.online.OnlineSource(

@@ -358,6 +358,25 @@ def test_world_size_1_losses_bit_for_bit(ws1, rows, workdir):
     assert not problems, "\n".join(problems)
 
 
+def test_world_size_1_losses_bit_for_bit_from_a_pack(ws1, rows, workdir, prepared):
+    """The same training, draftfeed reading the cache packed and compressed (`draftfeed pack
+    --in-place --compress`, several shards): the reference's losses, bit for bit."""
+    import shutil
+
+    from conftest import cli_path
+
+    data = workdir / "packed-data"
+    shutil.copytree(prepared["data"], data)
+    subprocess.run([cli_path(), "pack", str(data), "--in-place", "--compress", "--shard-bytes", "200000",
+                    "--no-progress"], check=True, capture_output=True, timeout=300)
+    assert (data / "hidden_states" / "manifest.json").exists()
+    assert not list((data / "hidden_states").glob("hs_*.safetensors"))
+    run = start_training("ws1-packed", workdir, dict(prepared, data=str(data)), "draftfeed", num_workers=1)
+    finish(run)
+    problems = compare(ws1["reference"], [metrics(workdir, "ws1-packed")], rows, "world size 1, packed")
+    assert not problems, "\n".join(problems)
+
+
 def test_world_size_2_losses_bit_for_bit(workdir, prepared, rows):
     runs = {
         loader: start_training(f"ws2-{loader}", workdir, prepared, loader, world_size=2, num_workers=0)

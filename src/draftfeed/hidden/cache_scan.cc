@@ -221,6 +221,7 @@ CacheScanReport scan_cache(const CacheStore& store, std::int64_t num_rows,
     for (std::int64_t chunk = next_chunk++; chunk < chunks && !stop; chunk = next_chunk++) {
       const std::int64_t end = std::min(num_rows, (chunk + 1) * kChunkRows);
       for (std::int64_t row = chunk * kChunkRows; row < end; ++row) {
+        if (options.skip_row && options.skip_row(row)) continue;
         scan_row(store, row, ids_of_row(row), options, tally);
       }
     }

@@ -44,6 +44,9 @@ struct CacheScanOptions {
   unsigned threads = 0;          // 0: one per core
   std::size_t max_examples = 5;  // per status other than ok and missing
   ScanMode mode = ScanMode::kValidate;
+  // Rows left out of the scan (not counted at all): those the caller checks another way (a packed
+  // cache's, pack/pack_verify.h). Called from several threads at once.
+  std::function<bool(std::int64_t)> skip_row;
 };
 
 struct ScanExample {

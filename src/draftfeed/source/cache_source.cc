@@ -9,6 +9,7 @@
 #include "draftfeed/common/file_system.h"
 #include "draftfeed/common/fp8.h"
 #include "draftfeed/hidden/validate.h"
+#include "draftfeed/source/packed_fetch.h"
 
 namespace draftfeed {
 
@@ -99,9 +100,15 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
           // with CacheCopy kRead), never around the header's page when thousands of files are
           // opened ahead.
           [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
-          read_ahead)) {}
+          read_ahead)),
+      pack_(open_packed_cache(options_.hidden_states_path)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
+  if (pack_ != nullptr) {
+    if (const PackEntry* entry = pack_->find(global_row)) {
+      return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype);
+    }
+  }
   // Opened (and read) ahead, or, when the read-ahead has not got there, opened now and read whole
   // before the copy's preads (as the read-ahead would have: read_before_copy).
   std::optional<FileReadAhead::Prepared> prepared = read_ahead_->take(global_row);
@@ -127,6 +134,10 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
 }
 
 void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
+  if (pack_ != nullptr) {
+    read_ahead_->plan(plan_without_packed(*pack_, plan.batches));
+    return;
+  }
   FileReadAheadPlan files;
   files.batches.reserve(plan.batches->size());
   for (const PlannedBatch& batch : *plan.batches) files.batches.emplace_back(batch.rows);

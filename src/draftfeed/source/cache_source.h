@@ -5,6 +5,8 @@
 // round trips overlap instead of adding up.
 // Files may be bf16/f16/f32 or hs-connectors' FP8 (F8_E4M3 with per-token scales), mixed in one
 // folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize_dtype`.
+// A folder holding a packed cache (manifest.json) serves the rows it names from its shards
+// (source/packed_fetch.h), the others from their files.
 #pragma once
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <string_view>
 
 #include "draftfeed/hidden/cache_store.h"
+#include "draftfeed/pack/packed_cache.h"
 #include "draftfeed/read_ahead/file_read_ahead.h"
 #include "draftfeed/source/sample_source.h"
 
@@ -101,6 +104,8 @@ class CacheSampleSource : public SampleSource {
   const bool read_rows_;  // options_.rows_are_read(), decided once
   const int blocking_fetches_;
   std::unique_ptr<FileReadAhead> read_ahead_;
+  // The folder's packed cache (source/packed_fetch.h), or null: its rows are read from shards.
+  std::shared_ptr<const PackedCache> pack_;
 };
 
 }  // namespace draftfeed

@@ -15,6 +15,7 @@
 #include "draftfeed/common/finite.h"
 #include "draftfeed/hidden/fp8_quantize.h"
 #include "draftfeed/source/cache_source.h"
+#include "draftfeed/source/packed_fetch.h"
 
 namespace draftfeed {
 
@@ -135,6 +136,8 @@ OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
       log_(options_.log_failures) {
   if (options_.cache.on_missing != OnMissing::kGenerate && options_.transfer == nullptr) {
     offline_ = std::make_shared<CacheSampleSource>(store_, options_.cache);
+  } else if (options_.transfer == nullptr) {
+    pack_ = open_packed_cache(options_.cache.hidden_states_path);
   }
 }
 
@@ -235,6 +238,13 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
     std::lock_guard lock(mutex_);
     ++(cached.sample ? stats_.cache_hits : stats_.cache_rejected);
     return cached;
+  }
+  if (const PackEntry* entry = pack_ != nullptr ? pack_->find(row) : nullptr) {
+    FetchOutcome outcome =
+        fetch_packed(*pack_, *entry, input_ids, options_.cache.fp8_dequantize_dtype);
+    std::lock_guard lock(mutex_);
+    ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
+    return outcome;
   }
   auto found = store_->lookup(row, kMapForRowReads);
   if (!found.ok()) {

@@ -50,6 +50,7 @@
 #include "draftfeed/common/message_log.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/online/vllm_client.h"
+#include "draftfeed/pack/packed_cache.h"
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/generated_file.h"
 #include "draftfeed/source/hidden_states_transfer.h"
@@ -227,6 +228,9 @@ class OnlineSampleSource : public SampleSource {
   const bool read_rows_;  // options_.cache.rows_are_read(): how cached files are copied
   std::shared_ptr<const CacheStore> store_;
   std::shared_ptr<SampleSource> offline_;  // for skip / warn / raise
+  // The cache folder's packed cache, or null (source/packed_fetch.h): its rows are read from their
+  // shards, the others looked for as files and generated when missing.
+  std::shared_ptr<const PackedCache> pack_;
   GeneratedFileReader reader_;
   VllmClient client_;
   MessageLog log_;

@@ -1,0 +1,26 @@
+// Files that are either there whole or not at all, after a crash or a power loss: written to a
+// temporary file beside the target (`.<name>.tmp-<pid>`), fsynced, renamed over the target, then
+// the folder fsynced so that the rename itself is on disk. What packed caches need: a shard or a
+// manifest a reader finds is complete, and the manifest naming a shard is written only once the
+// shard is durable.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace draftfeed {
+
+// Writes the concatenation of `pieces` to `path` as above. Throws Error(kIo) naming the file and
+// what failed; the temporary file is removed then.
+void write_file_durably(const std::string& path,
+                        std::span<const std::span<const std::uint8_t>> pieces);
+
+// fsync of a folder (after a rename or an unlink in it). Throws Error(kIo) naming it.
+void sync_folder(const std::string& folder);
+
+// Removes `<folder>/.<name>.tmp-<pid>` files whose pid no longer runs on this host (left by a
+// killed writer); returns how many. Those of live processes are left alone.
+std::int64_t remove_dead_temporaries(const std::string& folder);
+
+}  // namespace draftfeed

@@ -1,0 +1,288 @@
+#include "draftfeed/pack/plane_codec.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "draftfeed/common/xxh64.h"
+
+namespace draftfeed {
+
+namespace {
+
+constexpr std::uint8_t kMagic[4] = {'D', 'F', 'P', 'Z'};
+constexpr std::uint8_t kVersion = 1;
+constexpr std::uint8_t kKindBF16 = 1;
+constexpr std::uint8_t kKindFP8 = 2;
+constexpr std::size_t kHeaderBytes = 32;
+constexpr std::size_t kChunkEntryBytes = 8;
+constexpr std::uint32_t kModeRaw = 0;
+constexpr std::uint32_t kModeZstd = 1;
+constexpr std::uint32_t kMaxChunkValues = 1U << 24;
+
+std::uint8_t kind_of(DType dtype) { return dtype == DType::kBF16 ? kKindBF16 : kKindFP8; }
+
+// Plane bytes of a chunk of `values` values.
+std::size_t exponent_bytes(std::uint8_t kind, std::size_t values) {
+  return kind == kKindBF16 ? values : (values + 1) / 2;
+}
+std::size_t rest_bytes(std::uint8_t kind, std::size_t values) {
+  return kind == kKindBF16 ? values : (values + 1) / 2;
+}
+
+void put32(std::vector<std::uint8_t>& out, std::size_t at, std::uint32_t v) {
+  std::memcpy(out.data() + at, &v, sizeof v);
+}
+void put64(std::vector<std::uint8_t>& out, std::size_t at, std::uint64_t v) {
+  std::memcpy(out.data() + at, &v, sizeof v);
+}
+std::uint32_t get32(const std::uint8_t* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+std::uint64_t get64(const std::uint8_t* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Splits `values` values at `in` into the two planes. Written over whole values (loads and stores
+// through memcpy) so that the compiler vectorises the loops.
+void split(std::uint8_t kind, const std::uint8_t* in, std::size_t values, std::uint8_t* exponent,
+           std::uint8_t* rest) {
+  if (kind == kKindBF16) {
+    for (std::size_t i = 0; i < values; ++i) {
+      std::uint16_t v;
+      std::memcpy(&v, in + 2 * i, 2);
+      exponent[i] = static_cast<std::uint8_t>(v >> 7);
+      rest[i] = static_cast<std::uint8_t>(((v >> 8) & 0x80) | (v & 0x7F));
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < values; i += 2) {
+    const std::uint8_t a = in[i];
+    const std::uint8_t b = i + 1 < values ? in[i + 1] : 0;
+    exponent[i / 2] = static_cast<std::uint8_t>(((a >> 3) & 0x0F) | (((b >> 3) & 0x0F) << 4));
+    const auto low = static_cast<std::uint8_t>(((a >> 4) & 0x08) | (a & 0x07));
+    const auto high = static_cast<std::uint8_t>(((b >> 4) & 0x08) | (b & 0x07));
+    rest[i / 2] = static_cast<std::uint8_t>(low | (high << 4));
+  }
+}
+
+// The inverse of split.
+void join(std::uint8_t kind, const std::uint8_t* exponent, const std::uint8_t* rest,
+          std::size_t values, std::uint8_t* out) {
+  if (kind == kKindBF16) {
+    for (std::size_t i = 0; i < values; ++i) {
+      const auto v = static_cast<std::uint16_t>(((rest[i] & 0x80U) << 8) | (exponent[i] << 7) |
+                                                (rest[i] & 0x7FU));
+      std::memcpy(out + 2 * i, &v, 2);
+    }
+    return;
+  }
+  const std::size_t pairs = values / 2;
+  for (std::size_t p = 0; p < pairs; ++p) {
+    const unsigned e = exponent[p];
+    const unsigned r = rest[p];
+    out[2 * p] = static_cast<std::uint8_t>(((r & 0x08U) << 4) | ((e & 0x0FU) << 3) | (r & 0x07U));
+    out[2 * p + 1] =
+        static_cast<std::uint8_t>(((r & 0x80U)) | ((e >> 4) << 3) | ((r >> 4) & 0x07U));
+  }
+  if (values % 2 != 0) {
+    const unsigned e = exponent[pairs] & 0x0FU;
+    const unsigned r = rest[pairs] & 0x0FU;
+    out[values - 1] = static_cast<std::uint8_t>(((r & 0x08U) << 4) | (e << 3) | (r & 0x07U));
+  }
+}
+
+struct CCtxFree {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+struct DCtxFree {
+  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+};
+
+Error blob_error(std::size_t at, const std::string& what) {
+  return Error(ErrorKind::kFormat,
+               std::string(kPlaneCodecName) + " blob, byte " + std::to_string(at) + ": " + what);
+}
+
+}  // namespace
+
+bool plane_codec_supports(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF8E4M3; }
+
+std::vector<std::uint8_t> plane_encode(DType dtype, std::span<const std::uint8_t> bytes,
+                                       const PlaneCodecOptions& options) {
+  require(plane_codec_supports(dtype), ErrorKind::kInvalidArgument,
+          std::string(kPlaneCodecName) + " codes BF16 and F8_E4M3 tensors, not " +
+              std::string(dtype_name(dtype)));
+  const std::size_t size = dtype_size(dtype);
+  require(bytes.size() % size == 0, ErrorKind::kInvalidArgument,
+          std::string(kPlaneCodecName) + ": " + std::to_string(bytes.size()) +
+              " bytes are not whole values");
+  require(options.chunk_values >= 2 && options.chunk_values <= kMaxChunkValues &&
+              options.chunk_values % 2 == 0,
+          ErrorKind::kInvalidArgument,
+          std::string(kPlaneCodecName) + ": chunk_values must be even, in [2, 2^24]");
+  const std::uint8_t kind = kind_of(dtype);
+  const std::size_t values = bytes.size() / size;
+  const std::size_t chunk = options.chunk_values;
+  const std::size_t chunks = (values + chunk - 1) / chunk;
+  std::vector<std::uint8_t> out(kHeaderBytes + chunks * kChunkEntryBytes);
+  std::memcpy(out.data(), kMagic, 4);
+  out[4] = kVersion;
+  out[5] = kind;
+  put64(out, 8, values);
+  put32(out, 16, options.chunk_values);
+  put32(out, 20, static_cast<std::uint32_t>(chunks));
+  put64(out, 24, xxh64(bytes));
+  std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
+  require(cctx != nullptr, ErrorKind::kIo, "zstd: cannot create a compression context");
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, options.zstd_level);
+  // Each chunk's exponent plane becomes one frame; its size is in the chunk table, so the frame
+  // carries no checksum and no content size of its own.
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 0);
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_contentSizeFlag, 0);
+  std::vector<std::uint8_t> exponent(exponent_bytes(kind, chunk));
+  std::vector<std::uint8_t> rest(rest_bytes(kind, chunk));
+  std::vector<std::uint8_t> packed(ZSTD_compressBound(exponent.size()));
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t first = c * chunk;
+    const std::size_t n = std::min(chunk, values - first);
+    const std::size_t e_bytes = exponent_bytes(kind, n);
+    const std::size_t r_bytes = rest_bytes(kind, n);
+    split(kind, bytes.data() + first * size, n, exponent.data(), rest.data());
+    const std::size_t z =
+        ZSTD_compress2(cctx.get(), packed.data(), packed.size(), exponent.data(), e_bytes);
+    require(!ZSTD_isError(z), ErrorKind::kIo,
+            std::string("zstd: ") + (ZSTD_isError(z) ? ZSTD_getErrorName(z) : ""));
+    const bool use_zstd = z < e_bytes;
+    const std::size_t entry = kHeaderBytes + c * kChunkEntryBytes;
+    put32(out, entry, static_cast<std::uint32_t>(use_zstd ? z : e_bytes));
+    put32(out, entry + 4, use_zstd ? kModeZstd : kModeRaw);
+    const std::uint8_t* stored = use_zstd ? packed.data() : exponent.data();
+    out.insert(out.end(), stored, stored + (use_zstd ? z : e_bytes));
+    out.insert(out.end(), rest.data(), rest.data() + r_bytes);
+  }
+  return out;
+}
+
+std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blob,
+                                  std::span<std::uint8_t> out, bool check_hash) {
+  if (!plane_codec_supports(dtype)) {
+    return blob_error(0, "no " + std::string(dtype_name(dtype)) + " tensors in this codec");
+  }
+  if (blob.size() < kHeaderBytes) {
+    return blob_error(0, "only " + std::to_string(blob.size()) + " bytes, the header needs " +
+                             std::to_string(kHeaderBytes));
+  }
+  const std::uint8_t* p = blob.data();
+  if (std::memcmp(p, kMagic, 4) != 0) return blob_error(0, "not a planes-zstd blob (magic)");
+  if (p[4] != kVersion) return blob_error(4, "version " + std::to_string(p[4]) + ", expected 1");
+  if (p[6] != 0 || p[7] != 0) return blob_error(6, "the reserved bytes are not zero");
+  const std::uint8_t kind = kind_of(dtype);
+  if (p[5] != kind) {
+    return blob_error(5, "kind " + std::to_string(p[5]) + ", the tensor's dtype " +
+                             std::string(dtype_name(dtype)) + " needs " + std::to_string(kind));
+  }
+  const std::size_t size = dtype_size(dtype);
+  const std::uint64_t values = get64(p + 8);
+  if (out.size() % size != 0 || values != out.size() / size) {
+    return blob_error(8, std::to_string(values) + " values, the tensor's shape holds " +
+                             std::to_string(out.size() / size));
+  }
+  const std::uint32_t chunk = get32(p + 16);
+  if (chunk < 2 || chunk > kMaxChunkValues || chunk % 2 != 0) {
+    return blob_error(16, "chunk of " + std::to_string(chunk) + " values (even, 2 to 2^24)");
+  }
+  const std::uint64_t chunks = get32(p + 20);
+  if (chunks != (values + chunk - 1) / chunk) {
+    return blob_error(20, std::to_string(chunks) + " chunks for " + std::to_string(values) +
+                              " values of " + std::to_string(chunk));
+  }
+  const std::uint64_t table_end = kHeaderBytes + chunks * kChunkEntryBytes;
+  if (table_end > blob.size()) {
+    return blob_error(kHeaderBytes, "the chunk table ends at " + std::to_string(table_end) +
+                                        ", past the blob's " + std::to_string(blob.size()));
+  }
+  // One decompression context per thread, kept: creating one per sample costs more than decoding
+  // a small sample.
+  thread_local std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx(ZSTD_createDCtx());
+  if (dctx == nullptr) return Error(ErrorKind::kIo, "zstd: cannot create a decompression context");
+  std::vector<std::uint8_t> exponent(exponent_bytes(kind, chunk));
+  std::size_t at = table_end;
+  for (std::uint64_t c = 0; c < chunks; ++c) {
+    const std::size_t entry = kHeaderBytes + c * kChunkEntryBytes;
+    const std::size_t first = c * chunk;
+    const std::size_t n = std::min<std::uint64_t>(chunk, values - first);
+    const std::size_t e_bytes = exponent_bytes(kind, n);
+    const std::size_t r_bytes = rest_bytes(kind, n);
+    const std::uint64_t stored = get32(p + entry);
+    const std::uint32_t mode = get32(p + entry + 4);
+    if (mode != kModeRaw && mode != kModeZstd) {
+      return blob_error(entry + 4, "chunk " + std::to_string(c) + ": mode " + std::to_string(mode) +
+                                       " (0 raw, 1 zstd)");
+    }
+    if (stored > blob.size() - at || r_bytes > blob.size() - at - stored) {
+      return blob_error(at, "chunk " + std::to_string(c) + " needs " +
+                                std::to_string(stored + r_bytes) + " bytes, " +
+                                std::to_string(blob.size() - at) + " remain");
+    }
+    const std::uint8_t* planes = p + at;
+    if (mode == kModeRaw) {
+      if (stored != e_bytes) {
+        return blob_error(entry, "chunk " + std::to_string(c) + ": " + std::to_string(stored) +
+                                     " raw exponent bytes, expected " + std::to_string(e_bytes));
+      }
+      std::memcpy(exponent.data(), planes, e_bytes);
+    } else {
+      const std::size_t got =
+          ZSTD_decompressDCtx(dctx.get(), exponent.data(), e_bytes, planes, stored);
+      if (ZSTD_isError(got) || got != e_bytes) {
+        return blob_error(
+            at, "chunk " + std::to_string(c) + ": the exponent plane " +
+                    (ZSTD_isError(got)
+                         ? std::string("does not decompress (") + ZSTD_getErrorName(got) + ")"
+                         : "decompresses to " + std::to_string(got) + " bytes, expected " +
+                               std::to_string(e_bytes)));
+      }
+    }
+    join(kind, exponent.data(), planes + stored, n, out.data() + first * size);
+    at += stored + r_bytes;
+  }
+  if (at != blob.size()) {
+    return blob_error(at, std::to_string(blob.size() - at) + " bytes after the last chunk");
+  }
+  if (!check_hash) return std::nullopt;
+  const std::uint64_t expected = get64(p + 24);
+  const std::uint64_t got = xxh64(out);
+  if (got != expected) {
+    return blob_error(24, "the decoded bytes hash to " + xxh64_hex(got) + ", the blob says " +
+                              xxh64_hex(expected));
+  }
+  return std::nullopt;
+}
+
+PlaneSizes plane_sizes(std::span<const std::uint8_t> blob) {
+  PlaneSizes sizes;
+  if (blob.size() < kHeaderBytes) return sizes;
+  const std::uint8_t* p = blob.data();
+  const std::uint8_t kind = p[5];
+  const std::uint64_t values = get64(p + 8);
+  const std::uint32_t chunk = get32(p + 16);
+  const std::uint64_t chunks = get32(p + 20);
+  if (chunk == 0 || kHeaderBytes + chunks * kChunkEntryBytes > blob.size()) return sizes;
+  sizes.header = kHeaderBytes + chunks * kChunkEntryBytes;
+  for (std::uint64_t c = 0; c < chunks; ++c) {
+    const std::size_t n = std::min<std::uint64_t>(chunk, values - c * chunk);
+    sizes.exponent_raw += exponent_bytes(kind, n);
+    sizes.exponent_stored += get32(p + kHeaderBytes + c * kChunkEntryBytes);
+    sizes.rest += rest_bytes(kind, n);
+  }
+  return sizes;
+}
+
+}  // namespace draftfeed

@@ -1,0 +1,85 @@
+#include "draftfeed/source/packed_fetch.h"
+
+#include "draftfeed/hidden/validate.h"
+
+namespace draftfeed {
+
+std::shared_ptr<const PackedCache> open_packed_cache(const std::string& hidden_states_path) {
+  auto pack = PackedCache::open(hidden_states_path);
+  if (!pack.ok()) throw pack.error();
+  return pack.value();
+}
+
+namespace {
+
+// Keeps a decoded sample's buffer and its shard alive together.
+struct DecodedOwner {
+  std::shared_ptr<const SafetensorsFile> shard;
+  std::shared_ptr<const std::uint8_t[]> decoded;
+};
+
+}  // namespace
+
+FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
+                          const IntArrayView& input_ids, DType fp8_dequantize_dtype) {
+  auto read = pack.read(entry);
+  if (!read.ok()) {
+    return FetchOutcome::dropped(DropReason::kInvalid,
+                                 "row " + std::to_string(entry.row) + ": " + read.error().what());
+  }
+  const PackedSample& packed = read.value();
+  const HiddenStateSample& sample = packed.sample;
+  // As CacheSampleSource::check, less what a per-sample file needs: the shard stays mapped for all
+  // its rows (no release of this process's pages), and the copy takes the rows from the mapping.
+  const SampleCheck check = validate_sample(sample, input_ids, entry.row, ValueCheck::kSkip);
+  if (!check.ok()) {
+    const DropReason reason = check.problem == SampleProblem::kTokenMismatch ? DropReason::kMismatch
+                                                                             : DropReason::kInvalid;
+    return FetchOutcome::dropped(reason, pack.where(entry) + ": " + check.message);
+  }
+  const TensorView& hs = sample.hidden_states;
+  FetchedSample fetched;
+  fetched.hidden = HiddenStatesView{hs.data, hs.dtype, hs.shape[0], hs.shape[1], hs.shape[2]};
+  if (hs.dtype == DType::kF8E4M3) {
+    fetched.hidden.scales = sample.scales->data;  // validate_sample checked them
+    fetched.hidden.dequantize = fp8_dequantize_dtype;
+  }
+  fetched.read_rows = false;
+  if (packed.decoded) {
+    // Decoded memory, not the mapping: the copy reads it as memory a transfer gave.
+    fetched.owner = std::make_shared<const DecodedOwner>(DecodedOwner{sample.file, packed.decoded});
+  } else {
+    fetched.owner = sample.file;
+    fetched.file = sample.file->mapping();
+  }
+  return FetchOutcome::ok(std::move(fetched));
+}
+
+namespace {
+
+struct FilteredRows {
+  std::shared_ptr<const std::vector<PlannedBatch>> batches;
+  std::vector<std::vector<std::int64_t>> rows;
+};
+
+}  // namespace
+
+FileReadAheadPlan plan_without_packed(const PackedCache& pack,
+                                      std::shared_ptr<const std::vector<PlannedBatch>> batches) {
+  auto filtered = std::make_shared<FilteredRows>();
+  filtered->rows.reserve(batches->size());
+  for (const PlannedBatch& batch : *batches) {
+    std::vector<std::int64_t>& rows = filtered->rows.emplace_back();
+    for (const std::int64_t row : batch.rows) {
+      if (pack.find(row) == nullptr) rows.push_back(row);
+    }
+  }
+  filtered->batches = std::move(batches);
+  FileReadAheadPlan plan;
+  plan.batches.reserve(filtered->rows.size());
+  for (const auto& rows : filtered->rows) plan.batches.emplace_back(rows);
+  plan.owner = std::move(filtered);
+  return plan;
+}
+
+}  // namespace draftfeed

@@ -1,0 +1,37 @@
+// The cache source's packed rows (docs/formats.md, "Packed caches"): when the cache folder holds a
+// manifest.json, the rows it names are served from their shards (pack/packed_cache.h), the others
+// from their per-sample files as before (rows generated or cached after the pack).
+//
+// A packed row is checked as a per-sample file is (token ids, dtype, shape; values inside the
+// copy), after its checksum (on its first read); a corrupt or truncated shard or sample is a
+// dropped row (kInvalid) whose message names the shard, the offset and the row. The copy takes
+// uncompressed rows from the shard's mapping; compressed hidden states are decoded first into a
+// buffer of the sample's own, which the copy then copies (a first version: the decode inside the
+// copy is to come, with the batch copier).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "draftfeed/pack/packed_cache.h"
+#include "draftfeed/read_ahead/file_read_ahead.h"
+#include "draftfeed/source/sample_source.h"
+
+namespace draftfeed {
+
+// The pack in `hidden_states_path`, or null when there is none. Throws the Error of a manifest
+// that does not parse (kFormat naming the manifest and the field): a cache half described is not
+// read.
+std::shared_ptr<const PackedCache> open_packed_cache(const std::string& hidden_states_path);
+
+// `row` (named by the pack's manifest) from its shard.
+FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
+                          const IntArrayView& input_ids, DType fp8_dequantize_dtype);
+
+// The epoch's plan for the per-sample file read-ahead, without the rows the pack holds (the
+// read-ahead would look for their files: a metadata operation each, which the pack is there to
+// save).
+FileReadAheadPlan plan_without_packed(const PackedCache& pack,
+                                      std::shared_ptr<const std::vector<PlannedBatch>> batches);
+
+}  // namespace draftfeed
