@@ -170,16 +170,25 @@ std::vector<std::uint8_t> plane_encode(DType dtype, std::span<const std::uint8_t
   return out;
 }
 
-std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blob,
-                                  std::span<std::uint8_t> out, bool check_hash) {
+std::uint64_t PlaneBlob::chunk_count(std::size_t c) const {
+  return std::min<std::uint64_t>(chunk_values, values - chunk_first(c));
+}
+
+std::size_t plane_head_bytes(std::span<const std::uint8_t> first_32) {
+  if (first_32.size() < kHeaderBytes || std::memcmp(first_32.data(), kMagic, 4) != 0) return 0;
+  return kHeaderBytes + std::size_t{get32(first_32.data() + 20)} * kChunkEntryBytes;
+}
+
+Result<PlaneBlob> plane_parse(DType dtype, std::span<const std::uint8_t> head,
+                              std::size_t blob_bytes, std::uint64_t values) {
   if (!plane_codec_supports(dtype)) {
     return blob_error(0, "no " + std::string(dtype_name(dtype)) + " tensors in this codec");
   }
-  if (blob.size() < kHeaderBytes) {
-    return blob_error(0, "only " + std::to_string(blob.size()) + " bytes, the header needs " +
-                             std::to_string(kHeaderBytes));
+  if (blob_bytes < kHeaderBytes || head.size() < kHeaderBytes) {
+    return blob_error(0, "only " + std::to_string(std::min(blob_bytes, head.size())) +
+                             " bytes, the header needs " + std::to_string(kHeaderBytes));
   }
-  const std::uint8_t* p = blob.data();
+  const std::uint8_t* p = head.data();
   if (std::memcmp(p, kMagic, 4) != 0) return blob_error(0, "not a planes-zstd blob (magic)");
   if (p[4] != kVersion) return blob_error(4, "version " + std::to_string(p[4]) + ", expected 1");
   if (p[6] != 0 || p[7] != 0) return blob_error(6, "the reserved bytes are not zero");
@@ -188,13 +197,16 @@ std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blo
     return blob_error(5, "kind " + std::to_string(p[5]) + ", the tensor's dtype " +
                              std::string(dtype_name(dtype)) + " needs " + std::to_string(kind));
   }
-  const std::size_t size = dtype_size(dtype);
-  const std::uint64_t values = get64(p + 8);
-  if (out.size() % size != 0 || values != out.size() / size) {
-    return blob_error(8, std::to_string(values) + " values, the tensor's shape holds " +
-                             std::to_string(out.size() / size));
+  PlaneBlob blob;
+  blob.dtype = dtype;
+  blob.blob_bytes = blob_bytes;
+  blob.values = get64(p + 8);
+  if (blob.values != values) {
+    return blob_error(8, std::to_string(blob.values) + " values, the tensor's shape holds " +
+                             std::to_string(values));
   }
-  const std::uint32_t chunk = get32(p + 16);
+  blob.chunk_values = get32(p + 16);
+  const std::uint32_t chunk = blob.chunk_values;
   if (chunk < 2 || chunk > kMaxChunkValues || chunk % 2 != 0) {
     return blob_error(16, "chunk of " + std::to_string(chunk) + " values (even, 2 to 2^24)");
   }
@@ -204,20 +216,19 @@ std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blo
                               " values of " + std::to_string(chunk));
   }
   const std::uint64_t table_end = kHeaderBytes + chunks * kChunkEntryBytes;
-  if (table_end > blob.size()) {
+  if (table_end > blob_bytes) {
     return blob_error(kHeaderBytes, "the chunk table ends at " + std::to_string(table_end) +
-                                        ", past the blob's " + std::to_string(blob.size()));
+                                        ", past the blob's " + std::to_string(blob_bytes));
   }
-  // One decompression context per thread, kept: creating one per sample costs more than decoding
-  // a small sample.
-  thread_local std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx(ZSTD_createDCtx());
-  if (dctx == nullptr) return Error(ErrorKind::kIo, "zstd: cannot create a decompression context");
-  std::vector<std::uint8_t> exponent(exponent_bytes(kind, chunk));
-  std::size_t at = table_end;
+  if (table_end > head.size()) {
+    return blob_error(kHeaderBytes, "the chunk table needs " + std::to_string(table_end) +
+                                        " bytes, " + std::to_string(head.size()) + " given");
+  }
+  blob.chunks.resize(chunks);
+  std::uint64_t at = table_end;
   for (std::uint64_t c = 0; c < chunks; ++c) {
     const std::size_t entry = kHeaderBytes + c * kChunkEntryBytes;
-    const std::size_t first = c * chunk;
-    const std::size_t n = std::min<std::uint64_t>(chunk, values - first);
+    const std::size_t n = blob.chunk_count(c);
     const std::size_t e_bytes = exponent_bytes(kind, n);
     const std::size_t r_bytes = rest_bytes(kind, n);
     const std::uint64_t stored = get32(p + entry);
@@ -226,38 +237,89 @@ std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blo
       return blob_error(entry + 4, "chunk " + std::to_string(c) + ": mode " + std::to_string(mode) +
                                        " (0 raw, 1 zstd)");
     }
-    if (stored > blob.size() - at || r_bytes > blob.size() - at - stored) {
+    if (stored > blob_bytes - at || r_bytes > blob_bytes - at - stored) {
       return blob_error(at, "chunk " + std::to_string(c) + " needs " +
                                 std::to_string(stored + r_bytes) + " bytes, " +
-                                std::to_string(blob.size() - at) + " remain");
+                                std::to_string(blob_bytes - at) + " remain");
     }
-    const std::uint8_t* planes = p + at;
-    if (mode == kModeRaw) {
-      if (stored != e_bytes) {
-        return blob_error(entry, "chunk " + std::to_string(c) + ": " + std::to_string(stored) +
-                                     " raw exponent bytes, expected " + std::to_string(e_bytes));
-      }
-      std::memcpy(exponent.data(), planes, e_bytes);
-    } else {
-      const std::size_t got =
-          ZSTD_decompressDCtx(dctx.get(), exponent.data(), e_bytes, planes, stored);
-      if (ZSTD_isError(got) || got != e_bytes) {
-        return blob_error(
-            at, "chunk " + std::to_string(c) + ": the exponent plane " +
-                    (ZSTD_isError(got)
-                         ? std::string("does not decompress (") + ZSTD_getErrorName(got) + ")"
-                         : "decompresses to " + std::to_string(got) + " bytes, expected " +
-                               std::to_string(e_bytes)));
-      }
+    if (mode == kModeRaw && stored != e_bytes) {
+      return blob_error(entry, "chunk " + std::to_string(c) + ": " + std::to_string(stored) +
+                                   " raw exponent bytes, expected " + std::to_string(e_bytes));
     }
-    join(kind, exponent.data(), planes + stored, n, out.data() + first * size);
+    blob.chunks[c] = PlaneBlob::Chunk{at, static_cast<std::uint32_t>(stored), mode == kModeZstd};
     at += stored + r_bytes;
   }
-  if (at != blob.size()) {
-    return blob_error(at, std::to_string(blob.size() - at) + " bytes after the last chunk");
+  if (at != blob_bytes) {
+    return blob_error(at, std::to_string(blob_bytes - at) + " bytes after the last chunk");
+  }
+  return blob;
+}
+
+struct PlaneChunkDecoder::Context {
+  std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx{ZSTD_createDCtx()};
+};
+
+PlaneChunkDecoder::PlaneChunkDecoder() : context_(std::make_unique<Context>()) {
+  require(context_->dctx != nullptr, ErrorKind::kIo, "zstd: cannot create a decompression context");
+}
+
+PlaneChunkDecoder::~PlaneChunkDecoder() = default;
+
+void PlaneChunkDecoder::reserve(std::uint32_t chunk_values) {
+  if (exponent_.size() < chunk_values) exponent_.resize(chunk_values);
+}
+
+PlaneChunkDecoder::Status PlaneChunkDecoder::decode(const PlaneBlob& blob, const std::uint8_t* data,
+                                                    std::size_t c, std::uint8_t* out) {
+  const std::uint8_t kind = kind_of(blob.dtype);
+  const PlaneBlob::Chunk& chunk = blob.chunks[c];
+  const std::size_t n = blob.chunk_count(c);
+  const std::size_t e_bytes = exponent_bytes(kind, n);
+  const std::uint8_t* planes = data + chunk.at;
+  const std::uint8_t* exponent = planes;
+  if (chunk.zstd) {
+    const std::size_t got =
+        ZSTD_decompressDCtx(context_->dctx.get(), exponent_.data(), e_bytes, planes, chunk.stored);
+    if (ZSTD_isError(got)) return Status{false, got, 0};
+    if (got != e_bytes) return Status{false, 0, got};
+    exponent = exponent_.data();
+  }
+  join(kind, exponent, planes + chunk.stored, n, out);
+  return Status{};
+}
+
+Error PlaneChunkDecoder::error(const PlaneBlob& blob, std::size_t c, const Status& status) {
+  const std::size_t e_bytes = exponent_bytes(kind_of(blob.dtype), blob.chunk_count(c));
+  return blob_error(
+      blob.chunks[c].at,
+      "chunk " + std::to_string(c) + ": the exponent plane " +
+          (status.zstd_code != 0
+               ? std::string("does not decompress (") + ZSTD_getErrorName(status.zstd_code) + ")"
+               : "decompresses to " + std::to_string(status.got) + " bytes, expected " +
+                     std::to_string(e_bytes)));
+}
+
+std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blob,
+                                  std::span<std::uint8_t> out, bool check_hash) {
+  const std::size_t size = plane_codec_supports(dtype) ? dtype_size(dtype) : 1;
+  if (out.size() % size != 0) {
+    return blob_error(8,
+                      "the tensor's " + std::to_string(out.size()) + " bytes are not whole values");
+  }
+  auto parsed = plane_parse(dtype, blob, blob.size(), out.size() / size);
+  if (!parsed.ok()) return parsed.error();
+  const PlaneBlob& planes = parsed.value();
+  // One decoder per thread, kept: creating a zstd context per sample costs more than decoding a
+  // small sample.
+  thread_local PlaneChunkDecoder decoder;
+  decoder.reserve(planes.chunk_values);
+  for (std::size_t c = 0; c < planes.chunks.size(); ++c) {
+    const PlaneChunkDecoder::Status status =
+        decoder.decode(planes, blob.data(), c, out.data() + planes.chunk_first(c) * size);
+    if (!status.ok) return PlaneChunkDecoder::error(planes, c, status);
   }
   if (!check_hash) return std::nullopt;
-  const std::uint64_t expected = get64(p + 24);
+  const std::uint64_t expected = get64(blob.data() + 24);
   const std::uint64_t got = xxh64(out);
   if (got != expected) {
     return blob_error(24, "the decoded bytes hash to " + xxh64_hex(got) + ", the blob says " +

@@ -18,10 +18,13 @@
 //   chunk table: per chunk, u32 stored exponent bytes, u32 mode (0 raw, 1 zstd)
 //   per chunk: its stored exponent plane, then its sign/mantissa plane (values bytes for bf16,
 //   ceil(values / 2) for FP8)
-// Thread safety: pure functions (each call uses its own zstd context).
+// Thread safety: pure functions (each call uses its own zstd context); a PlaneChunkDecoder is one
+// thread's.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,6 +57,69 @@ std::vector<std::uint8_t> plane_encode(DType dtype, std::span<const std::uint8_t
 // `check_hash` (a reader that checked the blob's own checksum before may skip it).
 std::optional<Error> plane_decode(DType dtype, std::span<const std::uint8_t> blob,
                                   std::span<std::uint8_t> out, bool check_hash = true);
+
+// A blob's header and chunk table, checked, and where each chunk's planes lie: what a reader needs
+// to decode chunks one at a time, in any order, from any thread (the batch copy decodes the
+// chunks of its rows only). Offsets are from the blob's first byte.
+struct PlaneBlob {
+  DType dtype = DType::kBF16;
+  std::uint64_t values = 0;
+  std::uint32_t chunk_values = 0;
+  std::size_t blob_bytes = 0;
+  struct Chunk {
+    std::uint64_t at = 0;      // the chunk's stored exponent plane
+    std::uint32_t stored = 0;  // its bytes
+    bool zstd = false;         // a zstd frame (else the raw plane)
+  };
+  std::vector<Chunk> chunks;
+
+  std::size_t chunk_of(std::uint64_t value) const { return value / chunk_values; }
+  std::uint64_t chunk_first(std::size_t c) const { return std::uint64_t{chunk_values} * c; }
+  std::uint64_t chunk_count(std::size_t c) const;  // values in chunk c
+};
+
+// Parses the header and chunk table at the start of a blob of `blob_bytes` bytes (`head` holds at
+// least the header and the table, or the refusal says how many bytes it needs) holding `values`
+// values of `dtype`. Checks every field and that the chunks' planes tile the blob exactly; the
+// planes' bytes themselves are not read.
+Result<PlaneBlob> plane_parse(DType dtype, std::span<const std::uint8_t> head,
+                              std::size_t blob_bytes, std::uint64_t values);
+
+// The header and table bytes plane_parse reads of a blob, from its first 32 bytes (its chunk
+// count): 0 when those are not a header.
+std::size_t plane_head_bytes(std::span<const std::uint8_t> first_32);
+
+// Decodes single chunks of parsed blobs, with a zstd context and an exponent buffer of its own,
+// allocated by the constructor and reserve(): decode() allocates nothing, so it may run under a
+// fault guard (common/fault_guard.h) reading a mapped blob.
+class PlaneChunkDecoder {
+ public:
+  PlaneChunkDecoder();
+  ~PlaneChunkDecoder();
+  PlaneChunkDecoder(const PlaneChunkDecoder&) = delete;
+  PlaneChunkDecoder& operator=(const PlaneChunkDecoder&) = delete;
+
+  // Room for chunks of `chunk_values` values.
+  void reserve(std::uint32_t chunk_values);
+
+  // What one decode found: ok, or the zstd error code / the size it decoded to instead.
+  struct Status {
+    bool ok = true;
+    std::size_t zstd_code = 0;  // a zstd error code, or 0
+    std::size_t got = 0;        // the bytes the frame decoded to, when not an error
+  };
+  // Chunk `c` of `blob` (its bytes at `data`), decoded into `out` (chunk_count(c) values).
+  // Needs reserve(blob.chunk_values) first.
+  Status decode(const PlaneBlob& blob, const std::uint8_t* data, std::size_t c, std::uint8_t* out);
+
+  // The refusal for a failed decode() of chunk `c`.
+  static Error error(const PlaneBlob& blob, std::size_t c, const Status& status);
+
+ private:
+  struct Context;
+  std::unique_ptr<Context> context_;
+  std::vector<std::uint8_t> exponent_;
+};
 
 // Byte counts of the two planes, for measurements: the stored exponent planes and the raw rest.
 struct PlaneSizes {
