@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "draftfeed/source/packed_fetch.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed::python {
@@ -25,7 +26,8 @@ struct PySampleSource {
 using Int64Input = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // One row through `source` with the GIL released (the per-sample paths and tests): the outcome, and
-// `out` filled with {ok, reason, message, fatal}.
+// `out` filled with {ok, reason, message, fatal}. Hidden states a pack left compressed for the
+// batch copy are decoded whole here: the callers read `hidden.data`.
 inline FetchOutcome fetch_one(SampleSource& source, std::int64_t row, const Int64Input& ids,
                               nb::dict& out) {
   const IntArrayView view{reinterpret_cast<const std::uint8_t*>(ids.data()),
@@ -33,7 +35,7 @@ inline FetchOutcome fetch_one(SampleSource& source, std::int64_t row, const Int6
   FetchOutcome outcome;
   {
     nb::gil_scoped_release release;
-    outcome = source.fetch(row, view);
+    outcome = decoded_whole(source.fetch(row, view));
   }
   out["ok"] = outcome.sample.has_value();
   out["reason"] = outcome.sample ? "ok" : drop_reason_name(outcome.reason);

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "draftfeed/batch/thread_buffer.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/finite.h"
 #include "draftfeed/common/mapped_file.h"
@@ -17,28 +18,6 @@
 namespace draftfeed {
 
 namespace {
-
-struct FreeDeleter {
-  void operator()(std::uint8_t* p) const { std::free(p); }
-};
-
-// A buffer of this thread, grown to at least `bytes` (64-byte aligned for the kernels' loads).
-class ThreadBuffer {
- public:
-  std::uint8_t* at_least(std::size_t bytes) {
-    if (capacity_ < bytes) {
-      const std::size_t size = (bytes + 63) / 64 * 64;
-      buffer_.reset(static_cast<std::uint8_t*>(std::aligned_alloc(64, size)));
-      if (!buffer_) throw std::bad_alloc();
-      capacity_ = size;
-    }
-    return buffer_.get();
-  }
-
- private:
-  std::unique_ptr<std::uint8_t, FreeDeleter> buffer_;
-  std::size_t capacity_ = 0;
-};
 
 thread_local ThreadBuffer staging;  // slices to be cast or dequantized
 thread_local ThreadBuffer sink;     // bytes a vectored read must pass over

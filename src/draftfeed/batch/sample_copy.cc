@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "draftfeed/batch/compressed_rows_copy.h"
 #include "draftfeed/batch/file_rows_copy.h"
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/fault_guard.h"
@@ -12,6 +13,16 @@ void SampleCopy::copy_rows(const BatchLayout& layout, const BatchMemory& batch,
                            const SamplePlacement& placement, const FetchedSample& sample,
                            std::int64_t global_row, const NoiseContext& noise, std::int64_t first,
                            std::int64_t last) {
+  if (sample.compressed) {
+    const CompressedRowsCopy copied =
+        copy_compressed_rows(layout, batch, placement, sample, global_row, noise, first, last);
+    if (copied.bad_chunk >= 0) {
+      std::int64_t none = -1;
+      if (bad_chunk_.compare_exchange_strong(none, copied.bad_chunk)) bad_status_ = copied.status;
+    }
+    record(copied.nonfinite, !copied.faulted);
+    return;
+  }
   if (can_read_file_rows(sample)) {
     const FileRowsCopy copied =
         copy_file_rows(layout, batch, placement, sample, global_row, noise, first, last);
@@ -41,6 +52,7 @@ std::optional<FetchOutcome> SampleCopy::finish(const FetchedSample& sample,
                                                std::int64_t global_row) {
   const std::int64_t bad = nonfinite_.exchange(0);
   const bool shrank = shrank_.exchange(false);
+  const std::int64_t bad_chunk = bad_chunk_.exchange(-1);
   const std::string row = "row " + std::to_string(global_row) + ": ";
   if (shrank) {
     return FetchOutcome::dropped(
@@ -52,6 +64,14 @@ std::optional<FetchOutcome> SampleCopy::finish(const FetchedSample& sample,
   if (auto change = sample.file ? sample.file->change_since_mapped() : std::nullopt) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  row + sample.file->path() + ": the file " + *change);
+  }
+  if (bad_chunk >= 0 && sample.compressed) {
+    const CompressedPlanes& blob = *sample.compressed;
+    return FetchOutcome::dropped(
+        DropReason::kInvalid,
+        row + blob.where + ": hidden_states: " +
+            PlaneChunkDecoder::error(blob.planes, static_cast<std::size_t>(bad_chunk), bad_status_)
+                .what());
   }
   if (bad != 0) {
     return FetchOutcome::dropped(DropReason::kNonFinite,

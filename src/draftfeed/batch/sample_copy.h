@@ -15,7 +15,10 @@
 // in the page cache): a loader that kept a batch's files mapped would hold that batch twice.
 // A cache file whose source asks for the rows to be read (FetchedSample::read_rows) is copied
 // through its descriptor instead (file_rows_copy.h): no mapping to guard or release there; a
-// file that shrank under the read is dropped as one that faulted.
+// file that shrank under the read is dropped as one that faulted. Hidden states left compressed in
+// a packed cache's shard (FetchedSample::compressed) are decoded by the copy, the codec chunks of
+// its rows only (compressed_rows_copy.h); a chunk that does not decode drops the sample, its
+// message naming the shard, the offset, the row and the chunk.
 #pragma once
 
 #include <atomic>
@@ -42,9 +45,9 @@ class SampleCopy {
                  std::int64_t last);
 
   // After every chunk was copied: the drop this sample gets, if any (its file shrank in the copy,
-  // its file changed since it was mapped, or it held non-finite values), with a message naming
-  // the row and the file; nothing if its rows in the batch are good. Resets what the copies
-  // found, for a copy again after the batch is repacked.
+  // its file changed since it was mapped, a compressed chunk did not decode, or it held non-finite
+  // values), with a message naming the row and the file; nothing if its rows in the batch are
+  // good. Resets what the copies found, for a copy again after the batch is repacked.
   std::optional<FetchOutcome> finish(const FetchedSample& sample, std::int64_t global_row);
 
  private:
@@ -53,6 +56,10 @@ class SampleCopy {
 
   std::atomic<std::int64_t> nonfinite_{0};
   std::atomic<bool> shrank_{false};  // a copy faulted (SIGBUS) or read short: the file shrank
+  // The first compressed chunk that did not decode (-1: none), and what its decode said (written
+  // by the copy that set bad_chunk_, read by finish after every copy).
+  std::atomic<std::int64_t> bad_chunk_{-1};
+  PlaneChunkDecoder::Status bad_status_;
 };
 
 }  // namespace draftfeed

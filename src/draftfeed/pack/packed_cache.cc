@@ -95,7 +95,34 @@ Result<std::uint64_t> guarded_hash(const std::uint8_t* data, std::size_t size,
 
 }  // namespace
 
-Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check) const {
+namespace {
+
+// The blob's header and chunk table, copied out of the mapping under the guard and parsed.
+Result<PlaneBlob> parse_mapped_blob(const PackedPart& hidden, const std::string& where) {
+  const std::string shrank = where + ": the shard shrank while being read";
+  std::vector<std::uint8_t> head(std::min<std::size_t>(hidden.view.nbytes, 32));
+  if (!guarded_copy(head.data(), hidden.view.data, head.size())) {
+    return Error(ErrorKind::kIo, shrank);
+  }
+  const std::size_t head_bytes = std::min(plane_head_bytes(head), hidden.view.nbytes);
+  if (head_bytes > head.size()) {
+    head.resize(head_bytes);
+    if (!guarded_copy(head.data(), hidden.view.data, head.size())) {
+      return Error(ErrorKind::kIo, shrank);
+    }
+  }
+  auto parsed = plane_parse(hidden.dtype, head, hidden.view.nbytes,
+                            hidden.decoded_bytes / dtype_size(hidden.dtype));
+  if (!parsed.ok()) {
+    return Error(ErrorKind::kFormat, where + ": hidden_states: " + parsed.error().what());
+  }
+  return parsed;
+}
+
+}  // namespace
+
+Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check,
+                                       CompressedRead compressed) const {
   auto open_shard = shard(entry.shard);
   if (!open_shard.ok()) {
     return Error(open_shard.error().kind(), where(entry) + ": " + open_shard.error().what());
@@ -147,6 +174,16 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check
   }
   if (!hidden->compressed) {
     out.sample.hidden_states = hidden->view;
+  } else if (compressed == CompressedRead::kInCopy && !check) {
+    auto planes = parse_mapped_blob(*hidden, where(entry));
+    if (!planes.ok()) return planes.error();
+    TensorView view;
+    view.dtype = hidden->dtype;
+    view.shape = hidden->shape;
+    view.nbytes = hidden->decoded_bytes;
+    out.sample.hidden_states = std::move(view);
+    out.compressed = std::make_shared<const CompressedPlanes>(
+        CompressedPlanes{hidden->view.data, std::move(planes).value(), where(entry)});
   } else {
     // The blob is copied out of the mapping under the guard, then decoded (the decoder allocates,
     // which a guarded function must not).

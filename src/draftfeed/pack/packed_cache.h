@@ -1,8 +1,9 @@
 // Reading a packed cache (docs/formats.md, "Packed caches"): the manifest once, each shard mapped
 // and indexed on first use and kept (one open per shard per process), a row's sample served from
-// its shard's mapping after its checksum is checked. Compressed hidden states are decoded into
-// memory of their own (a scratch buffer per sample, then the batch copy copies them as from a
-// file: the decode inside the copy is still to come).
+// its shard's mapping after its checksum is checked. Compressed hidden states are either decoded
+// whole into memory of their own, or, for a reader that decodes them itself (the batch copy,
+// batch/compressed_rows_copy.h), handed over compressed: the blob's place in the mapping and its
+// parsed chunk table.
 //
 // Every failure names the shard, the sample's offset and the row: a shard that does not open or
 // whose size differs from the manifest's (truncated), a row whose tensors do not lie where the
@@ -22,6 +23,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/hidden_state_sample.h"
 #include "draftfeed/pack/pack_manifest.h"
+#include "draftfeed/pack/plane_codec.h"
 #include "draftfeed/pack/shard_layout.h"
 
 namespace draftfeed {
@@ -38,7 +40,15 @@ struct PackedSample {
   // The decoded hidden states when they were stored compressed (`sample.hidden_states` points in
   // here), else null.
   std::shared_ptr<const std::uint8_t[]> decoded;
+  // The hidden states left compressed (read's kInCopy): `sample.hidden_states` has their dtype,
+  // shape and decoded size, and no data. Else null.
+  std::shared_ptr<const CompressedPlanes> compressed;
 };
+
+// How read() gives compressed hidden states: decoded whole, or left compressed for the reader
+// (when the sample's checksum was checked before; a first read decodes whole, which also checks
+// the blob's hash of its decoded bytes).
+enum class CompressedRead : std::uint8_t { kWhole, kInCopy };
 
 class PackedCache {
  public:
@@ -62,7 +72,8 @@ class PackedCache {
   // and a second pass over every byte each time would cost a warm epoch a third of its speed. The
   // batch copy still checks every value's finiteness on every read.
   // Token ids and shapes are not checked against a dataset row here (validate.h).
-  Result<PackedSample> read(const PackEntry& entry, bool always_check = false) const;
+  Result<PackedSample> read(const PackEntry& entry, bool always_check = false,
+                            CompressedRead compressed = CompressedRead::kWhole) const;
 
   // The per-sample file the entry was packed from, byte for byte (checksum checked, parts
   // decoded).

@@ -78,6 +78,14 @@ struct PlaneBlob {
   std::uint64_t chunk_count(std::size_t c) const;  // values in chunk c
 };
 
+// A blob left where it lies (a packed cache's shard mapping), parsed, for a reader that decodes the
+// chunks it needs.
+struct CompressedPlanes {
+  const std::uint8_t* data = nullptr;  // the blob's first byte
+  PlaneBlob planes;                    // its header and chunk table, checked
+  std::string where;                   // the shard, the offset and the row, for messages
+};
+
 // Parses the header and chunk table at the start of a blob of `blob_bytes` bytes (`head` holds at
 // least the header and the table, or the refusal says how many bytes it needs) holding `values`
 // values of `dtype`. Checks every field and that the chunks' planes tile the blob exactly; the

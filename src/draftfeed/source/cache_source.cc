@@ -106,7 +106,8 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   if (pack_ != nullptr) {
     if (const PackEntry* entry = pack_->find(global_row)) {
-      return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype);
+      return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
+                          CompressedRead::kInCopy);
     }
   }
   // Opened (and read) ahead, or, when the read-ahead has not got there, opened now and read whole

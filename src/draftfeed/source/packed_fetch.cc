@@ -1,5 +1,6 @@
 #include "draftfeed/source/packed_fetch.h"
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/hidden/validate.h"
 
 namespace draftfeed {
@@ -14,15 +15,16 @@ namespace {
 
 // Keeps a decoded sample's buffer and its shard alive together.
 struct DecodedOwner {
-  std::shared_ptr<const SafetensorsFile> shard;
+  std::shared_ptr<const void> shard;
   std::shared_ptr<const std::uint8_t[]> decoded;
 };
 
 }  // namespace
 
 FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
-                          const IntArrayView& input_ids, DType fp8_dequantize_dtype) {
-  auto read = pack.read(entry);
+                          const IntArrayView& input_ids, DType fp8_dequantize_dtype,
+                          CompressedRead compressed) {
+  auto read = pack.read(entry, /*always_check=*/false, compressed);
   if (!read.ok()) {
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  "row " + std::to_string(entry.row) + ": " + read.error().what());
@@ -45,7 +47,13 @@ FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
     fetched.hidden.dequantize = fp8_dequantize_dtype;
   }
   fetched.read_rows = false;
-  if (packed.decoded) {
+  if (packed.compressed) {
+    // Decoded by the copy from the mapping: the file is there for the guard's message and the
+    // change check.
+    fetched.owner = sample.file;
+    fetched.file = sample.file->mapping();
+    fetched.compressed = packed.compressed;
+  } else if (packed.decoded) {
     // Decoded memory, not the mapping: the copy reads it as memory a transfer gave.
     fetched.owner = std::make_shared<const DecodedOwner>(DecodedOwner{sample.file, packed.decoded});
   } else {
@@ -53,6 +61,30 @@ FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
     fetched.file = sample.file->mapping();
   }
   return FetchOutcome::ok(std::move(fetched));
+}
+
+FetchOutcome decoded_whole(FetchOutcome outcome) {
+  if (!outcome.sample || !outcome.sample->compressed) return outcome;
+  FetchedSample& sample = *outcome.sample;
+  const CompressedPlanes& planes = *sample.compressed;
+  std::vector<std::uint8_t> blob(planes.planes.blob_bytes);
+  if (!guarded_copy(blob.data(), planes.data, blob.size())) {
+    return FetchOutcome::dropped(DropReason::kInvalid,
+                                 planes.where + ": the shard shrank while being read");
+  }
+  const HiddenStatesView& hs = sample.hidden;
+  const std::size_t bytes =
+      static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden) * dtype_size(hs.dtype);
+  std::shared_ptr<std::uint8_t[]> decoded = std::make_shared_for_overwrite<std::uint8_t[]>(bytes);
+  if (const auto error = plane_decode(hs.dtype, blob, {decoded.get(), bytes})) {
+    return FetchOutcome::dropped(DropReason::kInvalid,
+                                 planes.where + ": hidden_states: " + error->what());
+  }
+  sample.hidden.data = decoded.get();
+  sample.owner = std::make_shared<const DecodedOwner>(DecodedOwner{sample.owner, decoded});
+  sample.file = nullptr;
+  sample.compressed = nullptr;
+  return outcome;
 }
 
 namespace {

@@ -5,9 +5,10 @@
 // A packed row is checked as a per-sample file is (token ids, dtype, shape; values inside the
 // copy), after its checksum (on its first read); a corrupt or truncated shard or sample is a
 // dropped row (kInvalid) whose message names the shard, the offset and the row. The copy takes
-// uncompressed rows from the shard's mapping; compressed hidden states are decoded first into a
-// buffer of the sample's own, which the copy then copies (a first version: the decode inside the
-// copy is to come, with the batch copier).
+// uncompressed rows from the shard's mapping. Compressed hidden states, for a source whose samples
+// go to the batch copy (CompressedRead::kInCopy), are left in the mapping and decoded by the copy,
+// the codec chunks of its rows only (batch/compressed_rows_copy.h); else, and on a sample's first
+// read (its checksums checked), decoded whole into a buffer of the sample's own.
 #pragma once
 
 #include <memory>
@@ -26,7 +27,13 @@ std::shared_ptr<const PackedCache> open_packed_cache(const std::string& hidden_s
 
 // `row` (named by the pack's manifest) from its shard.
 FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
-                          const IntArrayView& input_ids, DType fp8_dequantize_dtype);
+                          const IntArrayView& input_ids, DType fp8_dequantize_dtype,
+                          CompressedRead compressed = CompressedRead::kWhole);
+
+// `outcome` with its hidden states decoded whole when they were left compressed
+// (FetchedSample::compressed), for a reader of `hidden.data` other than the batch copy; a blob that
+// does not decode is a dropped row (kInvalid) naming the shard, the offset and the row.
+FetchOutcome decoded_whole(FetchOutcome outcome);
 
 // The epoch's plan for the per-sample file read-ahead, without the rows the pack holds (the
 // read-ahead would look for their files: a metadata operation each, which the pack is there to

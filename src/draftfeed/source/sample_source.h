@@ -18,6 +18,7 @@
 #include "draftfeed/common/mapped_file.h"
 #include "draftfeed/common/stats_tree.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/pack/plane_codec.h"
 
 namespace draftfeed {
 
@@ -56,6 +57,10 @@ struct FetchedSample {
   // (batch/file_rows_copy.h); false: from the mapping, as for a file without a descriptor (the
   // cache sources' default: source/cache_source.h's CacheCopy).
   bool read_rows = true;
+  // Hidden states stored compressed in a packed cache's shard (`file`), which the copy decodes,
+  // only the codec chunks of the rows it copies (batch/compressed_rows_copy.h): `hidden` has no
+  // data then (its dtype, shape and scales are the decoded tensor's). Null otherwise.
+  std::shared_ptr<const CompressedPlanes> compressed;
 };
 
 struct FetchOutcome {
