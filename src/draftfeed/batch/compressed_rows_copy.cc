@@ -65,6 +65,15 @@ class RangeDecoder {
 
 }  // namespace
 
+std::int64_t compressed_chunk_rows(const FetchedSample& sample, std::int64_t chunk_rows) {
+  const std::int64_t rows = std::max<std::int64_t>(1, chunk_rows / kCompressedChunkShare);
+  const std::int64_t row_values = sample.hidden.layers * sample.hidden.hidden;
+  const std::int64_t chunk_values = sample.compressed->planes.chunk_values;
+  if (row_values <= 0 || chunk_values % row_values != 0) return rows;
+  const std::int64_t codec_rows = chunk_values / row_values;
+  return std::max(codec_rows, rows / codec_rows * codec_rows);
+}
+
 CompressedRowsCopy copy_compressed_rows(const BatchLayout& layout, const BatchMemory& batch,
                                         const SamplePlacement& placement,
                                         const FetchedSample& sample, std::int64_t global_row,

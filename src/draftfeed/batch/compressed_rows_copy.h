@@ -24,6 +24,14 @@ namespace draftfeed {
 // L2, where the copy's pass finds it.
 inline constexpr std::size_t kDecodeSliceBytes = std::size_t{256} << 10;
 
+// Rows per copy chunk of a compressed sample, for a pipeline that splits others in chunks of
+// `chunk_rows`: fewer (kCompressedChunkShare of them), since a compressed row costs its copy
+// several times more than a plain one and the threads share a batch's work by chunks; a multiple
+// of the rows of one codec chunk when a codec chunk is whole rows, so that no codec chunk is
+// decoded by two copy chunks.
+inline constexpr std::int64_t kCompressedChunkShare = 8;
+std::int64_t compressed_chunk_rows(const FetchedSample& sample, std::int64_t chunk_rows);
+
 struct CompressedRowsCopy {
   std::int64_t nonfinite = 0;
   bool faulted = false;  // the mapping raised SIGBUS (the shard shrank)

@@ -5,6 +5,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "draftfeed/batch/compressed_rows_copy.h"
 #include "draftfeed/batch/sample_copy.h"
 #include "draftfeed/common/error.h"
 
@@ -320,8 +321,11 @@ void Pipeline::place_and_copy_step(const std::shared_ptr<Job>& job) {
   std::vector<Chunk> chunks;
   for (std::size_t p = 0; p < job->placement.samples.size(); ++p) {
     const std::int64_t rows = job->placement.samples[p].rows;
-    for (std::int64_t first = 0; first < rows; first += chunk_rows) {
-      chunks.push_back({p, first, std::min(rows, first + chunk_rows)});
+    const FetchedSample& sample = *job->outcomes[job->placement.samples[p].sample].sample;
+    const std::int64_t step =
+        sample.compressed ? compressed_chunk_rows(sample, chunk_rows) : chunk_rows;
+    for (std::int64_t first = 0; first < rows; first += step) {
+      chunks.push_back({p, first, std::min(rows, first + step)});
     }
   }
   if (chunks.empty()) {
@@ -350,8 +354,8 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   const SamplePlacement& placement = job->placement.samples[placed];
   const std::size_t i = placement.sample;
   job->copies[i].copy_rows(*job->layout, job->memory, placement, *job->outcomes[i].sample,
-                           job->plan.rows[i], NoiseContext{layout_->spec.noise.enabled(), job->epoch}, first,
-                           last);
+                           job->plan.rows[i],
+                           NoiseContext{layout_->spec.noise.enabled(), job->epoch}, first, last);
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
