@@ -1,7 +1,8 @@
 // The batch copy of hidden states left compressed (batch/compressed_rows_copy.h through
 // SampleCopy): the batch holds exactly what the copy of the decoded rows gives, for codec chunks
-// that straddle rows and copy chunks, with the EAGLE-3 shift, noise and a cast; a chunk that does
-// not decode drops the sample with a message naming where it lies and the chunk.
+// that straddle rows and copy chunks, with the EAGLE-3 shift, noise, a cast and FP8 with its
+// scales; a chunk that does not decode drops the sample with a message naming where it lies and
+// the chunk.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +30,7 @@ struct Case {
   Preprocess preprocess;
   DType batch_dtype;
   bool noise;
+  DType source = DType::kBF16;  // or F8 E4M3, with a scale per token
 };
 
 class CompressedRowsCopyTest : public ::testing::TestWithParam<Case> {
@@ -49,17 +51,29 @@ class CompressedRowsCopyTest : public ::testing::TestWithParam<Case> {
     noise_.enabled = c.noise;
     noise_.epoch = 3;
     // Values of a few magnitudes (an exponent plane zstd compresses), signs and mantissas varied.
-    values_.resize(static_cast<std::size_t>(kTokens * kLayers * kHidden) * 2);
+    const std::size_t count = static_cast<std::size_t>(kTokens * kLayers * kHidden);
+    values_.resize(count * dtype_size(c.source));
     std::uint32_t state = 12345;
-    for (std::size_t i = 0; i < values_.size() / 2; ++i) {
+    for (std::size_t i = 0; i < count; ++i) {
       state = state * 1664525U + 1013904223U;
+      if (c.source == DType::kF8E4M3) {
+        // E4M3: exponents 5-8, never the NaN codes (exponent 15, mantissa 7).
+        values_[i] = static_cast<std::uint8_t>(
+            ((state >> 24) & 0x80U) | ((5 + (state >> 28) % 4) << 3) | ((state >> 8) & 7U));
+        continue;
+      }
       const auto exponent = static_cast<std::uint16_t>(124 + (state >> 28) % 4);
       const auto v = static_cast<std::uint16_t>(((state >> 16) & 0x8000U) | (exponent << 7) |
                                                 ((state >> 8) & 0x7FU));
       std::memcpy(values_.data() + 2 * i, &v, 2);
     }
-    blob_ = plane_encode(DType::kBF16, values_, PlaneCodecOptions{1, kChunkValues});
-    auto parsed = plane_parse(DType::kBF16, blob_, blob_.size(), values_.size() / 2);
+    scales_.resize(static_cast<std::size_t>(kTokens) * 4);
+    for (std::int64_t t = 0; t < kTokens; ++t) {
+      const float scale = 0.5f + 0.01f * static_cast<float>(t);
+      std::memcpy(scales_.data() + 4 * t, &scale, 4);
+    }
+    blob_ = plane_encode(c.source, values_, PlaneCodecOptions{1, kChunkValues});
+    auto parsed = plane_parse(c.source, blob_, blob_.size(), count);
     ASSERT_TRUE(parsed.ok()) << parsed.error().what();
     planes_ = std::make_shared<CompressedPlanes>(CompressedPlanes{
         blob_.data(), parsed.value(), "shard-000000.safetensors, offset 8, row 7"});
@@ -70,12 +84,13 @@ class CompressedRowsCopyTest : public ::testing::TestWithParam<Case> {
 
   FetchedSample plain() const {
     FetchedSample sample;
-    sample.hidden = HiddenStatesView{values_.data(), DType::kBF16, kTokens, kLayers, kHidden};
+    sample.hidden = HiddenStatesView{values_.data(), GetParam().source, kTokens, kLayers, kHidden};
+    if (GetParam().source == DType::kF8E4M3) sample.hidden.scales = scales_.data();
     return sample;
   }
   FetchedSample compressed() const {
-    FetchedSample sample;
-    sample.hidden = HiddenStatesView{nullptr, DType::kBF16, kTokens, kLayers, kHidden};
+    FetchedSample sample = plain();
+    sample.hidden.data = nullptr;
     sample.read_rows = false;
     sample.compressed = planes_;
     return sample;
@@ -103,6 +118,7 @@ class CompressedRowsCopyTest : public ::testing::TestWithParam<Case> {
   BatchLayout layout_;
   NoiseContext noise_;
   std::vector<std::uint8_t> values_;
+  std::vector<std::uint8_t> scales_;
   std::vector<std::uint8_t> blob_;
   std::shared_ptr<CompressedPlanes> planes_;
 };
@@ -136,7 +152,9 @@ INSTANTIATE_TEST_SUITE_P(Copies, CompressedRowsCopyTest,
                          ::testing::Values(Case{Preprocess::kNone, DType::kBF16, false},
                                            Case{Preprocess::kEagle3Shift, DType::kBF16, true},
                                            Case{Preprocess::kEagle3Shift, DType::kF32, false},
-                                           Case{Preprocess::kMtp, DType::kF32, true}));
+                                           Case{Preprocess::kMtp, DType::kF32, true},
+                                           Case{Preprocess::kEagle3Shift, DType::kBF16, true,
+                                                DType::kF8E4M3}));
 
 }  // namespace
 }  // namespace draftfeed
