@@ -93,10 +93,6 @@ Result<std::uint64_t> guarded_hash(const std::uint8_t* data, std::size_t size,
   return hash;
 }
 
-}  // namespace
-
-namespace {
-
 // The blob's header and chunk table, copied out of the mapping under the guard and parsed.
 Result<PlaneBlob> parse_mapped_blob(const PackedPart& hidden, const std::string& where) {
   const std::string shrank = where + ": the shard shrank while being read";
