@@ -350,8 +350,8 @@ void Pipeline::copy_chunk_step(const std::shared_ptr<Job>& job, std::size_t plac
   const SamplePlacement& placement = job->placement.samples[placed];
   const std::size_t i = placement.sample;
   job->copies[i].copy_rows(*job->layout, job->memory, placement, *job->outcomes[i].sample,
-                           job->plan.rows[i], NoiseContext{layout_->spec.noise.enabled(), job->epoch}, first,
-                           last);
+                           job->plan.rows[i],
+                           NoiseContext{layout_->spec.noise.enabled(), job->epoch}, first, last);
   if (job->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_step(job);
 }
 
