@@ -31,8 +31,8 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/online_sources.h"
-#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/cache_source.h"
+#include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 #include "options_init.h"
 #include "python_transfer.h"
@@ -316,7 +316,7 @@ void init_online(nb::module_& m) {
                 options.cache.hidden_states_path = default_hidden_states_path(data_path->string());
               }
             }
-            OnlineSources made = make_online_sources(std::move(options), lookahead);
+            OnlineSources made = make_online_sources(options, lookahead);
             new (self) PyOnlineSource{{made.engine_source(), std::move(made.description)},
                                       made.online,
                                       made.lookahead,
@@ -330,8 +330,7 @@ void init_online(nb::module_& m) {
       .def("stats",
            [](const PyOnlineSource& s) {
              StatsTree tree = stats_tree(s.online->stats());
-             if (s.lookahead)
-               tree.groups.emplace_back("lookahead", stats_tree(s.lookahead->stats()));
+             if (s.lookahead) tree.add_group("lookahead", stats_tree(s.lookahead->stats()));
              return stats_dict(tree);
            })
       .def(

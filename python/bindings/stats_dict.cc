@@ -11,11 +11,12 @@ nb::dict stats_dict(const StatsTree& tree) {
   for (const auto& [name, value] : tree.values) {
     out[name.c_str()] = std::visit([](const auto& v) { return nb::cast(v); }, value);
   }
-  for (const auto& [name, group] : tree.groups) out[name.c_str()] = stats_dict(group);
-  for (const auto& [name, items] : tree.lists) {
-    nb::list list;
-    for (const StatsTree& item : items) list.append(stats_dict(item));
-    out[name.c_str()] = list;
+  for (const StatsTree::Group& group : tree.groups)
+    out[group.name.c_str()] = stats_dict(group.tree);
+  for (const StatsTree::List& list : tree.lists) {
+    nb::list items;
+    for (const StatsTree& item : list.items) items.append(stats_dict(item));
+    out[list.name.c_str()] = items;
   }
   return out;
 }

@@ -86,8 +86,8 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
   if (sources.online) {
     const OnlineSourceStats online_stats = sources.online->stats();
     // The source's groups ("online", and "lookahead" when on), as the Python stats name them.
-    for (const auto& [name, group] : sources.engine_source()->stats_report().groups) {
-      report[name] = stats_json(group);
+    for (const StatsTree::Group& group : sources.engine_source()->stats_report().groups) {
+      report[group.name] = stats_json(group.tree);
     }
     if (!run.json) {
       std::printf("online    %lld generated, %lld failed, %lld requests, max %lld in flight\n",

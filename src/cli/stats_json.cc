@@ -9,11 +9,11 @@ nlohmann::json stats_json(const StatsTree& tree) {
   for (const auto& [name, value] : tree.values) {
     out[name] = std::visit([](const auto& v) { return nlohmann::json(v); }, value);
   }
-  for (const auto& [name, group] : tree.groups) out[name] = stats_json(group);
-  for (const auto& [name, items] : tree.lists) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const StatsTree& item : items) list.push_back(stats_json(item));
-    out[name] = list;
+  for (const StatsTree::Group& group : tree.groups) out[group.name] = stats_json(group.tree);
+  for (const StatsTree::List& list : tree.lists) {
+    nlohmann::json items = nlohmann::json::array();
+    for (const StatsTree& item : list.items) items.push_back(stats_json(item));
+    out[list.name] = items;
   }
   return out;
 }

@@ -59,7 +59,7 @@ TEST(StatsTreeTest, ValuesGroupsListsAndNamedCountsKeepTheirNamesAndTypes) {
   ASSERT_NE(tree.group("inner"), nullptr);
   EXPECT_EQ(std::get<std::int64_t>(tree.group("inner")->values.at(0).second), 3);
   ASSERT_EQ(tree.lists.size(), 1u);
-  EXPECT_EQ(tree.lists[0].second.size(), 2u);
+  EXPECT_EQ(tree.lists[0].items.size(), 2u);
   const StatsTree* colours = tree.group("by_colour");
   ASSERT_NE(colours, nullptr);
   ASSERT_EQ(colours->values.size(), 2u) << "index 0 (none) left out";

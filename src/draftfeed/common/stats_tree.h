@@ -26,19 +26,37 @@ namespace draftfeed {
 
 struct StatsTree {
   using Value = std::variant<std::int64_t, std::uint64_t, double, bool, std::string>;
+  struct Group;  // a name and a tree (defined below: a tree holds trees)
+  struct List;   // a name and trees
   std::vector<std::pair<std::string, Value>> values;
-  std::vector<std::pair<std::string, StatsTree>> groups;
-  std::vector<std::pair<std::string, std::vector<StatsTree>>> lists;
+  std::vector<Group> groups;
+  std::vector<List> lists;
 
-  bool empty() const { return values.empty() && groups.empty() && lists.empty(); }
+  void add_group(std::string name, StatsTree tree);
   // The group `name`, or null.
-  const StatsTree* group(const std::string& name) const {
-    for (const auto& [key, tree] : groups) {
-      if (key == name) return &tree;
-    }
-    return nullptr;
-  }
+  const StatsTree* group(const std::string& name) const;
 };
+
+struct StatsTree::Group {
+  std::string name;
+  StatsTree tree;
+};
+
+struct StatsTree::List {
+  std::string name;
+  std::vector<StatsTree> items;
+};
+
+inline void StatsTree::add_group(std::string name, StatsTree tree) {
+  groups.push_back(Group{std::move(name), std::move(tree)});
+}
+
+inline const StatsTree* StatsTree::group(const std::string& name) const {
+  for (const Group& g : groups) {
+    if (g.name == name) return &g.tree;
+  }
+  return nullptr;
+}
 
 template <typename Stats>
 StatsTree stats_tree(const Stats& stats);
@@ -67,14 +85,14 @@ class Builder {
     } else if constexpr (std::is_convertible_v<const T&, std::string>) {
       tree_.values.emplace_back(name, std::string(value));
     } else if constexpr (std::is_same_v<T, StatsTree>) {
-      tree_.groups.emplace_back(name, value);
+      tree_.add_group(name, value);
     } else if constexpr (is_vector<T>::value) {
       std::vector<StatsTree> items;
       items.reserve(value.size());
       for (const auto& item : value) items.push_back(stats_tree(item));
-      tree_.lists.emplace_back(name, std::move(items));
+      tree_.lists.push_back(StatsTree::List{name, std::move(items)});
     } else {
-      tree_.groups.emplace_back(name, stats_tree(value));
+      tree_.add_group(name, stats_tree(value));
     }
   }
 

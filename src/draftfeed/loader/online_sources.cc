@@ -8,7 +8,8 @@
 
 namespace draftfeed {
 
-OnlineSources make_online_sources(OnlineSourceOptions options, const LookaheadOptions& lookahead) {
+OnlineSources make_online_sources(const OnlineSourceOptions& options,
+                                  const LookaheadOptions& lookahead) {
   lookahead.validate();
   const auto dataset = options.dataset;
   LookaheadOptions ahead = lookahead;
@@ -18,7 +19,7 @@ OnlineSources make_online_sources(OnlineSourceOptions options, const LookaheadOp
                     " endpoint(s), " + std::to_string(options.client.fetch_threads) +
                     " in flight, on_missing=" + on_missing_name(options.cache.on_missing) +
                     ", on_generate=" + on_generate_name(options.on_generate);
-  out.online = std::make_shared<OnlineSampleSource>(std::move(options));
+  out.online = std::make_shared<OnlineSampleSource>(options);
   if (*ahead.window > 0) {
     require(dataset != nullptr, ErrorKind::kInvalidArgument,
             "lookahead needs data_path (the lookahead reads the rows' token ids)");
@@ -26,7 +27,7 @@ OnlineSources make_online_sources(OnlineSourceOptions options, const LookaheadOp
     if (ahead.budget_bytes > 0) {
       out.description += " or " + std::to_string(ahead.budget_bytes) + " bytes";
     }
-    out.lookahead = std::make_shared<LookaheadSource>(out.online, dataset, std::move(ahead));
+    out.lookahead = std::make_shared<LookaheadSource>(out.online, dataset, ahead);
   }
   out.description += ")";
   return out;

@@ -24,6 +24,7 @@ struct OnlineSources {
 
 // `options.dataset` set: the lookahead's default window applies (LookaheadOptions::window_for);
 // a window > 0 without it is refused (kInvalidArgument: the lookahead reads the rows' token ids).
-OnlineSources make_online_sources(OnlineSourceOptions options, const LookaheadOptions& lookahead);
+OnlineSources make_online_sources(const OnlineSourceOptions& options,
+                                  const LookaheadOptions& lookahead);
 
 }  // namespace draftfeed

@@ -17,7 +17,7 @@ namespace draftfeed {
 namespace {
 
 Error os_error(const std::string& what, const std::string& path, int error) {
-  return Error(ErrorKind::kIo, path + ": " + what + ": " + std::strerror(error));
+  return Error(ErrorKind::kIo, path + ": " + what + ": " + os_error_text(error));
 }
 
 constexpr const char* kTempMark = ".tmp-";

@@ -234,7 +234,7 @@ Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root) 
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return std::optional<PackManifest>();
-    return Error(ErrorKind::kIo, path + ": cannot open: " + std::strerror(errno));
+    return Error(ErrorKind::kIo, path + ": cannot open: " + os_error_text(errno));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -1,5 +1,5 @@
-// A pool of batch buffers, `buffers` deep (PipelineOptions::buffers), shared between the pipeline and the batches it
-// delivered.
+// A pool of batch buffers, `buffers` deep (PipelineOptions::buffers), shared between the pipeline
+// and the batches it delivered.
 //
 // A buffer holds every tensor of a batch, each in its own slot (the layout's). A delivered batch
 // holds its buffer through a `BatchLease`, and each tensor handed to the consumer holds its own

@@ -164,7 +164,7 @@ void for_each_stat(const PipelineMetrics& m, Visit&& visit) {
   visit("device_bytes", m.device_bytes);
   visit("device_peak_bytes", m.device_peak_bytes);
   visit("dropped", named_counts(m.dropped, drop_reason_name));
-  for (const auto& [name, group] : m.source.groups) visit(name.c_str(), group);
+  for (const StatsTree::Group& group : m.source.groups) visit(group.name.c_str(), group.tree);
 }
 
 // Where each tensor of a batch lies in its buffer (the layout's slots).

@@ -148,7 +148,7 @@ void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
 
 StatsTree CacheSampleSource::stats_report() const {
   StatsTree out;
-  out.groups.emplace_back("read_ahead", stats_tree(read_ahead_->stats()));
+  out.add_group("read_ahead", stats_tree(read_ahead_->stats()));
   return out;
 }
 

@@ -43,10 +43,10 @@ int LookaheadOptions::window_for(int blocking_fetches, bool has_dataset) const {
 
 LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
                                  std::shared_ptr<const TokenDataset> dataset,
-                                 LookaheadOptions options)
+                                 const LookaheadOptions& options)
     : inner_(std::move(inner)),
       dataset_(std::move(dataset)),
-      options_(std::move(options)),
+      options_(options),
       window_(options_.window.value_or(0)),
       schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
   held_.set_limit(budget(0));
@@ -429,7 +429,7 @@ void LookaheadSource::resume() {
 
 StatsTree LookaheadSource::stats_report() const {
   StatsTree out = inner_->stats_report();
-  out.groups.emplace_back("lookahead", stats_tree(stats()));
+  out.add_group("lookahead", stats_tree(stats()));
   return out;
 }
 

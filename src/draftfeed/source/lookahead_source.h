@@ -159,7 +159,7 @@ class LookaheadSource : public SampleSource {
   // inner source before it joins the threads, so a slow inner fetch (a request with a long
   // timeout) ends at once, and resumes it after.
   LookaheadSource(std::shared_ptr<SampleSource> inner, std::shared_ptr<const TokenDataset> dataset,
-                  LookaheadOptions options);
+                  const LookaheadOptions& options);
   ~LookaheadSource() override;
   LookaheadSource(const LookaheadSource&) = delete;
   LookaheadSource& operator=(const LookaheadSource&) = delete;

@@ -587,7 +587,7 @@ void OnlineSampleSource::remove_through_transfer(const std::string& handle) {
 
 StatsTree OnlineSampleSource::stats_report() const {
   StatsTree out;
-  out.groups.emplace_back("online", stats_tree(stats()));
+  out.add_group("online", stats_tree(stats()));
   return out;
 }
 
