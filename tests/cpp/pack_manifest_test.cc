@@ -4,6 +4,7 @@
 #include "draftfeed/pack/pack_manifest.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <string>
@@ -136,6 +137,22 @@ TEST_F(PackShardTest, EncodedSamplesIndexBack) {
   auto bad = index_pack_shard(renamed, metadata, "shard");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.error().what()).find("12.token_ids"), std::string::npos);
+}
+
+// A manifest is hostile input too: a FIFO by its name is refused at once (a blocking open would
+// wait for a writer forever), and a folder without one is simply not a pack.
+class PackManifestFileTest : public TempFolderTest {};
+
+TEST_F(PackManifestFileTest, AFifoNamedManifestIsRefusedWithoutWaiting) {
+  make_temp_folder("pack_manifest_fifo");
+  auto none = read_pack_manifest(dir_.string());
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none.value().has_value());
+  ASSERT_EQ(::mkfifo((dir_ / std::string(kPackManifestName)).c_str(), 0644), 0);
+  auto fifo = read_pack_manifest(dir_.string());
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(std::string(fifo.error().what()).find("not a regular file"), std::string::npos)
+      << fifo.error().what();
 }
 
 }  // namespace

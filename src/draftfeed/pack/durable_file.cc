@@ -44,7 +44,13 @@ void write_file_durably(const std::string& path,
       target.parent_path().empty() ? std::string(".") : target.parent_path().string();
   const std::string temp =
       folder + "/." + target.filename().string() + kTempMark + std::to_string(::getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Created, never reused: a link or a file left by that name (a killed run with this pid) is
+  // removed (the name only, never what a link points to) and the temporary made afresh.
+  constexpr int kCreate = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(temp.c_str(), kCreate, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(temp.c_str()) == 0) {
+    fd = ::open(temp.c_str(), kCreate, 0644);
+  }
   if (fd < 0) throw os_error("cannot create", temp, errno);
   auto fail = [&](const char* what, int error) {
     ::close(fd);

@@ -231,10 +231,15 @@ Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
 
 Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root) {
   const std::string path = root + "/" + kPackManifestName;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO by that name must not hang the loader (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return std::optional<PackManifest>();
-    return Error(ErrorKind::kIo, path + ": cannot open: " + os_error_text(errno));
+    const int error = errno;
+    if (error == ENOENT || error == ENOTDIR) return std::optional<PackManifest>();
+    // A folder this process may not search has no pack it can read: its rows' files are not
+    // readable either, and each says so where it is looked up (as without a pack).
+    if (error == EACCES && ::access(root.c_str(), X_OK) != 0) return std::optional<PackManifest>();
+    return Error(ErrorKind::kIo, path + ": cannot open: " + os_error_text(error));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
