@@ -9,6 +9,7 @@
 #include "args.h"
 #include "command.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/pack/pack_writer.h"
 #include "pack_progress.h"
 #include "row_range.h"
@@ -59,7 +60,7 @@ int run_pack(const std::vector<std::string>& argv) {
                   {"in-place", "compress", "no-progress", "json"});
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
-  const std::string hidden = args.str("hidden-states", data + "/hidden_states");
+  const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
   const std::string out = args.str("out", "");
   const bool in_place = args.has("in-place");
   require(in_place != !out.empty(), ErrorKind::kInvalidArgument,

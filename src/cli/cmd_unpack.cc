@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/pack/pack_manifest.h"
 #include "draftfeed/pack/pack_writer.h"
 #include "pack_progress.h"
@@ -38,7 +39,7 @@ int run_unpack(const std::vector<std::string>& argv) {
   const Args args(argv, {"out", "hidden-states", "threads"}, {"in-place", "no-progress", "json"});
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
-  const std::string hidden = args.str("hidden-states", data + "/hidden_states");
+  const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
   const std::string out = args.str("out", "");
   const bool in_place = args.has("in-place");
   require(in_place != !out.empty(), ErrorKind::kInvalidArgument,
