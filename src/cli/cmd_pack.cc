@@ -7,6 +7,7 @@
 #include <string>
 
 #include "args.h"
+#include "cache_rewrite_flags.h"
 #include "command.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
@@ -58,16 +59,12 @@ int run_pack(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"out", "hidden-states", "threads", "rows", "examples", "shard-bytes", "level"},
                   {"in-place", "compress", "no-progress", "json"});
-  args.expect_positionals(1, 1, "one dataset folder");
-  const std::string data = args.positionals()[0];
-  const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
-  const std::string out = args.str("out", "");
-  const bool in_place = args.has("in-place");
-  require(in_place != !out.empty(), ErrorKind::kInvalidArgument,
-          "pack needs exactly one of --out DIR (a new packed cache) and --in-place");
-  const std::int64_t threads = args.integer("threads", 0);
-  require(threads >= 0 && threads <= 4096, ErrorKind::kInvalidArgument,
-          "--threads must be between 0 and 4096, got " + std::to_string(threads));
+  const CacheRewriteFlags flags = cache_rewrite_flags(args, "pack", "a new packed cache");
+  const std::string& data = flags.data;
+  const std::string& hidden = flags.hidden;
+  const std::string& out = flags.out;
+  const bool in_place = flags.in_place;
+  const std::int64_t threads = flags.threads;
   const std::int64_t shard_bytes =
       args.integer("shard-bytes", static_cast<std::int64_t>(kDefaultShardBytes));
   require(shard_bytes > 0 && shard_bytes <= (std::int64_t{1} << 40), ErrorKind::kInvalidArgument,
@@ -78,8 +75,8 @@ int run_pack(const std::vector<std::string>& argv) {
   const std::int64_t examples = args.integer("examples", 5);
   require(examples >= 0, ErrorKind::kInvalidArgument,
           "--examples must be >= 0, got " + std::to_string(examples));
-  const bool json = args.has("json");
-  const bool show = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
+  const bool json = flags.json;
+  const bool show = flags.progress_bar;
 
   const auto dataset = TokenDataset::open(data);
   const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "args.h"
+#include "cache_rewrite_flags.h"
 #include "command.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
@@ -81,22 +82,17 @@ void draw(const CacheConvertProgress& p, std::int64_t total, double seconds) {
 int run_quantize(const std::vector<std::string>& argv) {
   const Args args(argv, {"out", "hidden-states", "threads", "rows", "examples", "layout"},
                   {"in-place", "fsync", "no-progress", "json"});
-  args.expect_positionals(1, 1, "one dataset folder");
-  const std::string data = args.positionals()[0];
-  const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
-  const std::string out = args.str("out", "");
-  const bool in_place = args.has("in-place");
-  require(in_place != !out.empty(), ErrorKind::kInvalidArgument,
-          "quantize needs exactly one of --out DIR (a new FP8 cache) and --in-place (replace the "
-          "bf16 files)");
-  const std::int64_t threads = args.integer("threads", 0);
-  require(threads >= 0 && threads <= 4096, ErrorKind::kInvalidArgument,
-          "--threads must be between 0 and 4096, got " + std::to_string(threads));
+  const CacheRewriteFlags flags = cache_rewrite_flags(args, "quantize", "a new FP8 cache");
+  const std::string& data = flags.data;
+  const std::string& hidden = flags.hidden;
+  const std::string& out = flags.out;
+  const bool in_place = flags.in_place;
+  const std::int64_t threads = flags.threads;
   const std::int64_t examples = args.integer("examples", 5);
   require(examples >= 0, ErrorKind::kInvalidArgument,
           "--examples must be >= 0, got " + std::to_string(examples));
-  const bool json = args.has("json");
-  const bool progress_bar = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
+  const bool json = flags.json;
+  const bool progress_bar = flags.progress_bar;
 
   const auto dataset = TokenDataset::open(data);
   const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "args.h"
+#include "cache_rewrite_flags.h"
 #include "command.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/pack/pack_manifest.h"
@@ -37,18 +38,13 @@ sample that does not read back (corrupt) keeps the pack and exits 1.
 
 int run_unpack(const std::vector<std::string>& argv) {
   const Args args(argv, {"out", "hidden-states", "threads"}, {"in-place", "no-progress", "json"});
-  args.expect_positionals(1, 1, "one dataset folder");
-  const std::string data = args.positionals()[0];
-  const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
-  const std::string out = args.str("out", "");
-  const bool in_place = args.has("in-place");
-  require(in_place != !out.empty(), ErrorKind::kInvalidArgument,
-          "unpack needs exactly one of --out DIR and --in-place");
-  const std::int64_t threads = args.integer("threads", 0);
-  require(threads >= 0 && threads <= 4096, ErrorKind::kInvalidArgument,
-          "--threads must be between 0 and 4096, got " + std::to_string(threads));
-  const bool json = args.has("json");
-  const bool show = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
+  const CacheRewriteFlags flags = cache_rewrite_flags(args, "unpack", "per-sample files");
+  const std::string& hidden = flags.hidden;
+  const std::string& out = flags.out;
+  const bool in_place = flags.in_place;
+  const std::int64_t threads = flags.threads;
+  const bool json = flags.json;
+  const bool show = flags.progress_bar;
   auto manifest = read_pack_manifest(hidden);
   if (!manifest.ok()) throw manifest.error();
   const std::int64_t total =
