@@ -1,5 +1,6 @@
 """Every library the installed wheel's binaries load comes from the wheel, or is one a manylinux system
-guarantees (the policy's list, read from auditwheel itself), and libcurl comes from the wheel.
+guarantees (the policy's list, read from auditwheel itself), and libcurl and libzstd come from the
+wheel.
 
     python check_linkage.py SITE_PACKAGES POLICY
 
@@ -25,6 +26,8 @@ import sys
 LINE = re.compile(r"^\s*(\S+)(?: => (.+?))?(?: \(0x[0-9a-f]+\))?$")
 LOADER_OR_VDSO = re.compile(r"^(linux-vdso|ld-linux)")
 NOT_FOUND, NOT_BUNDLED = "NOT FOUND", "FROM THIS MACHINE, NOT BUNDLED"
+# What no manylinux system guarantees and both binaries link: the online client and the pack codec.
+MUST_BUNDLE = ("libcurl", "libzstd")
 
 
 def policy_libraries(policy: str) -> set[str]:
@@ -74,8 +77,9 @@ def main() -> None:
         print(f"{os.path.relpath(binary, site)}:")
         for verdict, names in kinds.items():
             print(f"  {verdict} ({len(names)}): {', '.join(names)}")
-        if not any(name.startswith("libcurl") for name in kinds.get("bundled", [])):
-            failures.append(f"{os.path.relpath(binary, site)}: no libcurl from {bundled}")
+        for library in MUST_BUNDLE:
+            if not any(name.startswith(library) for name in kinds.get("bundled", [])):
+                failures.append(f"{os.path.relpath(binary, site)}: no {library} from {bundled}")
     if failures:
         print("linkage check FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)

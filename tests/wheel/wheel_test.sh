@@ -12,7 +12,7 @@
 #   3. ldd, in an empty environment: every library the installed program and module load is in the
 #      wheel (draftfeed.libs/) or is a system library the wheel's manylinux policy guarantees; libcurl
 #      is the wheel's (tests/wheel/check_linkage.py).
-#   4. In a private mount namespace where this machine's libcurl files read as empty, the C and C++
+#   4. In a private mount namespace where this machine's libcurl and libzstd files read as empty, the C and C++
 #      headers (/usr/include) are an empty folder and so is the source tree, with an empty environment
 #      (no LD_LIBRARY_PATH; PATH = the environment's bin/):
 #      - the control: RAW_WHEEL's program must fail to load libcurl (else the hiding hid nothing and
@@ -20,7 +20,9 @@
 #      - `draftfeed demo` with its online epoch: the wheel's own simulated server, started by the
 #        launcher's Python, answering the program's libcurl;
 #      - the drop-in (tests/wheel/dropin_online.py): create_train_val_loaders with on_missing=
-#        "generate" against the simulated server, every hidden state checked.
+#        "generate" against the simulated server, every hidden state checked;
+#      - `draftfeed pack --compress` of the demo's cache and `draftfeed verify` of the pack: the
+#        codec's libzstd, hidden like libcurl, is the wheel's.
 #   Each run is bounded in time. Without the right to make a mount namespace (not root) step 4 runs
 #   in the plain environment instead, saying so: only step 3 then stands for the hidden libcurl.
 # A wheel that does not bundle libcurl fails step 3 (libcurl resolves to /usr/lib/...) and step 4
@@ -51,13 +53,16 @@ runs() {
   cd "$work"
   if [ "$isolated" -eq 1 ]; then
     local library folder hidden=()
-    # Every copy of libcurl the dynamic loader could find, by its cache and the usual folders.
+    # Every copy of libcurl and libzstd the dynamic loader could find, by its cache and the usual
+    # folders.
     while read -r library; do
       [ -f "$library" ] || continue
       mount --bind /dev/null "$library"
       hidden+=("$library")
-    done < <({ ldconfig -p | awk '/libcurl/ {print $NF}'
-               ls /lib*/libcurl* /usr/lib*/libcurl* /usr/lib*/*/libcurl* /usr/local/lib*/libcurl* 2>/dev/null
+    done < <({ ldconfig -p | awk '/libcurl|libzstd/ {print $NF}'
+               for name in libcurl libzstd; do
+                 ls /lib*/$name* /usr/lib*/$name* /usr/lib*/*/$name* /usr/local/lib*/$name* 2>/dev/null
+               done
              } | xargs -r realpath | sort -u)
     local emptied=(/usr/include)
     case $work/ in
@@ -65,7 +70,7 @@ runs() {
       *) emptied+=("$root") ;;
     esac
     for folder in "${emptied[@]}"; do mount -t tmpfs -o ro tmpfs "$folder"; done
-    echo "hidden: ${hidden[*]:-no libcurl on this machine}; empty: ${emptied[*]}"
+    echo "hidden: ${hidden[*]:-no libcurl or libzstd on this machine}; empty: ${emptied[*]}"
   fi
 
   step "a compiler on the clean PATH?"
@@ -88,8 +93,8 @@ runs() {
     echo "ran (libcurl not hidden here)"
   else
     echo "$control" | head -n 3
-    if ! grep -q libcurl <<<"$control"; then
-      echo "the unrepaired program failed, but not for libcurl"
+    if ! grep -Eq 'libcurl|libzstd' <<<"$control"; then
+      echo "the unrepaired program failed, but not for libcurl or libzstd"
       return 1
     fi
   fi
@@ -113,6 +118,19 @@ runs() {
   step "the drop-in, online, against the simulated server"
   timeout 300 "${clean[@]}" "$venv/bin/python" "$work/tools/dropin_online.py" --tools "$work/tools" \
     --work "$work/dropin"
+
+  step "draftfeed pack --compress of the demo's cache, and verify of the pack (the wheel's libzstd)"
+  local rows verified
+  rows=$(find "$work/demo/hidden_states" -name 'hs_*.safetensors' | wc -l)
+  timeout 120 "${clean[@]}" "$venv/bin/draftfeed" pack "$work/demo" --out "$work/packed" --compress \
+    --no-progress
+  verified=$(timeout 120 "${clean[@]}" "$venv/bin/draftfeed" verify "$work/demo" \
+             --hidden-states "$work/packed" --json)
+  "$venv/bin/python" -c 'import json, sys
+report, rows = json.load(sys.stdin), int(sys.argv[1])
+print("verify of the pack:", report["ok"], "ok of", rows, "rows;", report["packed"])
+sys.exit(0 if rows > 0 and report["ok"] == rows and report["packed"]["compressed"] == rows else 1)' \
+    "$rows" <<<"$verified" || { echo "the pack of the demo's cache did not verify whole"; return 1; }
 }
 
 if [ "$isolated" -eq 1 ]; then  # re-run of this script inside the namespace (below)
