@@ -1,6 +1,6 @@
 // `draftfeed generate DATA --endpoint URL ...`: fills the hidden-state cache from vLLM servers for
-// every row that lacks a valid file. Resumable: rows whose file is valid are skipped, so running it
-// again finishes what a crash or a failing server left.
+// every row that lacks a valid file or packed sample. Resumable: rows whose file or packed sample
+// is valid are skipped, so running it again finishes what a crash or a failing server left.
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +18,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/validate.h"
+#include "draftfeed/pack/packed_cache.h"
 #include "draftfeed/source/online_source.h"
 #include "online_flags.h"
 #include "row_range.h"
@@ -29,8 +30,8 @@ std::string usage() {
   return R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
 
 Fills DATA's hidden-state cache (DIR/hs_<row>.safetensors, or sharded: --layout) from vLLM servers running the
-hidden-states connector, for every row without a valid file (a missing, corrupt, mismatched or
-non-finite file is regenerated). Rows are requested concurrently from the least busy endpoint; a
+hidden-states connector, for every row without a valid file or a valid sample in the folder's pack
+(manifest.json: `draftfeed pack`; a missing, corrupt, mismatched or non-finite file is regenerated). Rows are requested concurrently from the least busy endpoint; a
 failing endpoint is rested and tried again later. Multimodal rows (a `messages` column whose turns
 have list content) are sent as chat requests with their messages, others as token ids. Each generated
 file is checked (token ids, shape, finite values) and moved into the cache atomically.
@@ -53,11 +54,18 @@ Exit status: 0 when every row of the range has a valid file, 1 when some remain 
 2 for bad arguments.)";
 }
 
-// True when the row's cached file exists and passes every check.
-bool has_valid_file(const CacheStore& store, const TokenDataset& dataset, std::int64_t row) {
+// True when the row's sample is in the cache folder's pack (its checksum checked) or in its
+// per-sample file, and passes every check: a packed row is not asked of a server again.
+bool has_valid_file(const CacheStore& store, const PackedCache* pack, const TokenDataset& dataset,
+                    std::int64_t row) {
+  const RowIds ids(dataset.input_ids(row));
+  if (const PackEntry* entry = pack != nullptr ? pack->find(row) : nullptr) {
+    auto packed = pack->read(*entry, /*always_check=*/true);
+    if (packed.ok() && validate_sample(packed.value().sample, ids, row).ok()) return true;
+  }
   auto found = store.lookup(row);
   if (!found.ok() || !found.value()) return false;
-  return validate_sample(*found.value(), RowIds(dataset.input_ids(row)), row).ok();
+  return validate_sample(*found.value(), ids, row).ok();
 }
 
 struct Progress {
@@ -115,6 +123,11 @@ int run_generate(const std::vector<std::string>& argv) {
   const std::int64_t total = range.end - range.begin;
   options.dataset = dataset;  // multimodal rows: the chat request with their messages
   OnlineSampleSource source(options);
+  // A pack in the cache folder (`draftfeed pack`) holds rows too; a bad manifest is refused here
+  // as by every reader.
+  auto opened_pack = PackedCache::open(options.cache.hidden_states_path);
+  if (!opened_pack.ok()) throw opened_pack.error();
+  const std::shared_ptr<const PackedCache> pack = opened_pack.value();
   // Copies into the cache that a killed run left half-written (never read as samples) go first.
   const std::int64_t stale_temporaries = source.store()->remove_stale_temporaries();
 
@@ -125,14 +138,14 @@ int run_generate(const std::vector<std::string>& argv) {
     while (!p.stop.load()) {
       const std::int64_t row = p.next.fetch_add(1);
       if (row >= range.end) return;
-      if (has_valid_file(*source.store(), *dataset, row)) {
+      if (has_valid_file(*source.store(), pack.get(), *dataset, row)) {
         ++p.existing;
         ++p.done;
         continue;
       }
       const IntArrayView ids = dataset->input_ids(row);
       const FetchOutcome outcome = source.generate_row(row, ids);
-      if (outcome.sample && !has_valid_file(*source.store(), *dataset, row)) {
+      if (outcome.sample && !has_valid_file(*source.store(), pack.get(), *dataset, row)) {
         // Generated and valid, but moving it into the cache failed (said on stderr as it
         // happened, naming the file): the row is not filled.
         ++p.uncached;
