@@ -1,6 +1,6 @@
 """`draftfeed generate` over a cache folder that holds a pack (`draftfeed pack`): rows whose packed
 sample is valid are not asked of a server again; a packed sample that fails its checksum is
-generated into a per-sample file beside the pack."""
+generated into a per-sample file beside the pack, which the loader then reads in its place."""
 
 from __future__ import annotations
 
@@ -25,6 +25,18 @@ DEAD_ENDPOINT = "http://127.0.0.1:9/v1"
 def generate_json(run_cli, data: Path, endpoint: str, *extra) -> dict:
     proc = run_cli("generate", data, "--endpoint", endpoint, "--no-progress", "--json", *extra, check=False)
     return json.loads(proc.stdout)
+
+
+def drops_in_an_epoch(data: Path) -> dict:
+    """The loader's dropped samples by reason over one training epoch (its default split holds row
+    3), each after the loader's own check of every row."""
+    loader = draftfeed.Loader(data, hidden_size=16, total_seq_len=64, pin_memory=False)
+    try:
+        loader.set_epoch(0)
+        assert sum(1 for _ in loader) > 0
+        return {reason: count for reason, count in loader.metrics()["dropped"].items() if count}
+    finally:
+        loader.close()
 
 
 def test_generate_skips_packed_rows_and_refills_a_corrupt_one(tmp_path, run_cli):
@@ -56,3 +68,5 @@ def test_generate_skips_packed_rows_and_refills_a_corrupt_one(tmp_path, run_cli)
         assert refill["existing"] == ROWS - 1 and refill["generated"] == 1, refill
         assert (cache / "hs_3.safetensors").is_file()
         assert shard.read_bytes() == bytes(blob)
+        # The loader reads row 3 from its new file, not the pack's corrupt sample.
+        assert drops_in_an_epoch(data) == {}

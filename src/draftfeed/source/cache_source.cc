@@ -104,11 +104,14 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
       pack_(open_packed_cache(options_.hidden_states_path)) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
-  if (pack_ != nullptr) {
-    if (const PackEntry* entry = pack_->find(global_row)) {
-      return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
-                          CompressedRead::kInCopy);
-    }
+  // A packed sample that fails its checks gives way to a per-sample file of its row (one that
+  // `draftfeed generate` wrote to repair it); without one, the pack's reason is the row's.
+  std::optional<FetchOutcome> packed_drop;
+  if (const PackEntry* entry = pack_ != nullptr ? pack_->find(global_row) : nullptr) {
+    FetchOutcome packed = fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
+                                       CompressedRead::kInCopy);
+    if (packed.sample) return packed;
+    packed_drop = std::move(packed);
   }
   // Opened (and read) ahead, or, when the read-ahead has not got there, opened now and read whole
   // before the copy's preads (as the read-ahead would have: read_before_copy).
@@ -123,6 +126,7 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
                                  row_text(global_row) + ": " + found.error().what());
   }
   if (!found.value()) {
+    if (packed_drop) return std::move(*packed_drop);
     const std::string message =
         row_text(global_row) + ": no cached hidden states at " + store_->paths_text(global_row);
     if (options_.on_missing == OnMissing::kRaise)

@@ -239,12 +239,18 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
     ++(cached.sample ? stats_.cache_hits : stats_.cache_rejected);
     return cached;
   }
+  // As the cache source: a packed sample that fails its checks gives way to a per-sample file of
+  // its row; without one, the pack's reason is the row's.
+  std::optional<FetchOutcome> packed_drop;
   if (const PackEntry* entry = pack_ != nullptr ? pack_->find(row) : nullptr) {
     FetchOutcome outcome =
         fetch_packed(*pack_, *entry, input_ids, options_.cache.fp8_dequantize_dtype);
-    std::lock_guard lock(mutex_);
-    ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
-    return outcome;
+    if (outcome.sample) {
+      std::lock_guard lock(mutex_);
+      ++stats_.cache_hits;
+      return outcome;
+    }
+    packed_drop = std::move(outcome);
   }
   auto found = store_->lookup(row, kMapForRowReads);
   if (!found.ok()) {
@@ -253,7 +259,12 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
-  if (!found.value()) return std::nullopt;
+  if (!found.value()) {
+    if (!packed_drop) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    ++stats_.cache_rejected;
+    return std::move(*packed_drop);
+  }
   FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
                                                   options_.cache.fp8_dequantize_dtype, read_rows_);
   std::lock_guard lock(mutex_);
