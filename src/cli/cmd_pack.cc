@@ -109,6 +109,7 @@ int run_pack(const std::vector<std::string>& argv) {
     j["already_packed"] = report.already_packed;
     j["missing"] = report.missing;
     j["shards"] = report.shards;
+    j["manifest_writes"] = report.manifest_writes;
     j["removed"] = report.removed;
     add_skipped_json(j, report.skipped, report.examples);
     j["bytes_before"] = report.bytes_before;

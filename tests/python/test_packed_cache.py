@@ -234,7 +234,10 @@ def test_verify_checks_a_pack(fixture, tmp_path, run_cli, run_cli_json):
     assert manifest["shards"][shard]["file"] in reason and f"offset {offset}" in reason and f"row {row}" in reason
 
 
-def test_a_pack_killed_anywhere_leaves_a_readable_cache(tmp_path, run_cli, run_cli_json):
+# 3 MB shards: the manifest is written after every shard; 1 byte: a shard per sample, and the
+# manifest only once the shards since its last write hold 16x its bytes (kManifestRewriteFactor).
+@pytest.mark.parametrize("shard_bytes", [3000000, 1])
+def test_a_pack_killed_anywhere_leaves_a_readable_cache(tmp_path, run_cli, run_cli_json, shard_bytes):
     """`pack --in-place` killed (SIGKILL) at random moments: after each kill every row verifies (in
     a shard the manifest names, or still in its file), and the next run goes on from there."""
     import random
@@ -249,7 +252,7 @@ def test_a_pack_killed_anywhere_leaves_a_readable_cache(tmp_path, run_cli, run_c
     rng = random.Random(41)
     kills = 0
     for attempt in range(8):
-        proc = subprocess.Popen([cli_path(), "pack", str(data), "--in-place", "--compress", "--shard-bytes", "3000000",
+        proc = subprocess.Popen([cli_path(), "pack", str(data), "--in-place", "--compress", "--shard-bytes", str(shard_bytes),
                                  "--no-progress", "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(0.0, 0.6))
         if proc.poll() is None:
@@ -258,8 +261,19 @@ def test_a_pack_killed_anywhere_leaves_a_readable_cache(tmp_path, run_cli, run_c
         proc.wait(timeout=60)
         report = run_cli_json("verify", data)
         assert report["ok"] == 400 and report["missing"] == 0 and report["corrupt"] == 0, (attempt, report)
-    final = run_cli_json("pack", data, "--in-place", "--compress", "--shard-bytes", 3000000)
+    final = run_cli_json("pack", data, "--in-place", "--compress", "--shard-bytes", shard_bytes)
     assert final["already_packed"] + final["packed"] == 400
     assert not list((data / "hidden_states").glob("hs_*")) and not list((data / "hidden_states").glob(".*tmp*"))
     assert run_cli_json("verify", data)["ok"] == 400
     assert kills > 0, "no run was killed: the test tested nothing"
+
+
+def test_the_manifest_of_many_shards_is_not_rewritten_after_each(fixture, tmp_path, run_cli_json):
+    """A shard per sample: the manifest (which names every sample) is rewritten only once the shards
+    since its last write hold 16x its bytes, not after each shard; the pack reads whole."""
+    report = run_cli_json("pack", fixture.path, "--out", tmp_path / "pack", "--shard-bytes", 1)
+    assert report["shards"] == ROWS and report["packed"] == ROWS
+    # Written after each shard, it would be 300 writes of up to 28 KB each (more than the shards'
+    # 0.48 MB in all); here about 8.
+    assert 1 <= report["manifest_writes"] < ROWS // 10, report
+    assert run_cli_json("verify", fixture.path, "--hidden-states", tmp_path / "pack")["ok"] == ROWS

@@ -266,11 +266,12 @@ Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root) 
   return std::optional<PackManifest>(std::move(parsed).value());
 }
 
-void write_pack_manifest(const std::string& root, const PackManifest& manifest) {
+std::uint64_t write_pack_manifest(const std::string& root, const PackManifest& manifest) {
   const std::string text = pack_manifest_json(manifest);
   const std::span<const std::uint8_t> piece(reinterpret_cast<const std::uint8_t*>(text.data()),
                                             text.size());
   write_file_durably(root + "/" + kPackManifestName, std::span(&piece, 1));
+  return text.size();
 }
 
 }  // namespace draftfeed

@@ -64,7 +64,7 @@ Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
 Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root);
 
 // Writes `<root>/manifest.json` durably: a temporary file beside it, fsync, rename, fsync of the
-// folder. Throws Error(kIo) naming the file.
-void write_pack_manifest(const std::string& root, const PackManifest& manifest);
+// folder; returns its bytes. Throws Error(kIo) naming the file.
+std::uint64_t write_pack_manifest(const std::string& root, const PackManifest& manifest);
 
 }  // namespace draftfeed

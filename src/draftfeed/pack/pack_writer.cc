@@ -100,7 +100,7 @@ class ShardBuilder {
   std::uint64_t source_bytes() const { return source_bytes_; }
   std::size_t samples() const { return pending_.size(); }
 
-  // Writes the shard, then the manifest, then (in place) removes the per-sample files.
+  // Writes the shard; then, when its turn has come (kManifestRewriteFactor), the manifest.
   void flush() {
     if (pending_.empty()) return;
     const auto index = static_cast<std::uint32_t>(manifest_.shards.size());
@@ -134,7 +134,6 @@ class ShardBuilder {
     write_file_durably(root_ + "/" + file, pieces);
     manifest_.shards.push_back(PackShard{file, at});
     manifest_.samples.insert(manifest_.samples.end(), entries.begin(), entries.end());
-    write_pack_manifest(root_, manifest_);
     ++report_.shards;
     report_.packed += static_cast<std::int64_t>(pending_.size());
     report_.bytes_before += source_bytes_;
@@ -144,15 +143,28 @@ class ShardBuilder {
       report_.hidden_after += r.sample->stored_hidden;
     }
     if (progress_ != nullptr) progress_->bytes_after += at;
+    for (const RowResult& r : pending_) unnamed_sources_.push_back(r.source_path);
+    unnamed_bytes_ += at;
+    pending_.clear();
+    source_bytes_ = 0;
+    if (unnamed_bytes_ >= kManifestRewriteFactor * manifest_bytes_) publish();
+  }
+
+  // Writes the manifest, naming every shard written so far, then (in place) removes the
+  // per-sample files of their samples.
+  void publish() {
+    if (unnamed_bytes_ == 0) return;
+    manifest_bytes_ = write_pack_manifest(root_, manifest_);
+    ++report_.manifest_writes;
     if (in_place_) {
-      for (const RowResult& r : pending_) {
-        remove_quietly(r.source_path);
+      for (const std::string& path : unnamed_sources_) {
+        remove_quietly(path);
         ++report_.removed;
       }
       sync_folder(root_);
     }
-    pending_.clear();
-    source_bytes_ = 0;
+    unnamed_sources_.clear();
+    unnamed_bytes_ = 0;
   }
 
  private:
@@ -163,6 +175,10 @@ class ShardBuilder {
   PackProgress* progress_;
   std::vector<RowResult> pending_;
   std::uint64_t source_bytes_ = 0;
+  // Shards written and not yet named by the manifest: their bytes, their samples' source files.
+  std::uint64_t unnamed_bytes_ = 0;
+  std::vector<std::string> unnamed_sources_;
+  std::uint64_t manifest_bytes_ = 0;  // as last written by this run
 };
 
 }  // namespace
@@ -245,6 +261,7 @@ PackReport pack_cache(const CacheStore& source, std::int64_t begin, std::int64_t
     }
   }
   shard.flush();
+  shard.publish();
   if (in_place) remove_empty_shard_folders(root);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -52,8 +52,9 @@ struct PackReport {
   std::int64_t packed = 0;          // written into shards by this run
   std::int64_t already_packed = 0;  // named by the manifest before
   std::int64_t missing = 0;
-  std::int64_t removed = 0;  // per-sample files removed (in place)
-  std::int64_t shards = 0;   // written by this run
+  std::int64_t removed = 0;          // per-sample files removed (in place)
+  std::int64_t shards = 0;           // written by this run
+  std::int64_t manifest_writes = 0;  // by this run (kManifestRewriteFactor)
   std::array<std::int64_t, kScanStatusCount> skipped{};
   std::array<std::vector<ScanExample>, kScanStatusCount> examples;
   std::uint64_t bytes_before = 0;   // per-sample files packed by this run
@@ -64,6 +65,14 @@ struct PackReport {
   unsigned threads = 0;
   std::int64_t skipped_total() const;
 };
+
+// The manifest names every sample of the pack, so rewriting it after every shard would cost
+// O(samples^2) bytes over a pack of many small shards (10^6 samples: a manifest of about 100 MB).
+// It is rewritten once the shards written since its last write hold at least this many times its
+// bytes (and at the end): its writes then cost at most 1/kManifestRewriteFactor of the shards'.
+// Shards not yet named are not read (a killed pack leaves their rows' per-sample files, which are
+// removed, in place, only once a manifest naming them is durable; the next run writes them again).
+inline constexpr std::uint64_t kManifestRewriteFactor = 16;
 
 // Packs rows [begin, end) of `source` (give it LockMode::kProbe). `ids_of_row` as for scan_cache.
 // Throws Error: kIo naming the file when a write fails (what was written stays usable), kFormat
