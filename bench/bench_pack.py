@@ -12,8 +12,8 @@
     python3 bench/bench_pack.py [--rows N] [--hidden H] [--cold-mbps M] [--ratio-rows N]
         [--out bench/results/pack_side_by_side]   # writes OUT.json and OUT.md
 
-One rank, the loader's defaults; each warm figure the median of 3 epochs of one loader after one
-not counted (which warms the page cache and checks each packed sample's checksum once).
+One rank, the loader's defaults; each warm figure the median of --warm-epochs epochs of one loader
+after one not counted (which warms the page cache and checks each packed sample's checksum once).
 With --cold-mbps M, one cold epoch per cache through a fresh slowfs mount (10 ms per operation, M
 MB/s), against its bound: the bytes it read at M MB/s. The parts that need tools/slowfs are left out,
 saying why, where FUSE cannot mount."""
@@ -106,13 +106,13 @@ def residual_ratios(work: Path, rows: int, hidden: int) -> list[dict]:
     return pack_ratio.measure(folder, work, "residual", levels=(1,))
 
 
-def warm_epochs(data: Path, cache: Path, hidden: int) -> dict:
-    """The median of 3 warm epochs of one loader, after one not counted (which warms the page cache
+def warm_epochs(data: Path, cache: Path, hidden: int, count: int) -> dict:
+    """The median of `count` warm epochs of one loader, after one not counted (which warms the page cache
     and checks each packed sample's checksum once)."""
     loader = make_loader(data, cache, hidden)
     try:
         epoch(loader, 0)
-        runs = [epoch(loader, e + 1) for e in range(3)]
+        runs = [epoch(loader, e + 1) for e in range(count)]
     finally:
         loader.close()
     seconds, tokens = statistics.median(s for s, _ in runs), runs[0][1]
@@ -126,11 +126,13 @@ def measure(args, work: Path) -> dict:
         "--layers", 4)
     caches = {"per-sample": data / "hidden_states", "packed": work / "packed",
               "packed+compressed": work / "packed_zstd"}
-    run("pack", data, "--out", caches["packed"], "--no-progress")
-    run("pack", data, "--out", caches["packed+compressed"], "--compress", "--no-progress")
+    shard = ["--shard-bytes", args.shard_bytes] if args.shard_bytes else []
+    run("pack", data, "--out", caches["packed"], "--no-progress", *shard)
+    run("pack", data, "--out", caches["packed+compressed"], "--compress", "--no-progress", *shard)
     memcpy = json.loads(run("verify", data, "--baseline", "memcpy", "--json"))
     skipped = slowfs_unavailable()
     results: dict = {"status": "done", "rows": args.rows, "hidden": args.hidden, "layers": 4,
+                     "shard_bytes": args.shard_bytes or None, "warm_epochs": args.warm_epochs,
                      "cold_mbps": args.cold_mbps, "memcpy_gb_per_s": memcpy["gb_per_s"], "sides": {}}
     if skipped:
         results["slowfs_skipped"] = skipped
@@ -142,7 +144,7 @@ def measure(args, work: Path) -> dict:
             side["metadata_ops_per_epoch"] = metadata_ops(data, cache, args.hidden, work / f"mnt_{index}")
             if args.cold_mbps:
                 side["cold_epoch"] = cold_epoch(data, cache, args.hidden, work / f"cold_{index}", args.cold_mbps)
-        results["sides"][name] = side | warm_epochs(data, cache, args.hidden)
+        results["sides"][name] = side | warm_epochs(data, cache, args.hidden, args.warm_epochs)
     if args.ratio_rows:
         results["residual_ratio"] = residual_ratios(work, args.ratio_rows, args.ratio_hidden)
     return results
@@ -213,6 +215,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--shard-bytes", type=int, default=0, help="pack's --shard-bytes (default: pack's)")
+    parser.add_argument("--warm-epochs", type=int, default=3, help="warm epochs per cache, the median reported")
     parser.add_argument("--cold-mbps", type=float, default=0,
                         help="also a cold epoch through slowfs (10 ms per operation) capped at this MB/s")
     parser.add_argument("--ratio-rows", type=int, default=0,

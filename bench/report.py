@@ -488,12 +488,13 @@ def pack_table(results: dict) -> list[dict]:
         return [table(title, ("status", "reason"), [("unrendered", f"bench_pack.py's JSON changed ({e!r})")])]
     sizes = ", ".join(f"{name} {side['bytes_on_disk'] / 1e6:.0f} MB" for name, side in pack["sides"].items())
     return [table(
-        f"{title} ({pack['rows']} rows of 64-1024 tokens, 4 layers x {pack['hidden']} bf16, one rank, the Loader's "
-        "defaults)", bench_pack.TARGET_HEADERS, rows,
+        f"{title} ({pack['rows']} rows of 64-1024 tokens, 4 layers x {pack['hidden']} bf16"
+        + (f", shards of {pack['shard_bytes'] / 2**20:g} MiB" if pack.get("shard_bytes") else "")
+        + ", one rank, the Loader's defaults)", bench_pack.TARGET_HEADERS, rows,
         f"`bench/bench_pack.py`. Bytes on disk: {sizes}. Metadata operations: one epoch through tools/slowfs (no "
         "latency), counted by the mount. Cold: one epoch through a fresh slowfs mount, 10 ms per operation, the "
-        "bandwidth capped; the mount's bound is the bytes the epoch read at that bandwidth. Warm: the median of 3 "
-        "epochs after one not counted, against memcpy of the per-sample files (`verify --baseline memcpy`). "
+        "bandwidth capped; the mount's bound is the bytes the epoch read at that bandwidth. Warm: the median of "
+        f"{pack.get('warm_epochs', 3)} epochs after one not counted, against memcpy of the per-sample files (`verify --baseline memcpy`). "
         "Ratios: `bench/pack_ratio.py`'s residual rows (zstd level 1, the whole cache's bytes)."
         + (f" Not measured through slowfs: {pack['slowfs_skipped']}." if pack.get("slowfs_skipped") else ""))]
 

@@ -61,11 +61,11 @@ processes or engine threads, same noise, same call), and each bound is named for
            cold and warm epochs: the reference (FileTransfer, its DataLoader workers) against draftfeed,
            and the file system's own bound (a parallel read of the same files through the same mount,
            measured right before); what the tail costs. Skipped, saying why, where FUSE cannot mount.
-  pack     bench_pack.py: packed caches (issue 41) against the per-sample cache, one rank, the
-           Loader's defaults: metadata operations of an epoch counted by tools/slowfs; a cold epoch of
+  pack     bench_pack.py: packed caches (issue 41, shards of --pack-shard-bytes) against the
+           per-sample cache, one rank, the Loader's defaults: metadata operations of an epoch counted by tools/slowfs; a cold epoch of
            each cache through a fresh slowfs mount (10 ms per operation, --pack-cold-mbps) against the
            mount's bound (the bytes the epoch read at the capped bandwidth: what no reader through that
-           mount beats); warm epochs (median of 3) against memcpy of the per-sample files (`verify
+           mount beats); warm epochs (median of 5) against memcpy of the per-sample files (`verify
            --baseline memcpy`: what a copy of the cache's bytes reaches); bytes on disk; the
            compression ratio of --pack-ratio-rows residual-stream-like samples, bf16 and FP8
            (pack_ratio.py's residual rows). One table: each of issue 41's targets, measured, met or not.
@@ -469,7 +469,8 @@ def pack_section(args, results: dict) -> None:
     """Packed caches against the per-sample cache, and issue 41's targets (bench/bench_pack.py)."""
     argv = [sys.executable, str(HERE / "bench_pack.py"), "--rows", str(args.pack_rows), "--hidden",
             str(args.pack_hidden), "--cold-mbps", str(args.pack_cold_mbps), "--ratio-rows", str(args.pack_ratio_rows),
-            "--ratio-hidden", str(args.pack_ratio_hidden), "--work", args.data]
+            "--ratio-hidden", str(args.pack_ratio_hidden), "--shard-bytes", str(args.pack_shard_bytes),
+            "--warm-epochs", "5", "--work", args.data]
     os.makedirs(args.data, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="draftfeed_bench_pack_") as out_dir:
         run_child([*argv, "--out", os.path.join(out_dir, "pack")], args.timeout, "pack")
@@ -534,7 +535,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--netfs-rows", type=int, default=1500)
     p.add_argument("--netfs-bandwidth", type=float, default=200, help="MB/s of the netfs section's file system")
     p.add_argument("--netfs-workers", type=int, default=2)
-    p.add_argument("--pack-rows", type=int, default=500, help="rows of the pack section's cache")
+    p.add_argument("--pack-rows", type=int, default=1000, help="rows of the pack section's cache")
+    p.add_argument("--pack-shard-bytes", type=int, default=64 << 20, help="pack's --shard-bytes in the pack section")
     p.add_argument("--pack-hidden", type=int, default=256)
     p.add_argument("--pack-cold-mbps", type=float, default=200, help="MB/s of the pack section's cold mount")
     p.add_argument("--pack-ratio-rows", type=int, default=8, help="residual-stream-like samples of the ratio")
@@ -562,6 +564,7 @@ def parse_args() -> argparse.Namespace:
         args.copy_hidden_sizes, args.copy_rows, args.copy_repeat = [1024], 24, 1
         args.memory_workers, args.memory_rows = [1, 2], 24
         args.pack_rows, args.pack_hidden, args.pack_ratio_rows, args.pack_ratio_hidden = 40, 64, 2, 512
+        args.pack_shard_bytes = 2 << 20
     args.name = args.name or ("quick" if args.quick else "latest")
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]
