@@ -75,19 +75,21 @@ def make_llama(harness_data: Path, folder: Path) -> Path:
     return folder
 
 
-def measure(data: Path, work: Path, name: str) -> list[dict]:
+def measure(data: Path, work: Path, name: str, levels: tuple[int, ...] = (1, 3)) -> list[dict]:
+    """Per dtype (bf16, FP8) and zstd level: the per-sample files' bytes, the packed and the packed and
+    compressed cache's (the plain pack at the first level only)."""
     rows = []
     fp8 = work / f"{name}_fp8"
     run("quantize", data, "--out", fp8, "--no-progress")
     for dtype, cache in (("bf16", data / "hidden_states"), ("fp8", fp8)):
-        for level in (1, 3):
+        for level in levels:
             out = work / f"{name}_{dtype}_pack{level}"
             start = time.perf_counter()
             report = json.loads(run("pack", data, "--hidden-states", cache, "--out", out, "--compress",
                                     "--level", level, "--json"))
             seconds = time.perf_counter() - start
             plain = json.loads(run("pack", data, "--hidden-states", cache, "--out", work / f"{name}_{dtype}_plain",
-                                   "--json")) if level == 1 else None
+                                   "--json")) if level == levels[0] else None
             rows.append({
                 "states": name, "dtype": dtype, "zstd_level": level, "samples": report["packed"],
                 "bytes_per_sample_file": report["bytes_before"],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import bench_cold
 import bench_netfs
+import bench_pack
 from plot import warm_epoch
 
 README_BEGIN = "<!-- bench/run.py writes from here to the end marker; do not edit by hand -->"
@@ -473,11 +474,36 @@ def netfs_tables(results: dict) -> list[dict]:
     return out
 
 
+def pack_table(results: dict) -> list[dict]:
+    """Issue 41's targets against their measured figures (bench/bench_pack.py)."""
+    pack = results.get("pack")
+    if not pack:
+        return []
+    title = "Packed caches: issue 41's targets"
+    if (why := unfinished(title, pack)) is not None:
+        return why
+    try:
+        rows = bench_pack.targets(pack)
+    except (KeyError, TypeError, ValueError) as e:  # a format this renderer does not know yet
+        return [table(title, ("status", "reason"), [("unrendered", f"bench_pack.py's JSON changed ({e!r})")])]
+    sizes = ", ".join(f"{name} {side['bytes_on_disk'] / 1e6:.0f} MB" for name, side in pack["sides"].items())
+    return [table(
+        f"{title} ({pack['rows']} rows of 64-1024 tokens, 4 layers x {pack['hidden']} bf16"
+        + (f", shards of {pack['shard_bytes'] / 2**20:g} MiB" if pack.get("shard_bytes") else "")
+        + ", one rank, the Loader's defaults)", bench_pack.TARGET_HEADERS, rows,
+        f"`bench/bench_pack.py`. Bytes on disk: {sizes}. Metadata operations: one epoch through tools/slowfs (no "
+        "latency), counted by the mount. Cold: one epoch through a fresh slowfs mount, 10 ms per operation, the "
+        "bandwidth capped; the mount's bound is the bytes the epoch read at that bandwidth. Warm: the median of "
+        f"{pack.get('warm_epochs', 3)} epochs after one not counted, against memcpy of the per-sample files (`verify --baseline memcpy`). "
+        "Ratios: `bench/pack_ratio.py`'s residual rows (zstd level 1, the whole cache's bytes)."
+        + (f" Not measured through slowfs: {pack['slowfs_skipped']}." if pack.get("slowfs_skipped") else ""))]
+
+
 def tables(results: dict) -> list[dict]:
     return (engine_tables(results) + copy_bound_table(results) + memory_table(results) + scaling_table(results)
             + kernels_table(results) + store_table(results) + planner_table(results)
             + trainer_table(results) + online_tables(results) + mooncake_table(results) + cold_table(results)
-            + netfs_tables(results))
+            + netfs_tables(results) + pack_table(results))
 
 
 # ---------------------------------------------------------------- rendering

@@ -61,6 +61,15 @@ processes or engine threads, same noise, same call), and each bound is named for
            cold and warm epochs: the reference (FileTransfer, its DataLoader workers) against draftfeed,
            and the file system's own bound (a parallel read of the same files through the same mount,
            measured right before); what the tail costs. Skipped, saying why, where FUSE cannot mount.
+  pack     bench_pack.py: packed caches (issue 41, shards of --pack-shard-bytes) against the
+           per-sample cache, one rank, the Loader's defaults: metadata operations of an epoch counted by tools/slowfs; a cold epoch of
+           each cache through a fresh slowfs mount (10 ms per operation, --pack-cold-mbps) against the
+           mount's bound (the bytes the epoch read at the capped bandwidth: what no reader through that
+           mount beats); warm epochs (median of 5) against memcpy of the per-sample files (`verify
+           --baseline memcpy`: what a copy of the cache's bytes reaches); bytes on disk; the
+           compression ratio of --pack-ratio-rows residual-stream-like samples, bf16 and FP8
+           (pack_ratio.py's residual rows). One table: each of issue 41's targets, measured, met or not.
+           Without FUSE the slowfs parts are left out, saying why.
 The scaling table (1 and 2 workers or threads on both sides) comes from the engine and store runs.
 
 Provenance: the results record the commit (HEAD) and whether the tree had changes, and which
@@ -97,7 +106,7 @@ from plot import plot_results, warm_epoch  # noqa: E402
 
 SECTIONS = ("engine", "memcpy", "copy_bound", "memory", "kernels", "store", "planner", "trainer", "online",
             "online_prefill",
-            "online_defaults", "mooncake", "cold", "netfs")
+            "online_defaults", "mooncake", "cold", "netfs", "pack")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these (report.py only renders the results' JSON into tables).
@@ -456,6 +465,24 @@ def netfs_section(args, results: dict) -> None:
         print(f"  netfs: skipped ({r.get('reason')})", flush=True)
 
 
+def pack_section(args, results: dict) -> None:
+    """Packed caches against the per-sample cache, and issue 41's targets (bench/bench_pack.py)."""
+    argv = [sys.executable, str(HERE / "bench_pack.py"), "--rows", str(args.pack_rows), "--hidden",
+            str(args.pack_hidden), "--cold-mbps", str(args.pack_cold_mbps), "--ratio-rows", str(args.pack_ratio_rows),
+            "--ratio-hidden", str(args.pack_ratio_hidden), "--shard-bytes", str(args.pack_shard_bytes),
+            "--warm-epochs", "5", "--work", args.data]
+    os.makedirs(args.data, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="draftfeed_bench_pack_") as out_dir:
+        run_child([*argv, "--out", os.path.join(out_dir, "pack")], args.timeout, "pack")
+        results["pack"] = json.loads((Path(out_dir) / "pack.json").read_text())
+    if results["pack"].get("slowfs_skipped"):
+        print(f"  pack: slowfs parts skipped ({results['pack']['slowfs_skipped']})", flush=True)
+    import bench_pack
+
+    for target, measured, met in bench_pack.targets(results["pack"]):
+        print(f"  {met}: {target}: {measured}", flush=True)
+
+
 def dataset_path(args, hidden: int) -> str:
     # bench_store.py --keep BASE reads BASE/data, so the engine's datasets live one level down.
     return os.path.join(args.data, f"h{hidden}", "data")
@@ -508,6 +535,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--netfs-rows", type=int, default=1500)
     p.add_argument("--netfs-bandwidth", type=float, default=200, help="MB/s of the netfs section's file system")
     p.add_argument("--netfs-workers", type=int, default=2)
+    p.add_argument("--pack-rows", type=int, default=1000, help="rows of the pack section's cache")
+    p.add_argument("--pack-shard-bytes", type=int, default=64 << 20, help="pack's --shard-bytes in the pack section")
+    p.add_argument("--pack-hidden", type=int, default=256)
+    p.add_argument("--pack-cold-mbps", type=float, default=200, help="MB/s of the pack section's cold mount")
+    p.add_argument("--pack-ratio-rows", type=int, default=8, help="residual-stream-like samples of the ratio")
+    p.add_argument("--pack-ratio-hidden", type=int, default=4096)
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each child process")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_run"))
     p.add_argument("--out", default=str(HERE / "results"))
@@ -530,6 +563,8 @@ def parse_args() -> argparse.Namespace:
         args.cold_row_sizes, args.cold_repeat = "small", 1
         args.copy_hidden_sizes, args.copy_rows, args.copy_repeat = [1024], 24, 1
         args.memory_workers, args.memory_rows = [1, 2], 24
+        args.pack_rows, args.pack_hidden, args.pack_ratio_rows, args.pack_ratio_hidden = 40, 64, 2, 512
+        args.pack_shard_bytes = 2 << 20
     args.name = args.name or ("quick" if args.quick else "latest")
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]
@@ -608,7 +643,8 @@ def main() -> int:
              ("online_defaults", lambda: online_defaults_section(args, results)),
              ("mooncake", lambda: mooncake_section(args, results)),
              ("cold", lambda: cold_section(args, results)),
-             ("netfs", lambda: netfs_section(args, results))]
+             ("netfs", lambda: netfs_section(args, results)),
+             ("pack", lambda: pack_section(args, results))]
     sys.path.insert(0, str(REPO / "tools"))
     for name, step in steps:
         if name == "engine" and not {"engine", "memcpy"} & set(args.only):

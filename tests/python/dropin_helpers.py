@@ -69,6 +69,33 @@ def reference_loaders(args):
         return create_train_val_loaders(**args)
 
 
+def trainer_args(fx, total_seq_len: int, **overrides) -> dict:
+    """speculators 0.9.0's trainer's arguments for the fixture `fx` (offline: no server is asked; the
+    trainer's default seed, the reference's num_workers 0), with `overrides`."""
+    args = dict(
+        data_path=fx.path,
+        total_seq_len=total_seq_len,
+        hidden_states_dtype=torch.bfloat16,
+        transfer=None,
+        vllm_endpoint="http://127.0.0.1:9/v1",
+        on_missing="skip",
+        verifier_name_or_path="unused",
+        request_timeout=5.0,
+        max_retries=0,
+        generation_validation_retries=0,
+        max_consecutive_generation_failures=3,
+        hidden_size=fx.hidden_size,
+        num_target_layers=fx.layers - 1,
+        num_workers=0,
+        prefetch_factor=4,
+        preprocess=None,
+        train_data_ratio=0.8,
+        seed=42,  # the trainer's default
+    )
+    args.update(overrides)
+    return args
+
+
 # Which of the drop-in's two paths our_loaders takes (set by the `both_paths` fixture): "native"
 # (speculators' own preprocess functions, or none, run inside the engine's copy) or "python" (the
 # same preprocess wrapped in a callable the engine does not know: it runs in Python on each sample
@@ -105,3 +132,18 @@ def iterate(loader):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return list(loader)
+
+
+def assert_loaders_equal(ours: tuple, ref: tuple, context: str, epochs=(0, 1)) -> None:
+    """The train loaders give the same batches in each of `epochs`, the val loaders in epoch 0."""
+    (train, val), (ref_train, ref_val) = ours, ref
+    for epoch in epochs:
+        ref_train.batch_sampler.set_epoch(epoch)
+        train.batch_sampler.set_epoch(epoch)
+        assert len(train) == len(ref_train)
+        for k, (a, b) in enumerate(zip(iterate(train), iterate(ref_train), strict=True)):
+            assert_same(a, b, f"{context} train epoch {epoch} batch {k}")
+    ref_val.batch_sampler.set_epoch(0)
+    val.batch_sampler.set_epoch(0)
+    for k, (a, b) in enumerate(zip(iterate(val), iterate(ref_val), strict=True)):
+        assert_same(a, b, f"{context} val batch {k}")

@@ -9,7 +9,14 @@ import os
 import numpy as np
 import pytest
 import torch
-from dropin_helpers import assert_same, iterate, our_loaders, reference_loaders
+from dropin_helpers import (
+    assert_loaders_equal,
+    assert_same,
+    iterate,
+    our_loaders,
+    reference_loaders,
+    trainer_args,
+)
 from reference_fixtures import write_fixture
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("both_paths")]
@@ -26,28 +33,7 @@ def fixture(tmp_path_factory):
 
 
 def base_args(fx, **overrides):
-    args = dict(
-        data_path=fx.path,
-        total_seq_len=MAX_LEN,
-        hidden_states_dtype=torch.bfloat16,
-        transfer=None,
-        vllm_endpoint="http://127.0.0.1:9/v1",
-        on_missing="skip",
-        verifier_name_or_path="unused",
-        request_timeout=5.0,
-        max_retries=0,
-        generation_validation_retries=0,
-        max_consecutive_generation_failures=3,
-        hidden_size=fx.hidden_size,
-        num_target_layers=fx.layers - 1,
-        num_workers=0,
-        prefetch_factor=4,
-        preprocess=None,
-        train_data_ratio=0.8,
-        seed=42,  # the trainer's default
-    )
-    args.update(overrides)
-    return args
+    return trainer_args(fx, MAX_LEN, **overrides)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -61,17 +47,8 @@ def test_every_batch_of_every_rank_equals_the_reference(fixture, topology, world
             from speculators.train import distributed as dist_state
 
             dist_state._dp_rank, dist_state._dp_size = 0, 1  # draftfeed must read the environment
-        train, val = our_loaders(dict(args, num_workers=2))
-        for epoch in (0, 1):
-            ref_train.batch_sampler.set_epoch(epoch)
-            train.batch_sampler.set_epoch(epoch)
-            assert len(train) == len(ref_train)
-            for k, (a, b) in enumerate(zip(iterate(train), iterate(ref_train), strict=True)):
-                assert_same(a, b, f"R={world_size} r={rank} train epoch {epoch} batch {k}")
-        ref_val.batch_sampler.set_epoch(0)
-        val.batch_sampler.set_epoch(0)
-        for k, (a, b) in enumerate(zip(iterate(val), iterate(ref_val), strict=True)):
-            assert_same(a, b, f"R={world_size} r={rank} val batch {k}")
+        ours = our_loaders(dict(args, num_workers=2))
+        assert_loaders_equal(ours, (ref_train, ref_val), f"R={world_size} r={rank}")
 
 
 def test_native_and_python_preprocess_equal_the_reference(fixture, topology):
