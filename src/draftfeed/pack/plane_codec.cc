@@ -21,6 +21,7 @@ constexpr std::size_t kChunkEntryBytes = 8;
 constexpr std::uint32_t kModeRaw = 0;
 constexpr std::uint32_t kModeZstd = 1;
 constexpr std::uint32_t kMaxChunkValues = 1U << 24;
+constexpr int kExponentMinMatch = 7;  // zstd's largest
 
 std::uint8_t kind_of(DType dtype) { return dtype == DType::kBF16 ? kKindBF16 : kKindFP8; }
 
@@ -142,6 +143,10 @@ std::vector<std::uint8_t> plane_encode(DType dtype, std::span<const std::uint8_t
   std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
   require(cctx != nullptr, ErrorKind::kIo, "zstd: cannot create a compression context");
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, options.zstd_level);
+  // Matches of fewer than 7 bytes: an exponent plane has no long repeats, and the short matches a
+  // level picks by default cost more to decode (a sequence each) than the literals they replace,
+  // and save no bytes (docs/decisions.md, "Packed caches' codec").
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_minMatch, kExponentMinMatch);
   // Each chunk's exponent plane becomes one frame; its size is in the chunk table, so the frame
   // carries no checksum and no content size of its own.
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 0);
