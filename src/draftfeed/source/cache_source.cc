@@ -95,17 +95,20 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
       options_(checked(options)),
       read_rows_(options_.rows_are_read()),
       blocking_fetches_(on_network_file_system(options_.hidden_states_path) ? 8 : 0),
+      pack_(open_packed_cache(options_.hidden_states_path)),
       read_ahead_(std::make_unique<FileReadAhead>(
           // Header only, descriptor kept: the read-ahead reads ahead through it (and the copy too
           // with CacheCopy kRead), never around the header's page when thousands of files are
           // opened ahead.
           [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
-          read_ahead)),
-      pack_(open_packed_cache(options_.hidden_states_path)) {}
+          read_ahead, packed_range_of(pack_))) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   if (pack_ != nullptr) {
     if (const PackEntry* entry = pack_->find(global_row)) {
+      // Its range read ahead (or read now, when the read-ahead has not got there), and its bytes
+      // released from the read-ahead's budget.
+      read_ahead_->take(global_row);
       return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
                           CompressedRead::kInCopy);
     }
@@ -135,10 +138,8 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
 }
 
 void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
-  if (pack_ != nullptr) {
-    read_ahead_->plan(plan_without_packed(*pack_, plan.batches));
-    return;
-  }
+  // Packed rows too: read ahead by their ranges in their shards (packed_range_of), no file looked
+  // for.
   FileReadAheadPlan files;
   files.batches.reserve(plan.batches->size());
   for (const PlannedBatch& batch : *plan.batches) files.batches.emplace_back(batch.rows);
