@@ -51,7 +51,8 @@ std::size_t read_open_file_into_page_cache(int fd, std::size_t size,
                                            const std::atomic<bool>* stop = nullptr);
 
 // The same for bytes [begin, end) of the open file `fd` only (a sample's range in a packed cache's
-// shard): returns the bytes read from `begin` on.
+// shard), asked for exactly (WILLNEED) and then waited for (no readahead past `end`): returns the
+// bytes read from `begin` on.
 std::size_t read_open_file_range_into_page_cache(int fd, std::size_t begin, std::size_t end,
                                                  std::size_t chunk = kReadaheadChunk,
                                                  const std::atomic<bool>* stop = nullptr);

@@ -84,6 +84,8 @@ class CacheSampleSource : public SampleSource {
   void interrupt() override;
   void resume() override;
   FileReadAheadStats read_ahead_stats() const { return read_ahead_->stats(); }
+  // Whether the read-ahead has done all the plan and its budgets let it (FileReadAhead::settled).
+  bool read_ahead_settled() const { return read_ahead_->settled(); }
   // {"read_ahead": the file read-ahead's statistics}.
   StatsTree stats_report() const override;
   // On a network file system a fetch may wait for its file's open: one of a tail of seconds, until
