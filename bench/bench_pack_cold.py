@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_pack import cold_epoch, run  # noqa: E402
+from bench_pack import cold_epoch, run
 
-import draftfeed  # noqa: E402
+import draftfeed
 
 
 def main() -> None:
