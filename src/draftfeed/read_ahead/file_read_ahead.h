@@ -112,7 +112,7 @@ struct FileReadAheadStats {
   std::int64_t opened = 0;          // files opened ahead (found or not)
   std::int64_t read = 0;            // files read into the page cache
   std::int64_t cached = 0;          // files found in the page cache once opened (not read again)
-  std::uint64_t bytes = 0;          // their bytes
+  std::uint64_t bytes = 0;          // the bytes read (files and ranges)
   std::int64_t taken = 0;           // prepared files a fetch took
   std::int64_t waited = 0;          // fetches that waited for their file's open or read under way
   std::int64_t waited_opening = 0;  // of them, for an open (the rest: for a read)

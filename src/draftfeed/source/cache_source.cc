@@ -106,8 +106,8 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   if (pack_ != nullptr) {
     if (const PackEntry* entry = pack_->find(global_row)) {
-      // Its range read ahead (or read now, when the read-ahead has not got there), and its bytes
-      // released from the read-ahead's budget.
+      // Its range's read ahead waited for, or done now when it was found and not yet read; its
+      // bytes released from the read-ahead's budget.
       read_ahead_->take(global_row);
       return fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
                           CompressedRead::kInCopy);
