@@ -154,6 +154,25 @@ def test_a_pack_gives_the_reference_batches(fixture, tmp_path, run_cli_json, com
             assert_same_batch(a, b, f"pass {passes}, batch {k}")
 
 
+def test_a_packs_samples_are_read_ahead_by_range(fixture, tmp_path, run_cli_json):
+    """The loader's read-ahead reads a pack's planned samples by their ranges in their shards (or
+    finds them in the page cache), and looks for no per-sample file of theirs
+    (tests/cpp/source_packed_read_ahead_test.cc checks the pages and the budget)."""
+    cache = mixed_cache(fixture, tmp_path / "cache")
+    run_cli_json("pack", fixture.path, "--hidden-states", cache, "--in-place", "--shard-bytes", 50000)
+    loader = draftfeed.Loader(fixture.path, hidden_size=HIDDEN, total_seq_len=MAX_LEN, hidden_states_path=cache,
+                              num_target_layers=fixture.layers - 1, train_ratio=0.9, max_batches=BATCHES,
+                              pin_memory=False)
+    try:
+        loader.set_epoch(0)
+        assert len(list(loader)) == BATCHES
+        read_ahead = loader.metrics()["read_ahead"]
+    finally:
+        loader.close()
+    assert read_ahead["ranges"] + read_ahead["ranges_cached"] > 0
+    assert read_ahead["opened"] == 0
+
+
 def test_a_partial_pack_reads_whole_and_resumes(fixture, tmp_path, run_cli_json):
     """A pack stopped part way (here: told to stop at row 150) leaves a cache that reads as before;
     running it again packs the rest; unpacking in place leaves the folder as it was."""

@@ -43,8 +43,11 @@ Result<std::shared_ptr<const OpenPackShard>> PackedCache::shard(std::uint32_t in
   const std::string path = root_ + "/" + info.file;
   auto opened = [&]() -> Result<std::shared_ptr<const OpenPackShard>> {
     // The descriptor kept: the batch copy asks the open file whether it changed (no path lookup,
-    // and on a network file system no round trip), once per sample.
-    auto file = SafetensorsFile::open(path, MapOptions{.keep_descriptor = true});
+    // and on a network file system no round trip), once per sample, and the read-ahead reads the
+    // samples' ranges through it. The header's pages are read alone (kMapForRowReads), not with
+    // the kernel's read-around: that would read megabytes of samples no plan asked for yet, and
+    // mark them so that the first read of one of them reads the next window too.
+    auto file = SafetensorsFile::open(path, kMapForRowReads);
     if (!file.ok()) return file.error();
     const auto& shard_file = file.value();
     if (shard_file->file_size() != info.bytes) {
@@ -54,6 +57,8 @@ Result<std::shared_ptr<const OpenPackShard>> PackedCache::shard(std::uint32_t in
     }
     auto index_result = index_pack_shard(shard_file->tensors(), shard_file->metadata(), path);
     if (!index_result.ok()) return index_result.error();
+    // The samples' pages read around again when touched (a reader that does not read ahead).
+    shard_file->mapping()->advise_normal();
     auto open_shard = std::make_shared<OpenPackShard>();
     open_shard->file = shard_file;
     open_shard->index = std::move(index_result).value();

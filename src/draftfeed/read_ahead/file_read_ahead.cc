@@ -23,6 +23,19 @@ std::shared_ptr<const MappedFile> readable_mapping(const FileReadAhead::Prepared
   return mapping->fd() >= 0 && mapping->size() > 0 ? mapping : nullptr;
 }
 
+// `range` widened to whole pages (the page cache's unit) and clipped to its file; no file when
+// there is nothing to read through a descriptor.
+FileRange page_aligned(FileRange range) {
+  if (!range.file || range.file->fd() < 0 || range.file->size() == 0) return {};
+  static const auto kPage = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t size = range.file->size();
+  const std::uint64_t begin = std::min(range.offset / kPage * kPage, size);
+  const std::uint64_t end =
+      std::min((range.offset + range.length + kPage - 1) / kPage * kPage, size);
+  if (end <= begin) return {};
+  return FileRange{std::move(range.file), begin, end - begin};
+}
+
 }  // namespace
 
 void read_before_copy(const MappedFile& mapping) {
@@ -61,8 +74,9 @@ void FileReadAheadOptions::validate() const {
   wanted_hedge.validate("read-ahead: wanted_hedge.factor", "read-ahead: wanted_hedge.min_wait");
 }
 
-FileReadAhead::FileReadAhead(Opener opener, FileReadAheadOptions options)
+FileReadAhead::FileReadAhead(Opener opener, FileReadAheadOptions options, RangeOf range_of)
     : opener_(std::move(opener)),
+      range_of_(std::move(range_of)),
       options_((options.validate(), options)),
       max_open_files_(options.max_open_files > 0 ? options.max_open_files
                                                  : default_max_open_files()),
@@ -177,10 +191,20 @@ std::optional<FileReadAhead::Prepared> FileReadAhead::take(std::int64_t row) {
   if (read_here) to_read_.erase(entry.position);
   if (entry.counted_ahead) ahead_.release(entry.bytes);
   std::optional<Prepared> prepared = std::move(entry.prepared);
+  const std::optional<FileRange> range = std::move(entry.range);
   entries_.erase(it);
   ++stats_.taken;
   lock.unlock();
   work_.notify_all();
+  if (range) {
+    // Wanted now and not read yet: its range read here in one sequential pass, not faulted in by
+    // the copy one page (and one file system round trip) at a time.
+    if (read_here) {
+      read_open_file_range_into_page_cache(range->file->fd(), range->offset,
+                                           range->offset + range->length);
+    }
+    return std::nullopt;
+  }
   // Wanted now and not read yet: read whole here, through the descriptor, in one sequential pass,
   // so that the copy finds the file in the page cache instead of waiting on the file system for
   // each slice it reads or faults in. On a network file system the copy then takes the rows from
@@ -416,25 +440,33 @@ void FileReadAhead::open_row(std::unique_lock<std::mutex>& lock, std::int64_t ro
   lock.unlock();
 
   std::optional<Prepared> prepared;
+  std::optional<FileRange> range;
   try {
-    prepared.emplace(opener_(row));
+    if (range_of_) range = range_of_(row);
+    if (range) {
+      range = page_aligned(std::move(*range));
+    } else {
+      prepared.emplace(opener_(row));
+    }
   } catch (const Error& error) {
     prepared.emplace(error);
   } catch (const std::exception& error) {
     prepared.emplace(Error(ErrorKind::kIo, "row " + std::to_string(row) + ": " + error.what()));
   }
-  const auto mapping = readable_mapping(*prepared);
+  const auto mapping = range ? range->file : readable_mapping(*prepared);
+  const std::uint64_t begin = range ? range->offset : 0;
+  const std::uint64_t bytes = !mapping ? 0 : range ? range->length : mapping->size();
   const bool cached =
-      mapping && options_.skip_cached && mapped_file_cached(mapping->data(), mapping->size());
+      mapping && options_.skip_cached && mapped_file_cached(mapping->data() + begin, bytes);
   const bool to_read = options_.read_data && mapping && !cached;
   // The open touched the header's page(s) (with large folios a fault maps a whole folio, up to 2
   // MiB): let them go now, as the fetch does after its checks. A file opened ahead waits for its
   // batch holding no page of this process's memory (thousands may be open ahead, each with a
-  // folio mapped otherwise).
-  if (mapping) mapping->release(0, mapping->size());
+  // folio mapped otherwise). A range touched nothing (its shared file is the fetches').
+  if (mapping && !range) mapping->release(0, mapping->size());
 
   lock.lock();
-  if (!hedge) ++stats_.opened;
+  if (!hedge && !range) ++stats_.opened;
   --opening_;
   auto it = entries_.find(row);
   if (generation != generation_ || it == entries_.end() || it->second.state != State::kOpening) {
@@ -446,15 +478,19 @@ void FileReadAhead::open_row(std::unique_lock<std::mutex>& lock, std::int64_t ro
     lock.lock();
     return;
   }
-  // The answer that wins is timed from its own ask (a hedge's too): what an open takes.
-  open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
   opening_by_batch_.erase({it->second.batch, row});
-  slow_opens_ = opens_are_slow();
+  if (!range) {
+    // The answer that wins is timed from its own ask (a hedge's too): what an open takes. A range
+    // is found, not opened (its file opens once for all its rows): not an open's time.
+    open_times_[opens_timed_++ % open_times_.size()] = std::chrono::steady_clock::now() - began;
+    slow_opens_ = opens_are_slow();
+  }
   // Opens still under way on a slow file system: the pacer times them (to hedge).
   if (slow_opens_ && pacer_idle_ && !opens_started_.empty()) paced_.notify_one();
-  if (cached) ++stats_.cached;
+  if (cached) ++(range ? stats_.ranges_cached : stats_.cached);
   it->second.prepared = std::move(prepared);
-  it->second.bytes = mapping ? mapping->size() : 0;
+  if (range && mapping) it->second.range = std::move(range);
+  it->second.bytes = bytes;
   if (to_read) {
     it->second.state = State::kOpened;
     to_read_.emplace(it->second.position, row);
@@ -472,7 +508,10 @@ void FileReadAhead::read_one(std::unique_lock<std::mutex>& lock) {
   entry.state = State::kReading;
   entry.counted_ahead = true;
   // Held here: the file stays open while it is read, even if the entry is dropped meanwhile.
-  std::shared_ptr<const MappedFile> mapping = readable_mapping(*entry.prepared);
+  std::shared_ptr<const MappedFile> mapping =
+      entry.range ? entry.range->file : readable_mapping(*entry.prepared);
+  const bool by_range = entry.range.has_value();
+  const std::uint64_t begin = by_range ? entry.range->offset : 0;
   const std::uint64_t bytes = entry.bytes;
   ahead_.hold(bytes);
   reading_bytes_ += bytes;
@@ -481,8 +520,8 @@ void FileReadAhead::read_one(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t generation = generation_;
   lock.unlock();
 
-  const std::size_t read =
-      read_open_file_into_page_cache(mapping->fd(), bytes, kReadaheadChunk, &stop_reads_);
+  const std::size_t read = read_open_file_range_into_page_cache(mapping->fd(), begin, begin + bytes,
+                                                                kReadaheadChunk, &stop_reads_);
   mapping.reset();  // the last reference when the entry was dropped: unmapped outside the lock
 
   lock.lock();
@@ -491,7 +530,7 @@ void FileReadAhead::read_one(std::unique_lock<std::mutex>& lock) {
   if (generation == generation_) {
     auto it = entries_.find(row);
     if (it != entries_.end()) it->second.state = State::kReady;
-    ++stats_.read;
+    ++(by_range ? stats_.ranges : stats_.read);
     stats_.bytes += read;
   }
   work_.notify_one();  // reading room was freed

@@ -32,6 +32,11 @@
 // local disk, even one busy with other threads) none start: more threads would only contend for the
 // CPUs and for the process's memory map (every mmap and munmap takes it), and slow each open down.
 //
+// Rows that are not files of their own but byte ranges of a file opened once for many rows (a
+// packed cache's samples in their shard: pack/packed_cache.h) are read ahead the same way, in plan
+// order and within the same budgets, by range: the sample's pages (page-aligned), not the whole
+// shard, through the shard's own descriptor (no open per row, and none timed or hedged as an open);
+// a range whose first and last pages are cached is not read again.
 // A fetch takes its row's prepared file (take): at once when it is ready, after the rest of its
 // read when that is under way, or, when its read has not started, after reading it whole there
 // (through the same descriptor, sequentially), so that the copy finds it in the page cache, whether
@@ -72,6 +77,7 @@
 #include <vector>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/mapped_file.h"
 #include "draftfeed/hidden/hidden_state_sample.h"
 #include "draftfeed/read_ahead/byte_budget.h"
 #include "draftfeed/read_ahead/hedge_rule.h"
@@ -106,12 +112,14 @@ struct FileReadAheadStats {
   std::int64_t opened = 0;          // files opened ahead (found or not)
   std::int64_t read = 0;            // files read into the page cache
   std::int64_t cached = 0;          // files found in the page cache once opened (not read again)
-  std::uint64_t bytes = 0;          // their bytes
+  std::uint64_t bytes = 0;          // the bytes read (files and ranges)
   std::int64_t taken = 0;           // prepared files a fetch took
   std::int64_t waited = 0;          // fetches that waited for their file's open or read under way
   std::int64_t waited_opening = 0;  // of them, for an open (the rest: for a read)
   double wait_seconds = 0;          // how long they waited, in all
   std::int64_t hedged = 0;          // opens asked for again (see hedge)
+  std::int64_t ranges = 0;          // byte ranges of shared files read into the page cache
+  std::int64_t ranges_cached = 0;   // byte ranges found in the page cache (not read again)
   std::int64_t overtaken = 0;    // rows a fetch reached before the read-ahead (left to the fetch)
   std::int64_t threads = 0;      // threads started so far
   std::int64_t running = 0;      // threads running now (idle ones end: idle_exit_after)
@@ -133,6 +141,8 @@ constexpr void for_each_stat(const FileReadAheadStats& s, Visit&& visit) {
   visit("waited_opening", s.waited_opening);
   visit("wait_seconds", s.wait_seconds);
   visit("hedged", s.hedged);
+  visit("ranges", s.ranges);
+  visit("ranges_cached", s.ranges_cached);
   visit("overtaken", s.overtaken);
   visit("threads", s.threads);
   visit("running", s.running);
@@ -154,13 +164,23 @@ struct FileReadAheadPlan {
   std::vector<std::span<const std::int64_t>> batches;
 };
 
+// A row's bytes in a file opened once for many rows (a packed cache's shard).
+struct FileRange {
+  std::shared_ptr<const MappedFile> file;  // its descriptor kept; null: nothing to read ahead
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
 class FileReadAhead {
  public:
   // What opening a row's file means: the cache store's lookup (lock protocol, open, header).
   using Opener = std::function<Result<std::optional<HiddenStateSample>>(std::int64_t row)>;
   using Prepared = Result<std::optional<HiddenStateSample>>;
+  // The row's range when it lies in a shared file (a FileRange with no file when that file does not
+  // open: its fetch says why), or nothing when it is a file of its own (then opened by the Opener).
+  using RangeOf = std::function<std::optional<FileRange>(std::int64_t row)>;
 
-  FileReadAhead(Opener opener, FileReadAheadOptions options = {});
+  FileReadAhead(Opener opener, FileReadAheadOptions options = {}, RangeOf range_of = nullptr);
   ~FileReadAhead();  // stops the threads (after the system call each is in)
   FileReadAhead(const FileReadAhead&) = delete;
   FileReadAhead& operator=(const FileReadAhead&) = delete;
@@ -169,7 +189,9 @@ class FileReadAhead {
   // Replaces what was planned before (clear()).
   void plan(FileReadAheadPlan plan);
   // The prepared file of `row`, waiting for its open or read when under way; nothing when the
-  // prefetch has not opened it (the caller opens it itself).
+  // prefetch has not opened it (the caller opens it itself). For a row read by range: waits for its
+  // read under way, or reads the range when its read has not started, and gives nothing (the
+  // caller reads the row from the shared file).
   std::optional<Prepared> take(std::int64_t row);
   // Drops the plan, the prepared files and the accounting (an epoch stopped).
   void clear();
@@ -190,7 +212,9 @@ class FileReadAhead {
     std::chrono::steady_clock::time_point asked_at{};  // when its latest ask began
     int asks = 0;                                      // opens asked for (1 + hedges)
     std::optional<Prepared> prepared;
-    std::uint64_t bytes = 0;     // the file's size, once opened
+    // A row read by range (RangeOf): its range, page-aligned. Else the file's own (prepared).
+    std::optional<FileRange> range;
+    std::uint64_t bytes = 0;     // the bytes to read (the file's size, or the range's), once opened
     bool counted_ahead = false;  // its bytes count in ahead_
   };
 
@@ -219,6 +243,7 @@ class FileReadAhead {
   void read_one(std::unique_lock<std::mutex>& lock);
 
   const Opener opener_;
+  const RangeOf range_of_;
   const FileReadAheadOptions options_;
   const std::int64_t max_open_files_;
   mutable std::mutex mutex_;

@@ -87,26 +87,48 @@ std::size_t read_file_into_page_cache(const std::string& path, std::size_t chunk
   return done;
 }
 
+namespace {
+
+// Reads bytes [begin, end) of `fd` through sendfile to /dev/null, returning how far it got from
+// `begin`; falls back to WILLNEED requests (`chunk`) where the file system has no sendfile.
+std::size_t send_to_null(int fd, std::size_t begin, std::size_t end, std::size_t chunk,
+                         const std::atomic<bool>* stop) {
+  const int sink = null_sink();
+  auto offset = static_cast<off_t>(begin);
+  const auto last = static_cast<off_t>(end);
+  while (offset < last && (stop == nullptr || !stop->load(std::memory_order_relaxed))) {
+    const std::size_t step = std::min(kReadStep, static_cast<std::size_t>(last - offset));
+    const ssize_t n = sink < 0 ? -1 : ::sendfile(sink, fd, &offset, step);
+    if (n > 0) continue;  // sendfile moved `offset` on
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && offset == static_cast<off_t>(begin)) {
+      // No sendfile from this file system (or no /dev/null): ask for the pages instead.
+      offset = static_cast<off_t>(begin + advise(fd, begin, end, chunk));
+    }
+    break;  // an error, or the file shrank meanwhile: what was read stays read
+  }
+  return static_cast<std::size_t>(offset) - begin;
+}
+
+}  // namespace
+
 std::size_t read_open_file_into_page_cache(int fd, std::size_t size, std::size_t chunk,
                                            const std::atomic<bool>* stop) {
   if (size == 0) return 0;
   // The kernel's readahead for this file may grow to twice the device's window.
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  const int sink = null_sink();
-  off_t offset = 0;
-  const auto end = static_cast<off_t>(size);
-  while (offset < end && (stop == nullptr || !stop->load(std::memory_order_relaxed))) {
-    const std::size_t step = std::min(kReadStep, static_cast<std::size_t>(end - offset));
-    const ssize_t n = sink < 0 ? -1 : ::sendfile(sink, fd, &offset, step);
-    if (n > 0) continue;  // sendfile moved `offset` on
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && offset == 0) {
-      // No sendfile from this file system (or no /dev/null): ask for the pages instead.
-      offset = static_cast<off_t>(advise(fd, 0, size, chunk));
-    }
-    break;  // an error, or the file shrank meanwhile: what was read stays read
-  }
-  return static_cast<std::size_t>(offset);
+  return send_to_null(fd, 0, size, chunk, stop);
+}
+
+std::size_t read_open_file_range_into_page_cache(int fd, std::size_t begin, std::size_t end,
+                                                 std::size_t chunk, const std::atomic<bool>* stop) {
+  if (end <= begin) return 0;
+  // The range's pages asked for exactly (WILLNEED reads no further), all at once, then waited for
+  // by the read: its pages found in the page cache or under way, the kernel's readahead does not
+  // run past the range into the file's other samples (its window, up to twice the device's, can
+  // be megabytes).
+  advise(fd, begin, end, chunk);
+  return send_to_null(fd, begin, end, chunk, stop);
 }
 
 bool mapped_file_cached(const void* data, std::size_t size) {

@@ -50,6 +50,13 @@ std::size_t read_open_file_into_page_cache(int fd, std::size_t size,
                                            std::size_t chunk = kReadaheadChunk,
                                            const std::atomic<bool>* stop = nullptr);
 
+// The same for bytes [begin, end) of the open file `fd` only (a sample's range in a packed cache's
+// shard), asked for exactly (WILLNEED) and then waited for (no readahead past `end`): returns the
+// bytes read from `begin` on.
+std::size_t read_open_file_range_into_page_cache(int fd, std::size_t begin, std::size_t end,
+                                                 std::size_t chunk = kReadaheadChunk,
+                                                 const std::atomic<bool>* stop = nullptr);
+
 // Whether the first and the last page of the `size` bytes mapped at `data` are in the page cache
 // (mincore: no I/O started): the test read_file_into_page_cache's `skip_cached` makes.
 bool mapped_file_cached(const void* data, std::size_t size);

@@ -95,19 +95,22 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
       options_(checked(options)),
       read_rows_(options_.rows_are_read()),
       blocking_fetches_(on_network_file_system(options_.hidden_states_path) ? 8 : 0),
+      pack_(open_packed_cache(options_.hidden_states_path)),
       read_ahead_(std::make_unique<FileReadAhead>(
           // Header only, descriptor kept: the read-ahead reads ahead through it (and the copy too
           // with CacheCopy kRead), never around the header's page when thousands of files are
           // opened ahead.
           [store = store_](std::int64_t row) { return store->lookup(row, kMapForRowReads); },
-          read_ahead)),
-      pack_(open_packed_cache(options_.hidden_states_path)) {}
+          read_ahead, packed_range_of(pack_))) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
   // A packed sample that fails its checks gives way to a per-sample file of its row (one that
   // `draftfeed generate` wrote to repair it); without one, the pack's reason is the row's.
   std::optional<FetchOutcome> packed_drop;
   if (const PackEntry* entry = pack_ != nullptr ? pack_->find(global_row) : nullptr) {
+    // Its range's read ahead waited for, or done now when it was found and not yet read; its
+    // bytes released from the read-ahead's budget.
+    read_ahead_->take(global_row);
     FetchOutcome packed = fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
                                        CompressedRead::kInCopy);
     if (packed.sample) return packed;
@@ -139,10 +142,8 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
 }
 
 void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
-  if (pack_ != nullptr) {
-    read_ahead_->plan(plan_without_packed(*pack_, plan.batches));
-    return;
-  }
+  // Packed rows too: read ahead by their ranges in their shards (packed_range_of), no file looked
+  // for.
   FileReadAheadPlan files;
   files.batches.reserve(plan.batches->size());
   for (const PlannedBatch& batch : *plan.batches) files.batches.emplace_back(batch.rows);

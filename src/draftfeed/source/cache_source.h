@@ -6,7 +6,8 @@
 // Files may be bf16/f16/f32 or hs-connectors' FP8 (F8_E4M3 with per-token scales), mixed in one
 // folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize_dtype`.
 // A folder holding a packed cache (manifest.json) serves the rows it names from its shards
-// (source/packed_fetch.h), the others from their files.
+// (source/packed_fetch.h), the others from their files; the read-ahead reads the packed rows by
+// their byte ranges in their shards, in the same plan order.
 #pragma once
 
 #include <chrono>
@@ -83,6 +84,8 @@ class CacheSampleSource : public SampleSource {
   void interrupt() override;
   void resume() override;
   FileReadAheadStats read_ahead_stats() const { return read_ahead_->stats(); }
+  // Whether the read-ahead has done all the plan and its budgets let it (FileReadAhead::settled).
+  bool read_ahead_settled() const { return read_ahead_->settled(); }
   // {"read_ahead": the file read-ahead's statistics}.
   StatsTree stats_report() const override;
   // On a network file system a fetch may wait for its file's open: one of a tail of seconds, until
@@ -103,9 +106,9 @@ class CacheSampleSource : public SampleSource {
   const CacheSourceOptions options_;
   const bool read_rows_;  // options_.rows_are_read(), decided once
   const int blocking_fetches_;
-  std::unique_ptr<FileReadAhead> read_ahead_;
   // The folder's packed cache (source/packed_fetch.h), or null: its rows are read from shards.
   std::shared_ptr<const PackedCache> pack_;
+  std::unique_ptr<FileReadAhead> read_ahead_;
 };
 
 }  // namespace draftfeed

@@ -87,31 +87,15 @@ FetchOutcome decoded_whole(FetchOutcome outcome) {
   return outcome;
 }
 
-namespace {
-
-struct FilteredRows {
-  std::shared_ptr<const std::vector<PlannedBatch>> batches;
-  std::vector<std::vector<std::int64_t>> rows;
-};
-
-}  // namespace
-
-FileReadAheadPlan plan_without_packed(const PackedCache& pack,
-                                      std::shared_ptr<const std::vector<PlannedBatch>> batches) {
-  auto filtered = std::make_shared<FilteredRows>();
-  filtered->rows.reserve(batches->size());
-  for (const PlannedBatch& batch : *batches) {
-    std::vector<std::int64_t>& rows = filtered->rows.emplace_back();
-    for (const std::int64_t row : batch.rows) {
-      if (pack.find(row) == nullptr) rows.push_back(row);
-    }
-  }
-  filtered->batches = std::move(batches);
-  FileReadAheadPlan plan;
-  plan.batches.reserve(filtered->rows.size());
-  for (const auto& rows : filtered->rows) plan.batches.emplace_back(rows);
-  plan.owner = std::move(filtered);
-  return plan;
+FileReadAhead::RangeOf packed_range_of(std::shared_ptr<const PackedCache> pack) {
+  if (pack == nullptr) return nullptr;
+  return [pack = std::move(pack)](std::int64_t row) -> std::optional<FileRange> {
+    const PackEntry* entry = pack->find(row);
+    if (entry == nullptr) return std::nullopt;  // a per-sample file
+    auto shard = pack->shard(entry->shard);
+    if (!shard.ok()) return FileRange{};  // its fetch reports why
+    return FileRange{shard.value()->file->mapping(), entry->offset, entry->length};
+  };
 }
 
 }  // namespace draftfeed

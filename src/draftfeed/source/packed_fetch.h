@@ -35,10 +35,9 @@ FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
 // does not decode is a dropped row (kInvalid) naming the shard, the offset and the row.
 FetchOutcome decoded_whole(FetchOutcome outcome);
 
-// The epoch's plan for the per-sample file read-ahead, without the rows the pack holds (the
-// read-ahead would look for their files: a metadata operation each, which the pack is there to
-// save).
-FileReadAheadPlan plan_without_packed(const PackedCache& pack,
-                                      std::shared_ptr<const std::vector<PlannedBatch>> batches);
+// For the file read-ahead (FileReadAhead::RangeOf): a packed row's bytes in its shard (the shard
+// opened once, by the pack), so that it is read ahead by range and no file of its own is looked
+// for (a metadata operation each, which the pack is there to save). Null without a pack.
+FileReadAhead::RangeOf packed_range_of(std::shared_ptr<const PackedCache> pack);
 
 }  // namespace draftfeed
