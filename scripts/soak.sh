@@ -52,7 +52,7 @@ for round in $(seq "$rounds"); do
   run "round $round: ctest Release" ctest --test-dir build/tests --output-on-failure -j "$jobs"
   run "round $round: ctest ASan+UBSan" ctest --test-dir build/asan --output-on-failure -j "$jobs"
   run "round $round: ctest TSan" ctest --test-dir build/tsan --output-on-failure -j "$jobs" \
-    -R "Pipeline|Concurrent|Lookahead" --no-tests=ignore
+    -R "Pipeline|Concurrent|Lookahead|ReadAhead" --no-tests=ignore
   if [ "$pytest" -eq 1 ]; then
     run "round $round: pytest" python3 -m pytest -q -p no:cacheprovider "$@"
   fi
