@@ -33,8 +33,8 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 @contextlib.contextmanager
-def pages_held(paths: Iterable[Path]) -> Iterator[int]:
-    """Maps each file and locks its pages (reading any that are not cached); yields the bytes held.
+def pages_held(paths: Iterable[Path]) -> Iterator[None]:
+    """Maps each file and locks its pages (reading any that are not cached).
     Raises OSError naming the file when a map or lock fails (mlock needs CAP_IPC_LOCK or room under
     RLIMIT_MEMLOCK)."""
     held: list[tuple[int, int]] = []
@@ -55,7 +55,7 @@ def pages_held(paths: Iterable[Path]) -> Iterator[int]:
             if _libc.mlock(addr, size) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"mlock of {path} ({size} bytes) to hold its pages: {os.strerror(err)}")
-        yield sum(size for _, size in held)
+        yield
     finally:
         for addr, size in held:
             _libc.munmap(addr, size)  # unlocks too
