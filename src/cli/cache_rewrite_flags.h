@@ -1,23 +1,32 @@
 // The flags every command that rewrites a cache shares (`quantize`, `pack`, `unpack`): DATA, its
 // cache folder (--hidden-states), where the result goes (exactly one of --out DIR and --in-place),
-// --threads, and how it reports (--json, --no-progress). Checked once, errors naming the flags.
+// --threads, --examples, --lock-wait, and how it reports (--json, --no-progress). Checked once,
+// errors naming the flags; turned into the library's CacheRewriteOptions (hidden/cache_rewrite.h).
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "args.h"
+#include "draftfeed/hidden/cache_rewrite.h"
 
 namespace draftfeed::cli {
+
+// The flag names, to add to a command's own (Args' value and switch flags).
+extern const std::set<std::string> kCacheRewriteValueFlags;
+extern const std::set<std::string> kCacheRewriteSwitchFlags;
+// Their lines of --help, after the command's --out/--in-place lines.
+extern const char* const kCacheRewriteFlagsHelp;
 
 struct CacheRewriteFlags {
   std::string data;
   std::string hidden;  // --hidden-states, default <DATA>/hidden_states
   std::string out;     // empty with --in-place
   bool in_place = false;
-  std::int64_t threads = 0;  // 0: every core
   bool json = false;
-  bool progress_bar = false;  // a terminal, and neither --json nor --no-progress
+  bool progress_bar = false;    // a terminal, and neither --json nor --no-progress
+  CacheRewriteOptions options;  // --out, --threads, --examples, --lock-wait
 };
 
 // `out_help` says what --out makes, for the error when neither or both are given.

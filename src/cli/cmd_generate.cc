@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -15,10 +16,11 @@
 
 #include "args.h"
 #include "command.h"
+#include "draftfeed/common/folder_lock.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/validate.h"
-#include "draftfeed/pack/packed_cache.h"
+#include "draftfeed/pack/live_packed_cache.h"
 #include "draftfeed/source/online_source.h"
 #include "online_flags.h"
 #include "row_range.h"
@@ -47,6 +49,10 @@ options:
                                       default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
                                       (sharded, draftfeed's layout for large caches); files
                                       already there are found in either layout
+  --lock-wait S                       a folder holding a pack is rewritten under its writer lock
+                                      (docs/formats.md): wait up to S seconds for another
+                                      rewrite's (pack, unpack, quantize) to end (default 0:
+                                      refuse at once, naming its host and pid)
   --no-progress                       no progress bar
   --json                              print the summary as JSON
 
@@ -66,6 +72,17 @@ bool has_valid_file(const CacheStore& store, const PackedCache* pack, const Toke
   auto found = store.lookup(row);
   if (!found.ok() || !found.value()) return false;
   return validate_sample(*found.value(), ids, row).ok();
+}
+
+// The same, in the pack as it is now: a pack that another process wrote since this one started
+// (into a folder without a pack, which generate does not lock) is looked at before a row is
+// generated again.
+bool has_valid_file(const CacheStore& store, LivePackedCache& live, const TokenDataset& dataset,
+                    std::int64_t row) {
+  const std::shared_ptr<const PackedCache> pack = live.current();
+  if (has_valid_file(store, pack.get(), dataset, row)) return true;
+  auto now = live.refresh();
+  return now.ok() && now.value() != pack && has_valid_file(store, now.value().get(), dataset, row);
 }
 
 struct Progress {
@@ -100,7 +117,7 @@ void draw(const Progress& p, std::int64_t total, double seconds, std::int64_t in
 }
 
 int run_generate(const std::vector<std::string>& argv) {
-  std::set<std::string> value_flags = {"hidden-states", "rows", "layout"};
+  std::set<std::string> value_flags = {"hidden-states", "rows", "layout", "lock-wait"};
   value_flags.insert(online_value_flags().begin(), online_value_flags().end());
   std::set<std::string> switch_flags = {"no-progress", "json", "fp8"};
   switch_flags.insert(online_switch_flags().begin(), online_switch_flags().end());
@@ -117,6 +134,7 @@ int run_generate(const std::vector<std::string>& argv) {
   options.cache_layout = args.parsed("layout", "flat", parse_cache_layout);
   const bool json = args.has("json");
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
+  const double lock_wait = args.real("lock-wait", 0.0, 0.0);
 
   const auto dataset = TokenDataset::open(data);
   const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());
@@ -124,10 +142,23 @@ int run_generate(const std::vector<std::string>& argv) {
   options.dataset = dataset;  // multimodal rows: the chat request with their messages
   OnlineSampleSource source(options);
   // A pack in the cache folder (`draftfeed pack`) holds rows too; a bad manifest is refused here
-  // as by every reader.
-  auto opened_pack = PackedCache::open(options.cache.hidden_states_path);
-  if (!opened_pack.ok()) throw opened_pack.error();
-  const std::shared_ptr<const PackedCache> pack = opened_pack.value();
+  // as by every reader. Writing into a folder that holds a pack is a rewrite of it: its writer
+  // lock is held for the whole run (a pack or unpack meanwhile could otherwise remove the file of
+  // a row generated to repair it), and the pack read again once the lock is ours.
+  std::optional<FolderLock> lock;
+  if (pack_manifest_stamp(options.cache.hidden_states_path).exists) {
+    auto locked = FolderLock::acquire(options.cache.hidden_states_path, "draftfeed generate",
+                                      std::chrono::duration<double>(lock_wait));
+    if (!locked.ok()) {
+      const Error& error = locked.error();
+      throw Error(
+          error.kind(),
+          std::string(error.what()) +
+              (error.kind() == ErrorKind::kTimeout ? " (--lock-wait SECONDS waits for it)" : ""));
+    }
+    lock.emplace(std::move(locked).value());
+  }
+  LivePackedCache pack(options.cache.hidden_states_path);
   // Copies into the cache that a killed run left half-written (never read as samples) go first.
   const std::int64_t stale_temporaries = source.store()->remove_stale_temporaries();
 
@@ -138,14 +169,14 @@ int run_generate(const std::vector<std::string>& argv) {
     while (!p.stop.load()) {
       const std::int64_t row = p.next.fetch_add(1);
       if (row >= range.end) return;
-      if (has_valid_file(*source.store(), pack.get(), *dataset, row)) {
+      if (has_valid_file(*source.store(), pack, *dataset, row)) {
         ++p.existing;
         ++p.done;
         continue;
       }
       const IntArrayView ids = dataset->input_ids(row);
       const FetchOutcome outcome = source.generate_row(row, ids);
-      if (outcome.sample && !has_valid_file(*source.store(), pack.get(), *dataset, row)) {
+      if (outcome.sample && !has_valid_file(*source.store(), pack, *dataset, row)) {
         // Generated and valid, but moving it into the cache failed (said on stderr as it
         // happened, naming the file): the row is not filled.
         ++p.uncached;

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "args.h"
@@ -12,17 +13,17 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/pack/pack_writer.h"
-#include "pack_progress.h"
+#include "rewrite_progress.h"
 #include "row_range.h"
 #include "skip_report.h"
 
 namespace draftfeed::cli {
 namespace {
 
-constexpr const char* kUsage =
+const std::string kUsage = std::string(
     R"(usage: draftfeed pack DATA (--out DIR | --in-place) [--hidden-states DIR] [--shard-bytes N]
                      [--compress] [--level L] [--threads N] [--rows A:B] [--examples K]
-                     [--no-progress] [--json]
+                     [--lock-wait S] [--no-progress] [--json]
 
 Packs DATA's hidden-state cache (DIR/hs_<row>.safetensors, default DATA/hidden_states) into shard
 files of many samples each (shard-NNNNNN.safetensors, each a safetensors file whose tensors are
@@ -34,8 +35,15 @@ back, byte for byte.
 Each file is checked first, as `draftfeed verify` checks it; a file that fails (corrupt,
 mismatched, non-finite, or locked by its writer) stays per-sample and is counted; readers still
 find it there. Shards and the manifest are written to temporary files, fsynced and renamed; with
---in-place a per-sample file is removed only once the manifest naming it is on disk. A pack killed
-at any point leaves a cache that reads whole; running it again goes on where it stopped.
+--in-place a per-sample file is removed only once the manifest naming it is on disk and its packed
+sample reads back valid. A pack killed at any point leaves a cache that reads whole; running it
+again goes on where it stopped. A row the pack holds whose per-sample file is there again (written
+by `draftfeed generate` to repair a corrupt packed sample) is packed again from that file when
+its packed sample does not read, and its file removed only when it does.
+
+One rewrite of a folder at a time: pack holds the folder's writer lock (.draftfeed-writer.lock)
+while it runs, on this host and, where the file system forwards locks, on others (docs/formats.md,
+"The writer lock"). Loaders running meanwhile read the new pack from their next epoch.
 
   --out DIR            write the pack into DIR (created); the source cache is left as it is
   --in-place           pack into the cache folder and remove the per-sample files packed
@@ -45,26 +53,22 @@ at any point leaves a cache that reads whole; running it again goes on where it 
   --compress           code bf16 and FP8 hidden states losslessly (exponent plane through zstd,
                        planes-zstd): about 0.7x the bytes for bf16; decoded when read
   --level L            zstd level of --compress (default 1)
-  --threads N          encoding threads (default: one per core)
   --rows A:B           only rows A..B-1 (either side may be left out)
-  --examples K         problems listed per kind (default 5)
-  --no-progress        no progress bar
-  --json               one JSON object: rows, packed, already_packed, missing, skipped (by kind),
-                       shards, removed, bytes_before, bytes_after, ratio, hidden_ratio, seconds
+)" + std::string(kCacheRewriteFlagsHelp) +
+    R"(  --json               one JSON object: rows, packed, already_packed, repacked, missing,
+                       skipped (by kind), kept, shards, removed, bytes_before, bytes_after, ratio,
+                       hidden_ratio, seconds, lock_wait_seconds
 
-Exit status: 0 when every row with a valid file is packed, 1 when some stayed per-sample, 2 for
-bad arguments.)";
+Exit status: 0 when every row with a valid file is packed, 1 when some stayed per-sample (or
+another rewrite holds the folder), 2 for bad arguments.)");
 
 int run_pack(const std::vector<std::string>& argv) {
-  const Args args(argv,
-                  {"out", "hidden-states", "threads", "rows", "examples", "shard-bytes", "level"},
-                  {"in-place", "compress", "no-progress", "json"});
+  std::set<std::string> value_flags = {"rows", "shard-bytes", "level"};
+  value_flags.insert(kCacheRewriteValueFlags.begin(), kCacheRewriteValueFlags.end());
+  std::set<std::string> switch_flags = {"compress"};
+  switch_flags.insert(kCacheRewriteSwitchFlags.begin(), kCacheRewriteSwitchFlags.end());
+  const Args args(argv, value_flags, switch_flags);
   const CacheRewriteFlags flags = cache_rewrite_flags(args, "pack", "a new packed cache");
-  const std::string& data = flags.data;
-  const std::string& hidden = flags.hidden;
-  const std::string& out = flags.out;
-  const bool in_place = flags.in_place;
-  const std::int64_t threads = flags.threads;
   const std::int64_t shard_bytes =
       args.integer("shard-bytes", static_cast<std::int64_t>(kDefaultShardBytes));
   require(shard_bytes > 0 && shard_bytes <= (std::int64_t{1} << 40), ErrorKind::kInvalidArgument,
@@ -72,70 +76,56 @@ int run_pack(const std::vector<std::string>& argv) {
   const std::int64_t level = args.integer("level", 1);
   require(level >= -7 && level <= 19, ErrorKind::kInvalidArgument,
           "--level must be a zstd level between -7 and 19, got " + std::to_string(level));
-  const std::int64_t examples = args.integer("examples", 5);
-  require(examples >= 0, ErrorKind::kInvalidArgument,
-          "--examples must be >= 0, got " + std::to_string(examples));
-  const bool json = flags.json;
-  const bool show = flags.progress_bar;
 
-  const auto dataset = TokenDataset::open(data);
+  const auto dataset = TokenDataset::open(flags.data);
   const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());
   CacheStoreOptions store_options;
-  store_options.root = hidden;
+  store_options.root = flags.hidden;
   store_options.lock_mode = LockMode::kProbe;
   const CacheStore store(store_options);
   PackOptions options;
-  options.target_root = out;
+  options.rewrite = flags.options;
   options.shard_bytes = static_cast<std::uint64_t>(shard_bytes);
   options.compress = args.has("compress");
   options.codec.zstd_level = static_cast<int>(level);
-  options.threads = static_cast<unsigned>(threads);
-  options.max_examples = static_cast<std::size_t>(examples);
-  PackProgress progress;
+  CacheRewriteProgress progress;
   PackReport report;
-  run_with_progress("pack", range.end - range.begin, show, progress, [&] {
+  run_with_progress("pack", range.end - range.begin, flags.progress_bar, progress, [&] {
     report = pack_cache(
         store, range.begin, range.end,
         [&dataset](std::int64_t row) { return RowIds(dataset->input_ids(row)); }, options,
         &progress);
   });
-  const auto ratio = [](std::uint64_t after, std::uint64_t before) {
-    return before > 0 ? static_cast<double>(after) / static_cast<double>(before) : 0.0;
-  };
-  if (json) {
+  if (flags.json) {
     nlohmann::json j;
-    j["rows"] = report.rows;
+    add_rewrite_json(j, report);
     j["packed"] = report.packed;
     j["already_packed"] = report.already_packed;
+    j["repacked"] = report.repacked;
     j["missing"] = report.missing;
+    j["kept"] = report.kept;
     j["shards"] = report.shards;
     j["manifest_writes"] = report.manifest_writes;
     j["removed"] = report.removed;
-    add_skipped_json(j, report.skipped, report.examples);
-    j["bytes_before"] = report.bytes_before;
-    j["bytes_after"] = report.bytes_after;
-    j["ratio"] = ratio(report.bytes_after, report.bytes_before);
     j["hidden_before"] = report.hidden_before;
     j["hidden_after"] = report.hidden_after;
-    j["hidden_ratio"] = ratio(report.hidden_after, report.hidden_before);
-    j["seconds"] = report.seconds;
-    j["threads"] = report.threads;
-    j["target"] = in_place ? hidden : out;
+    j["hidden_ratio"] = byte_ratio(report.hidden_after, report.hidden_before);
+    j["target"] = flags.in_place ? flags.hidden : flags.out;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("pack: %lld rows of %s -> %s\n", static_cast<long long>(report.rows),
-                hidden.c_str(), in_place ? "(in place)" : out.c_str());
-    std::printf("  packed %lld into %lld shards, already packed %lld, missing %lld\n",
-                static_cast<long long>(report.packed), static_cast<long long>(report.shards),
-                static_cast<long long>(report.already_packed),
-                static_cast<long long>(report.missing));
+                flags.hidden.c_str(), flags.in_place ? "(in place)" : flags.out.c_str());
+    std::printf(
+        "  packed %lld into %lld shards (%lld packed again), already packed %lld, "
+        "missing %lld\n",
+        static_cast<long long>(report.packed), static_cast<long long>(report.shards),
+        static_cast<long long>(report.repacked), static_cast<long long>(report.already_packed),
+        static_cast<long long>(report.missing));
     print_skipped("left per-sample", report.skipped, report.examples);
-    std::printf("bytes: %s -> %s (%.1f%%; hidden states %.1f%%) in %.2f s on %u threads\n",
-                gigabytes(static_cast<double>(report.bytes_before)).c_str(),
-                gigabytes(static_cast<double>(report.bytes_after)).c_str(),
-                100.0 * ratio(report.bytes_after, report.bytes_before),
-                100.0 * ratio(report.hidden_after, report.hidden_before), report.seconds,
-                report.threads);
+    char hidden[64];
+    std::snprintf(hidden, sizeof hidden, "; hidden states %.1f%%",
+                  100.0 * byte_ratio(report.hidden_after, report.hidden_before));
+    print_rewrite_bytes(report, hidden);
   }
   return report.skipped_total() == 0 ? 0 : 1;
 }

@@ -30,12 +30,16 @@ its data file checked).
 
 A packed cache (DIR/manifest.json, `draftfeed pack`) is checked too: every sample the manifest names
 is read back from its shard (checksum, compressed parts decoded) and checked the same way, a problem
-naming the shard, the offset and the row; the rows it names are not looked for as files. The
-baselines read per-sample files only.
+naming the shard, the offset and the row. A row is counted by what a loader would read: its
+packed sample, or, when that fails, its per-sample file (one `draftfeed generate` wrote to repair
+it): such rows count as ok and are listed as fallbacks, with why their packed sample fails. The
+baselines read per-sample files only. Verify takes no lock: it never waits for a rewrite, nor
+holds one up.
 
   --threads N        scanning threads (default: one per core)
   --json             one JSON object: rows, ok, missing, corrupt, mismatched, nonfinite, locked,
-                     bytes, layouts (flat, sharded), packed (samples, shards, compressed),
+                     bytes, layouts (flat, sharded), packed (samples, shards, compressed,
+                     packed_ok, fallbacks, fallback_examples),
                      seconds, gb_per_s, threads, examples
   --baseline memcpy  measure a plain memcpy of every file instead of validating it (the bound
                      for anything that copies every byte once, as a loader does)
@@ -93,8 +97,8 @@ int run_verify(const std::vector<std::string>& argv) {
   CacheScanReport report = scan_cache(store, dataset->num_rows(), ids_of_row, options);
   PackVerifyReport packed;
   if (pack != nullptr && options.mode == ScanMode::kValidate) {
-    packed =
-        verify_pack(*pack, dataset->num_rows(), ids_of_row, options.threads, options.max_examples);
+    packed = verify_pack(*pack, dataset->num_rows(), ids_of_row, options.threads,
+                         options.max_examples, &store);
     merge_by_status(report.counts, report.examples, packed.scan.counts, packed.scan.examples);
     keep_lowest_examples(report.examples, options.max_examples);
     report.bytes += packed.scan.bytes;
@@ -114,8 +118,13 @@ int run_verify(const std::vector<std::string>& argv) {
       out["layouts"][cache_layout_name(static_cast<CacheLayout>(l))] =
           report.layouts[static_cast<std::size_t>(l)];
     }
-    out["packed"] = {
-        {"samples", packed.samples}, {"shards", packed.shards}, {"compressed", packed.compressed}};
+    nlohmann::json fallbacks = nlohmann::json::array();
+    for (const auto& example : packed.fallback_examples) {
+      fallbacks.push_back({{"row", example.row}, {"reason", example.reason}});
+    }
+    out["packed"] = {{"samples", packed.samples},       {"shards", packed.shards},
+                     {"compressed", packed.compressed}, {"packed_ok", packed.packed_ok},
+                     {"fallbacks", packed.fallbacks},   {"fallback_examples", fallbacks}};
     out["seconds"] = report.seconds;
     out["gb_per_s"] = gb_per_s;
     out["threads"] = report.threads;
@@ -149,6 +158,16 @@ int run_verify(const std::vector<std::string>& argv) {
       std::printf("  packed     %lld samples in %lld shards (%lld compressed)\n",
                   static_cast<long long>(packed.samples), static_cast<long long>(packed.shards),
                   static_cast<long long>(packed.compressed));
+      if (packed.fallbacks > 0) {
+        std::printf(
+            "  fallbacks  %lld packed rows read from their per-sample file instead (their "
+            "packed sample fails):\n",
+            static_cast<long long>(packed.fallbacks));
+        for (const auto& example : packed.fallback_examples) {
+          std::printf("      row %lld: %s\n", static_cast<long long>(example.row),
+                      example.reason.c_str());
+        }
+      }
     }
     std::printf("scanned %s GB in %.3f s: %.2f GB/s on %u threads\n",
                 gb_text(static_cast<double>(report.bytes)).c_str(), report.seconds, gb_per_s,

@@ -91,18 +91,18 @@ class PackedReadAheadTest : public TempFolderTest, public ::testing::WithParamIn
       write_sample_file(source.path_for(row), ids_.back(), DType::kBF16, 2, 2048, hidden);
     }
     PackOptions pack;
-    pack.target_root = (dir_ / "pack").string();
+    pack.rewrite.target_root = (dir_ / "pack").string();
     pack.compress = GetParam();
-    pack.threads = 1;
+    pack.rewrite.threads = 1;
     const PackReport report = pack_cache(
         source, 0, kRows,
         [this](std::int64_t row) { return RowIds(ids_[static_cast<std::size_t>(row)]); }, pack);
     ASSERT_EQ(report.packed, kRows);
-    auto packed = PackedCache::open(pack.target_root);
+    auto packed = PackedCache::open(pack.rewrite.target_root);
     ASSERT_TRUE(packed.ok() && packed.value());
     pack_ = packed.value();
     ASSERT_EQ(pack_->manifest().shards.size(), 1u);  // every sample in one shard
-    shard_ = pack.target_root + "/" + pack_->manifest().shards[0].file;
+    shard_ = pack.rewrite.target_root + "/" + pack_->manifest().shards[0].file;
   }
 
   const PackEntry& entry(int row) const { return *pack_->find(row); }

@@ -159,6 +159,14 @@ std::string CacheStore::path_for_writing(std::int64_t row) const {
   std::error_code ec;
   fs::create_directories(folder, ec);
   if (ec) throw Error(ErrorKind::kIo, folder + ": cannot create the folder: " + ec.message());
+  // A shard folder of the cache (the sharded layout's <row // 1000>) that is a link would send
+  // the file outside the cache: refused (the cache's own root may be a link; its folders not).
+  if (folder != options_.root && fs::is_symlink(folder, ec)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                folder +
+                    " is a symbolic link: the cache's shard folders must be folders of the "
+                    "cache, not links to elsewhere");
+  }
   return path;
 }
 

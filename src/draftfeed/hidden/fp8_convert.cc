@@ -21,11 +21,7 @@ struct ThreadTally {
 
 void skip(ThreadTally& tally, ScanStatus status, std::int64_t row, const std::string& reason,
           std::size_t max_examples) {
-  const auto index = static_cast<std::size_t>(status);
-  ++tally.report.skipped[index];
-  if (tally.report.examples[index].size() < max_examples) {
-    tally.report.examples[index].push_back(ScanExample{row, reason});
-  }
+  tally.report.skip(status, row, reason, max_examples);
 }
 
 // The row's valid FP8 file in `store`, if there is one.
@@ -69,13 +65,13 @@ void remove_file(const std::string& path) {
 // `relayout`: in place with a layout asked for (a store writing that layout), else null.
 void convert_row(const CacheStore& source, const CacheStore* target, const CacheStore* relayout,
                  std::int64_t row, const RowIds& ids, const CacheConvertOptions& options,
-                 ThreadTally& tally, CacheConvertProgress* progress) {
+                 ThreadTally& tally, CacheRewriteProgress* progress) {
   CacheConvertReport& report = tally.report;
   auto found = source.lookup(row);
   if (!found.ok()) {
     const Error& error = found.error();
     skip(tally, error.kind() == ErrorKind::kTimeout ? ScanStatus::kLocked : ScanStatus::kCorrupt,
-         row, error.what(), options.max_examples);
+         row, error.what(), options.rewrite.max_examples);
     return;
   }
   if (!found.value()) {
@@ -85,7 +81,7 @@ void convert_row(const CacheStore& source, const CacheStore* target, const Cache
   const HiddenStateSample& sample = *found.value();
   const SampleCheck check = validate_sample(sample, ids, row);
   if (!check.ok()) {
-    skip(tally, scan_status_of(check.problem), row, check.message, options.max_examples);
+    skip(tally, scan_status_of(check.problem), row, check.message, options.rewrite.max_examples);
     return;
   }
   const std::uint64_t before = sample.file->file_size();
@@ -131,45 +127,33 @@ void convert_row(const CacheStore& source, const CacheStore* target, const Cache
 
 }  // namespace
 
-std::int64_t CacheConvertReport::skipped_total() const {
-  std::int64_t total = 0;
-  for (const auto n : skipped) total += n;
-  return total;
-}
-
 CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t begin,
                                         std::int64_t end,
                                         const std::function<RowIds(std::int64_t)>& ids_of_row,
                                         const CacheConvertOptions& options,
-                                        CacheConvertProgress* progress) {
+                                        CacheRewriteProgress* progress) {
+  options.validate();
+  // The folder written is locked until the conversion ends.
+  const CacheRewrite rewrite(source.root(), options.rewrite, "draftfeed quantize");
   std::optional<CacheStore> target;
-  if (!options.target_root.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.target_root, ec);
-    if (ec) {
-      throw Error(ErrorKind::kIo,
-                  options.target_root + ": cannot create the folder: " + ec.message());
-    }
+  if (!rewrite.in_place()) {
     CacheStoreOptions target_options = source.options();
-    target_options.root = options.target_root;
+    target_options.root = rewrite.root();
     target_options.lock_mode = LockMode::kProbe;
     target_options.layout = options.layout.value_or(CacheLayout::kFlat);
     target.emplace(target_options);
   }
   std::optional<CacheStore> relayout;
-  if (options.target_root.empty() && options.layout) {
+  if (rewrite.in_place() && options.layout) {
     CacheStoreOptions relayout_options = source.options();
     relayout_options.layout = *options.layout;
     relayout.emplace(relayout_options);
   }
 
   const std::int64_t rows = std::max<std::int64_t>(0, end - begin);
-  unsigned threads = options.threads != 0 ? options.threads : std::thread::hardware_concurrency();
-  threads =
-      static_cast<unsigned>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, rows)));
+  const unsigned threads = options.rewrite.thread_count(rows);
   std::vector<ThreadTally> tallies(threads);
   std::atomic<std::int64_t> next{begin};
-  const auto start = std::chrono::steady_clock::now();
   run_workers(threads, [&](unsigned index, const std::atomic<bool>& stop) {
     for (std::int64_t row = next++; row < end && !stop; row = next++) {
       convert_row(source, target ? &*target : nullptr, relayout ? &*relayout : nullptr, row,
@@ -180,8 +164,6 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
 
   CacheConvertReport report;
   report.rows = rows;
-  report.threads = threads;
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (auto& tally : tallies) {
     CacheConvertReport& t = tally.report;
     report.converted += t.converted;
@@ -189,11 +171,10 @@ CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t b
     report.moved += t.moved;
     report.copied += t.copied;
     report.missing += t.missing;
-    report.bytes_before += t.bytes_before;
-    report.bytes_after += t.bytes_after;
-    merge_by_status(report.skipped, report.examples, t.skipped, t.examples);
+    report.merge(t);
   }
-  keep_lowest_examples(report.examples, options.max_examples);
+  keep_lowest_examples(report.examples, options.rewrite.max_examples);
+  rewrite.finish(report, threads);
   return report;
 }
 

@@ -12,7 +12,9 @@
 //   * into another folder, a target that is already a valid FP8 file of the row is kept: running
 //     the conversion again after an interruption does only what is left (in place, likewise,
 //     because converted files are FP8).
-// Thread safety: one conversion at a time per target; `progress` may be read from any thread.
+// The folder written (the cache in place, else the target) is locked for the whole run
+// (hidden/cache_rewrite.h): a second rewrite of it waits `rewrite.lock_wait`, then is refused.
+// Thread safety: `progress` may be read from any thread.
 #pragma once
 
 #include <array>
@@ -23,56 +25,41 @@
 #include <string>
 #include <vector>
 
+#include "draftfeed/hidden/cache_rewrite.h"
 #include "draftfeed/hidden/cache_scan.h"
 #include "draftfeed/hidden/cache_store.h"
 
 namespace draftfeed {
 
 struct CacheConvertOptions {
-  std::string target_root;  // empty: convert in place, in the source store's root
+  CacheRewriteOptions rewrite;  // where the FP8 files go (empty: in place), threads, lock wait
   // Where the FP8 files go (cache_layout.h). Unset: in place, each file stays where it is; into
   // another folder, flat. Set in place, a file in the other layout moves there (written anew,
   // or renamed when already FP8), so the whole cache ends up in one layout.
   std::optional<CacheLayout> layout;
-  unsigned threads = 0;  // 0: one per core
-  bool fsync = false;    // fsync each new file before its rename (always done in place)
-  std::size_t max_examples = 5;
+  bool fsync = false;  // fsync each new file before its rename (always done in place)
+
+  void validate() const { rewrite.validate(); }
 };
 
-// Running totals, updated as rows finish (for a progress bar).
-struct CacheConvertProgress {
-  std::atomic<std::int64_t> rows_done{0};
-  std::atomic<std::uint64_t> bytes_before{0};
-  std::atomic<std::uint64_t> bytes_after{0};
-};
-
-struct CacheConvertReport {
-  std::int64_t rows = 0;
+struct CacheConvertReport : CacheRewriteReport {
   std::int64_t converted = 0;    // quantized and written
   std::int64_t already_fp8 = 0;  // FP8 already (in place), or a valid FP8 target kept
   std::int64_t moved = 0;        // of those in place, renamed into the layout asked for
   std::int64_t copied = 0;       // FP8 sources copied into the target folder
   std::int64_t missing = 0;      // no source file
-  // Files left as they are, by what verify would call them (corrupt, mismatched, nonfinite,
-  // locked), with the first examples.
-  std::array<std::int64_t, kScanStatusCount> skipped{};
-  std::array<std::vector<ScanExample>, kScanStatusCount> examples;
-  std::uint64_t bytes_before = 0;  // source files of the rows that have an FP8 file now
-  std::uint64_t bytes_after = 0;   // their FP8 files
-  double seconds = 0;
-  unsigned threads = 0;
-
-  std::int64_t skipped_total() const;
+  // bytes_before: the source files of the rows that have an FP8 file now; bytes_after: theirs.
 };
 
 // Converts rows [begin, end) of `source` (give it LockMode::kProbe). `ids_of_row` as for
-// scan_cache. Throws Error(kIo) naming the folder or file when the target folder cannot be created
-// or a file cannot be written (a full disk ends the run; the temporary file is removed, the old
+// scan_cache. Throws the writer lock's Error when another rewrite holds the folder (kTimeout naming
+// it), Error(kIo) naming the folder or file when the target folder cannot be created or a file
+// cannot be written (a full disk ends the run; the temporary file is removed, the old
 // file stays): the rows done so far are done, and a second run goes on from there.
 CacheConvertReport convert_cache_to_fp8(const CacheStore& source, std::int64_t begin,
                                         std::int64_t end,
                                         const std::function<RowIds(std::int64_t)>& ids_of_row,
                                         const CacheConvertOptions& options,
-                                        CacheConvertProgress* progress = nullptr);
+                                        CacheRewriteProgress* progress = nullptr);
 
 }  // namespace draftfeed

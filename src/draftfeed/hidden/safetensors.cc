@@ -8,6 +8,7 @@
 #include <set>
 
 #include "draftfeed/common/fault_guard.h"
+#include "draftfeed/common/printable.h"
 
 namespace draftfeed {
 
@@ -26,24 +27,6 @@ struct TensorEntry {
 };
 
 std::string backticked(const std::string& name) { return "`" + name + "`"; }
-
-// `text` with control and non-ASCII bytes written as \xNN: the JSON library's messages quote the
-// raw bytes it stopped at, which may not be UTF-8, and messages must be printable text.
-std::string printable(const std::string& text) {
-  static const char* const kHex = "0123456789abcdef";
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7F) {
-      out += ch;
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 0xF];
-    }
-  }
-  return out;
-}
 
 // Builds the header's tensors and metadata from SAX events, refusing anything the format forbids
 // as soon as it is seen. The first error is kept in `error` and stops the parse.
@@ -379,7 +362,8 @@ Result<SafetensorsLayout> parse_layout(std::span<const std::uint8_t> head, std::
   }
 
   const std::uint64_t buffer_size = available - header_size;
-  const std::uint8_t* buffer = base + 8 + header_size;
+  // No base: a header parsed alone (parse_safetensors_header), its views without data.
+  const std::uint8_t* buffer = base != nullptr ? base + 8 + header_size : nullptr;
 
   struct Placed {
     TensorEntry* entry;
@@ -452,7 +436,7 @@ Result<SafetensorsLayout> parse_layout(std::span<const std::uint8_t> head, std::
     view.name = std::move(p.entry->name);
     view.dtype = *p.entry->dtype;
     view.shape = std::move(*p.entry->shape);
-    view.data = buffer + p.begin;
+    view.data = buffer != nullptr ? buffer + p.begin : nullptr;
     view.nbytes = static_cast<std::size_t>(p.nbytes);
     view.file_offset = static_cast<std::size_t>(8 + header_size + p.begin);
     layout.tensors.push_back(std::move(view));
@@ -471,6 +455,21 @@ Result<SafetensorsLayout> parse_layout(std::span<const std::uint8_t> head, std::
 Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
                                             const std::string& name) {
   return parse_layout(bytes, bytes.size(), bytes.data(), name);
+}
+
+Result<SafetensorsLayout> parse_safetensors_header(std::span<const std::uint8_t> head,
+                                                   std::uint64_t file_size,
+                                                   const std::string& name) {
+  if (head.size() < 8) {
+    return format_error(name, "the header is " + std::to_string(head.size()) +
+                                  " bytes, shorter than the 8-byte header size");
+  }
+  const std::uint64_t header_size = header_size_field(head);
+  if (header_size != head.size() - 8) {
+    return format_error(name, "the header size field says " + std::to_string(header_size) +
+                                  " bytes, the header has " + std::to_string(head.size() - 8));
+  }
+  return parse_layout(head, file_size, nullptr, name);
 }
 
 Result<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::open(const std::string& path,

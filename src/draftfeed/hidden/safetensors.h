@@ -63,6 +63,14 @@ struct SafetensorsLayout {
 Result<SafetensorsLayout> parse_safetensors(std::span<const std::uint8_t> bytes,
                                             const std::string& name);
 
+// Parses and checks the header of a safetensors file of `file_size` bytes from `head`, its size
+// field and JSON header exactly (nothing after): every rule of parse_safetensors, the tiling of a
+// buffer that ends at `file_size` included. The views have no data (`data` null): the buffer is
+// not there. Errors are kFormat.
+Result<SafetensorsLayout> parse_safetensors_header(std::span<const std::uint8_t> head,
+                                                   std::uint64_t file_size,
+                                                   const std::string& name);
+
 // A checked, mapped safetensors file. Immutable; any number of threads may read it.
 class SafetensorsFile {
  public:

@@ -8,9 +8,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/held_file.h"
 
 namespace draftfeed {
 
@@ -20,7 +24,29 @@ Error os_error(const std::string& what, const std::string& path, int error) {
   return Error(ErrorKind::kIo, path + ": " + what + ": " + os_error_text(error));
 }
 
-constexpr const char* kTempMark = ".tmp-";
+constexpr const char* kTempTag = "tmp";
+constexpr std::string_view kTempMark = ".tmp-";
+
+// The host and pid of a temporary name `.<name>.tmp-<host>-<pid>-<n>` of a pack file, if it is
+// one.
+std::optional<std::pair<std::string, pid_t>> temporary_owner(const std::string& name) {
+  if (!name.starts_with(".shard-") && !name.starts_with(".manifest.json")) {
+    return std::nullopt;
+  }
+  const std::size_t mark = name.rfind(kTempMark);
+  if (mark == std::string::npos) return std::nullopt;
+  const std::string owner = name.substr(mark + kTempMark.size());  // <host>-<pid>-<n>
+  const std::size_t counter = owner.rfind('-');
+  if (counter == std::string::npos || counter == 0) return std::nullopt;
+  const std::size_t pid_at = owner.rfind('-', counter - 1);
+  if (pid_at == std::string::npos) return std::nullopt;
+  const std::string pid_text = owner.substr(pid_at + 1, counter - pid_at - 1);
+  if (pid_text.empty() || pid_text.size() > 9 ||
+      pid_text.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::make_pair(owner.substr(0, pid_at), static_cast<pid_t>(std::stol(pid_text)));
+}
 
 }  // namespace
 
@@ -42,15 +68,12 @@ void write_file_durably(const std::string& path,
   const std::filesystem::path target(path);
   const std::string folder =
       target.parent_path().empty() ? std::string(".") : target.parent_path().string();
-  const std::string temp =
-      folder + "/." + target.filename().string() + kTempMark + std::to_string(::getpid());
-  // Created, never reused: a link or a file left by that name (a killed run with this pid) is
-  // removed (the name only, never what a link points to) and the temporary made afresh.
+  std::string temp = folder;
+  temp += '/';
+  temp += process_unique_name('.' + target.filename().string(), kTempTag);
+  // Created, never reused (O_EXCL): the name is this process's alone.
   constexpr int kCreate = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-  int fd = ::open(temp.c_str(), kCreate, 0644);
-  if (fd < 0 && errno == EEXIST && ::unlink(temp.c_str()) == 0) {
-    fd = ::open(temp.c_str(), kCreate, 0644);
-  }
+  const int fd = ::open(temp.c_str(), kCreate, 0644);
   if (fd < 0) throw os_error("cannot create", temp, errno);
   auto fail = [&](const char* what, int error) {
     ::close(fd);
@@ -83,19 +106,13 @@ void write_file_durably(const std::string& path,
 }
 
 std::int64_t remove_dead_temporaries(const std::string& folder) {
+  const std::string host = host_name();
   std::int64_t removed = 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] != '.') continue;
-    const std::size_t mark = name.rfind(kTempMark);
-    if (mark == std::string::npos) continue;
-    const std::string pid_text = name.substr(mark + std::strlen(kTempMark));
-    if (pid_text.empty() || pid_text.size() > 9 ||
-        pid_text.find_first_not_of("0123456789") != std::string::npos) {
-      continue;
-    }
-    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    const auto owner = temporary_owner(entry.path().filename().string());
+    if (!owner || owner->first != host) continue;
+    const pid_t pid = owner->second;
     if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
     if (::unlink(entry.path().c_str()) == 0) ++removed;
   }

@@ -229,8 +229,31 @@ Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
   return manifest;
 }
 
-Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root) {
+namespace {
+
+FileStamp stamp_of(const struct stat& st) {
+  FileStamp stamp;
+  stamp.exists = true;
+  stamp.device = static_cast<std::uint64_t>(st.st_dev);
+  stamp.inode = static_cast<std::uint64_t>(st.st_ino);
+  stamp.size = static_cast<std::uint64_t>(st.st_size);
+  stamp.mtime_ns =
+      static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  return stamp;
+}
+
+}  // namespace
+
+FileStamp pack_manifest_stamp(const std::string& root) {
   const std::string path = root + "/" + kPackManifestName;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return FileStamp{};
+  return stamp_of(st);
+}
+
+Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root, FileStamp* stamp) {
+  const std::string path = root + "/" + kPackManifestName;
+  if (stamp != nullptr) *stamp = FileStamp{};
   // Non-blocking: a FIFO by that name must not hang the loader (it is refused below).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
@@ -246,6 +269,7 @@ Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root) 
     ::close(fd);
     return Error(ErrorKind::kIo, path + ": not a regular file");
   }
+  if (stamp != nullptr) *stamp = stamp_of(st);
   if (static_cast<std::uint64_t>(st.st_size) > kMaxManifestBytes) {
     ::close(fd);
     return Error(ErrorKind::kFormat, path + ": " + std::to_string(st.st_size) +
@@ -260,7 +284,10 @@ Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root) 
     got += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  text.resize(got);
+  if (got != text.size()) {
+    return Error(ErrorKind::kIo, path + ": " + std::to_string(got) + " bytes read of " +
+                                     std::to_string(text.size()) + " (shrank while read)");
+  }
   auto parsed = parse_pack_manifest(text, path);
   if (!parsed.ok()) return parsed.error();
   return std::optional<PackManifest>(std::move(parsed).value());

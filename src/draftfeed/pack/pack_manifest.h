@@ -60,8 +60,25 @@ std::string pack_manifest_json(const PackManifest& manifest);
 Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
                                          const std::string& name);
 
-// `<root>/manifest.json` read and parsed: nothing when there is none, kIo when unreadable.
-Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root);
+// What a manifest file is on disk: a rewrite replaces it by a rename (a new inode), so a reader
+// that kept the stamp of the one it read can tell, with one stat, whether the pack changed since.
+struct FileStamp {
+  bool exists = false;
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+// `<root>/manifest.json` read and parsed: nothing when there is none, kIo when unreadable (a
+// FIFO, a device or a link to one is refused without blocking). `stamp`, when given, gets the
+// stamp of the file read (exists false when there is none).
+Result<std::optional<PackManifest>> read_pack_manifest(const std::string& root,
+                                                       FileStamp* stamp = nullptr);
+
+// The stamp of `<root>/manifest.json` now (not following a link), from one stat.
+FileStamp pack_manifest_stamp(const std::string& root);
 
 // Writes `<root>/manifest.json` durably: a temporary file beside it, fsync, rename, fsync of the
 // folder; returns its bytes. Throws Error(kIo) naming the file.

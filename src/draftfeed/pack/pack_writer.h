@@ -1,29 +1,34 @@
 // `draftfeed pack` and `draftfeed unpack`: a per-sample hidden-state cache into a packed one
-// (docs/formats.md, "Packed caches") and back.
+// (docs/formats.md, "Packed caches") and back. Both are cache rewrites (hidden/cache_rewrite.h):
+// the folder they write is locked for the whole run, so that two never interleave.
 //
 // Packing reads rows in order (under the lock protocol without waiting: a file whose writer holds
 // its lock stays per-sample), checks each file as `draftfeed verify` does (a file that fails is
 // left as it is and counted), encodes the valid ones on a pool of threads and appends them to the
 // current shard, held in memory until it reaches `shard_bytes` of per-sample files. A full shard
-// is written durably (temporary file, fsync, rename, fsync of the folder), then the manifest naming
-// it (the same way), and only then, in place, the per-sample files it holds are removed. A pack
-// killed at any point therefore leaves the per-sample files, or a manifest whose shards are all
-// there (and the rows it lacks still per-sample): a reader finds every valid row. Running it again
-// goes on from the manifest: rows it names are skipped (in place, their leftover per-sample files
-// removed), temporary files of dead packers removed, a shard file the manifest does not name
-// (killed between its rename and the manifest's) written over.
+// is written durably (temporary file, fsync, rename, fsync of the folder), then, when its turn has
+// come, the manifest naming it (the same way), and only then, in place, the per-sample files it
+// holds are removed, each only once its packed sample reads back valid (checksum and every check
+// verify makes). A pack killed at any point therefore leaves the per-sample files, or a manifest
+// whose shards are all there (and the rows it lacks still per-sample): a reader finds every valid
+// row. Running it again goes on from the manifest: rows it names are skipped; in place, a row the
+// manifest names whose per-sample file is still there (left by a killed run, or written since to
+// repair a corrupt packed sample) has its file removed only when its packed sample is valid, and
+// is packed again from the file (into a new shard, the manifest then naming that one) when it is
+// not. Temporaries of dead packers of this host are removed; a shard file the manifest does not
+// name (killed between its rename and the manifest's) is written over.
 //
 // Unpacking writes each sample's per-sample file back, byte for byte (checksum checked, parts
 // decoded), atomically, in the layout it was packed from; in place, the manifest is removed once
 // every file is durable, then the shards.
-// Thread safety: one pack or unpack at a time per folder; `progress` may be read from any thread.
+// Thread safety: `progress` may be read from any thread.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "draftfeed/hidden/cache_rewrite.h"
 #include "draftfeed/hidden/cache_scan.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/pack/plane_codec.h"
@@ -33,37 +38,29 @@ namespace draftfeed {
 inline constexpr std::uint64_t kDefaultShardBytes = std::uint64_t{1} << 30;
 
 struct PackOptions {
-  std::string target_root;                         // empty: in place, into the source store's root
+  CacheRewriteOptions rewrite;  // target (empty: in place), threads, examples, lock wait
   std::uint64_t shard_bytes = kDefaultShardBytes;  // per-sample bytes per shard (memory bound)
   bool compress = false;                           // hidden states through the plane codec
   PlaneCodecOptions codec;
-  unsigned threads = 0;  // 0: one per core
-  std::size_t max_examples = 5;
+
+  // The only check of these fields: Error(kInvalidArgument) naming the field.
+  void validate() const;
 };
 
-struct PackProgress {
-  std::atomic<std::int64_t> rows_done{0};
-  std::atomic<std::uint64_t> bytes_before{0};
-  std::atomic<std::uint64_t> bytes_after{0};
-};
-
-struct PackReport {
-  std::int64_t rows = 0;
+struct PackReport : CacheRewriteReport {
   std::int64_t packed = 0;          // written into shards by this run
-  std::int64_t already_packed = 0;  // named by the manifest before
+  std::int64_t already_packed = 0;  // named by the manifest before, and left there
+  std::int64_t repacked = 0;        // of `packed`, rows whose packed sample was not valid
   std::int64_t missing = 0;
-  std::int64_t removed = 0;          // per-sample files removed (in place)
+  std::int64_t removed = 0;  // per-sample files removed (in place), each row safe in the pack
+  // Per-sample files kept (in place) because their packed sample did not read back valid: the row
+  // reads from its file still. Counted among the skipped rows too (by reason, with examples).
+  std::int64_t kept = 0;
   std::int64_t shards = 0;           // written by this run
   std::int64_t manifest_writes = 0;  // by this run (kManifestRewriteFactor)
-  std::array<std::int64_t, kScanStatusCount> skipped{};
-  std::array<std::vector<ScanExample>, kScanStatusCount> examples;
-  std::uint64_t bytes_before = 0;   // per-sample files packed by this run
-  std::uint64_t bytes_after = 0;    // the shards written by this run
+  // bytes_before: the per-sample files packed by this run; bytes_after: the shards it wrote.
   std::uint64_t hidden_before = 0;  // their hidden states' bytes, as they were
   std::uint64_t hidden_after = 0;   // and as stored
-  double seconds = 0;
-  unsigned threads = 0;
-  std::int64_t skipped_total() const;
 };
 
 // The manifest names every sample of the pack, so rewriting it after every shard would cost
@@ -75,26 +72,25 @@ struct PackReport {
 inline constexpr std::uint64_t kManifestRewriteFactor = 16;
 
 // Packs rows [begin, end) of `source` (give it LockMode::kProbe). `ids_of_row` as for scan_cache.
-// Throws Error: kIo naming the file when a write fails (what was written stays usable), kFormat
-// when the target's manifest is bad (nothing is written then).
+// Throws the writer lock's Error when another rewrite holds the folder (kTimeout naming it),
+// Error kIo naming the file when a write fails (what was written stays usable), kFormat when the
+// target's manifest is bad (nothing is written then), kRuntime when the manifest changed under
+// this pack (a writer that did not take the lock: this one stops before writing over it).
 PackReport pack_cache(const CacheStore& source, std::int64_t begin, std::int64_t end,
                       const std::function<RowIds(std::int64_t)>& ids_of_row,
-                      const PackOptions& options, PackProgress* progress = nullptr);
+                      const PackOptions& options, CacheRewriteProgress* progress = nullptr);
 
-struct UnpackReport {
-  std::int64_t rows = 0;     // in the manifest
+struct UnpackReport : CacheRewriteReport {
   std::int64_t written = 0;  // per-sample files written
-  std::int64_t failed = 0;   // samples that did not read back (corrupt): the pack stays
-  std::vector<std::string> examples;
-  bool removed_pack = false;       // in place: manifest and shards removed
-  std::uint64_t bytes_before = 0;  // the shards
-  std::uint64_t bytes_after = 0;   // the per-sample files
-  double seconds = 0;
+  // Samples that did not read back (corrupt): skipped[kCorrupt], with examples; the pack stays.
+  std::int64_t failed() const { return skipped[static_cast<std::size_t>(ScanStatus::kCorrupt)]; }
+  bool removed_pack = false;  // in place: manifest and shards removed
+  // bytes_before: the shards; bytes_after: the per-sample files.
 };
 
-// Unpacks the pack in `root` into `target_root` (empty: in place). Throws Error(kNotFound) when
-// `root` has no manifest, kIo when a write fails.
-UnpackReport unpack_cache(const std::string& root, const std::string& target_root, unsigned threads,
-                          std::size_t max_examples = 5, PackProgress* progress = nullptr);
+// Unpacks the pack in `root` into options.target_root (empty: in place). Throws the writer lock's
+// Error, Error(kNotFound) when `root` has no manifest, kIo when a write fails.
+UnpackReport unpack_cache(const std::string& root, const CacheRewriteOptions& options,
+                          CacheRewriteProgress* progress = nullptr);
 
 }  // namespace draftfeed

@@ -1,5 +1,7 @@
 #include "draftfeed/pack/packed_cache.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 
 #include "draftfeed/common/fault_guard.h"
@@ -7,20 +9,77 @@
 
 namespace draftfeed {
 
-PackedCache::PackedCache(std::string root, PackManifest manifest)
+PackedCache::PackedCache(std::string root, PackManifest manifest, FileStamp stamp)
     : root_(std::move(root)),
       manifest_(std::move(manifest)),
+      stamp_(stamp),
       checked_(std::make_unique<std::atomic<bool>[]>(manifest_.samples.size())),
       shards_(manifest_.shards.size()) {
   rows_.reserve(manifest_.samples.size());
   for (std::size_t i = 0; i < manifest_.samples.size(); ++i) rows_[manifest_.samples[i].row] = i;
 }
 
-Result<std::shared_ptr<const PackedCache>> PackedCache::open(const std::string& root) {
-  auto manifest = read_pack_manifest(root);
+Result<std::shared_ptr<const PackedCache>> PackedCache::open(const std::string& root,
+                                                             const PackedCache* previous) {
+  FileStamp stamp;
+  auto manifest = read_pack_manifest(root, &stamp);
   if (!manifest.ok()) return manifest.error();
   if (!manifest.value()) return std::shared_ptr<const PackedCache>();
-  return std::shared_ptr<const PackedCache>(new PackedCache(root, std::move(*manifest.value())));
+  std::shared_ptr<PackedCache> pack(new PackedCache(root, std::move(*manifest.value()), stamp));
+  if (previous != nullptr) pack->adopt(*previous);
+  return std::shared_ptr<const PackedCache>(std::move(pack));
+}
+
+std::shared_ptr<const PackedCache> PackedCache::of_manifest(const std::string& root,
+                                                            PackManifest manifest) {
+  return std::shared_ptr<const PackedCache>(new PackedCache(root, std::move(manifest), {}));
+}
+
+namespace {
+
+// Whether the file at `path` is still the one `file` opened (device and inode).
+bool still_the_file(const std::string& path, const MappedFile& file) {
+  struct stat here {};
+  struct stat held {};
+  return file.fd() >= 0 && ::lstat(path.c_str(), &here) == 0 && ::fstat(file.fd(), &held) == 0 &&
+         here.st_dev == held.st_dev && here.st_ino == held.st_ino && here.st_size == held.st_size;
+}
+
+}  // namespace
+
+void PackedCache::adopt(const PackedCache& previous) {
+  std::unordered_map<std::string, std::size_t> shard_by_name;
+  for (std::size_t i = 0; i < manifest_.shards.size(); ++i)
+    shard_by_name[manifest_.shards[i].file] = i;
+  std::vector<bool> lent(manifest_.shards.size(), false);
+  {
+    std::lock_guard<std::mutex> lock(previous.mutex_);
+    for (std::size_t i = 0; i < previous.shards_.size(); ++i) {
+      const auto& opened = previous.shards_[i];
+      if (!opened || !opened->ok()) continue;
+      const PackShard& info = previous.manifest_.shards[i];
+      const auto it = shard_by_name.find(info.file);
+      if (it == shard_by_name.end() || manifest_.shards[it->second].bytes != info.bytes) continue;
+      if (!still_the_file(root_ + "/" + info.file, *opened->value()->file->mapping())) continue;
+      shards_[it->second] = opened;
+      lent[it->second] = true;
+    }
+  }
+  // Samples checked by the previous pack, in a shard lent, at the same range with the same
+  // checksum, are the same bytes: not hashed again.
+  for (std::size_t i = 0; i < manifest_.samples.size(); ++i) {
+    const PackEntry& e = manifest_.samples[i];
+    if (!lent[e.shard]) continue;
+    const PackEntry* old = previous.find(e.row);
+    if (old == nullptr) continue;
+    const auto old_index = static_cast<std::size_t>(old - previous.manifest_.samples.data());
+    if (previous.manifest_.shards[old->shard].file == manifest_.shards[e.shard].file &&
+        old->offset == e.offset && old->length == e.length && old->checksum == e.checksum &&
+        old->file_bytes == e.file_bytes &&
+        previous.checked_[old_index].load(std::memory_order_relaxed)) {
+      checked_[i].store(true, std::memory_order_relaxed);
+    }
+  }
 }
 
 const PackEntry* PackedCache::find(std::int64_t row) const {
@@ -147,6 +206,14 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check
       return Error(ErrorKind::kFormat, where(entry) + ": the sample's bytes hash to " +
                                            xxh64_hex(hash.value()) + ", the manifest says " +
                                            xxh64_hex(entry.checksum) + " (corrupt)");
+    }
+    // The parts as the shard's header says them, against the sample's own header (checksummed).
+    std::vector<std::uint8_t> header(p.header.nbytes);
+    if (!guarded_copy(header.data(), p.header.data, header.size())) {
+      return Error(ErrorKind::kIo, where(entry) + ": the shard shrank while being read");
+    }
+    if (auto error = check_parts_against_header(p, header, entry.file_bytes, where(entry))) {
+      return std::move(*error);
     }
     if (checked != nullptr) checked->store(true, std::memory_order_relaxed);
   }

@@ -53,11 +53,21 @@ enum class CompressedRead : std::uint8_t { kWhole, kInCopy };
 class PackedCache {
  public:
   // The pack in `root`: null when `root` has no manifest.json; an error when the manifest is bad
-  // or unreadable.
-  static Result<std::shared_ptr<const PackedCache>> open(const std::string& root);
+  // or unreadable. `previous`, a reader's earlier PackedCache of the same folder (the pack before
+  // a rewrite), lends its open shards to this one where the file at the shard's name is still the
+  // one it opened (device and inode), and its checked samples where shard, range and checksum are
+  // the same: following a rewrite costs an open per new shard, not per shard.
+  static Result<std::shared_ptr<const PackedCache>> open(const std::string& root,
+                                                         const PackedCache* previous = nullptr);
+  // A pack of `manifest` in `root` (a writer's, just written: pack_writer.h checks its samples
+  // through one before it removes their per-sample files).
+  static std::shared_ptr<const PackedCache> of_manifest(const std::string& root,
+                                                        PackManifest manifest);
 
   const std::string& root() const { return root_; }
   const PackManifest& manifest() const { return manifest_; }
+  // The manifest file this pack was read from (pack_manifest.h), to tell a rewrite since.
+  const FileStamp& stamp() const { return stamp_; }
   // The manifest's entry of `row`, or null.
   const PackEntry* find(std::int64_t row) const;
 
@@ -68,9 +78,12 @@ class PackedCache {
   Result<std::shared_ptr<const OpenPackShard>> shard(std::uint32_t index) const;
 
   // The entry's sample, its compressed parts decoded. Its checksum is checked on its first read by
-  // this PackedCache (every read with `always_check`): a loader reads every sample once an epoch,
-  // and a second pass over every byte each time would cost a warm epoch a third of its speed. The
-  // batch copy still checks every value's finiteness on every read.
+  // this PackedCache (every read with `always_check`), and with it each part's dtype, shape and
+  // size (as the shard's header says them) against the sample's own header, which the checksum
+  // covers (shard_layout.h's check_parts_against_header), before anything is allocated for it: a
+  // loader reads every sample once an epoch, and a second pass over every byte each time would
+  // cost a warm epoch a third of its speed. The batch copy still checks every value's finiteness
+  // on every read.
   // Token ids and shapes are not checked against a dataset row here (validate.h).
   Result<PackedSample> read(const PackEntry& entry, bool always_check = false,
                             CompressedRead compressed = CompressedRead::kWhole) const;
@@ -80,12 +93,15 @@ class PackedCache {
   Result<std::vector<std::uint8_t>> file_bytes(const PackEntry& entry) const;
 
  private:
-  PackedCache(std::string root, PackManifest manifest);
+  PackedCache(std::string root, PackManifest manifest, FileStamp stamp);
+  // What `previous` opened and checked that this pack names too (see open).
+  void adopt(const PackedCache& previous);
   // The entry's parts, checked to lie exactly at the manifest's range.
   Result<const PackedSampleParts*> parts(const PackEntry& entry, const OpenPackShard& shard) const;
 
   std::string root_;
   PackManifest manifest_;
+  FileStamp stamp_;
   std::unordered_map<std::int64_t, std::size_t> rows_;  // row -> index in manifest_.samples
   // Per sample: its checksum matched once (read's first check).
   std::unique_ptr<std::atomic<bool>[]> checked_;

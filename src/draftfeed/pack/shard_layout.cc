@@ -229,6 +229,15 @@ Result<std::unordered_map<std::int64_t, PackedSampleParts>> index_pack_shard(
       if (elements > kMaxDecodedBytes / dtype_size(*dtype)) {
         return bad(name, where + ": the decoded shape is over 2^40 bytes");
       }
+      // The codec stores one plane as it is (a byte per bf16 value, a nibble per FP8 value):
+      // a blob decodes to at most twice its bytes. A shape that says more is a lie, refused
+      // before anything is allocated for it.
+      if (elements * dtype_size(*dtype) > 2 * static_cast<std::uint64_t>(view.nbytes) + 64) {
+        return bad(name, where + ": the decoded shape needs " +
+                             std::to_string(elements * dtype_size(*dtype)) +
+                             " bytes, more than a blob of " + std::to_string(view.nbytes) +
+                             " bytes decodes to");
+      }
       packed.compressed = true;
       packed.dtype = *dtype;
       packed.shape = std::move(dims);
@@ -241,6 +250,39 @@ Result<std::unordered_map<std::int64_t, PackedSampleParts>> index_pack_shard(
                          std::to_string(kMaxShardSamples) + ")");
   }
   return index;
+}
+
+std::optional<Error> check_parts_against_header(const PackedSampleParts& parts,
+                                                std::span<const std::uint8_t> header,
+                                                std::uint64_t file_bytes,
+                                                const std::string& where) {
+  auto layout = parse_safetensors_header(header, file_bytes, where + ": its per-sample header");
+  if (!layout.ok()) return layout.error();
+  const std::vector<TensorView>& tensors = layout.value().tensors;
+  if (tensors.size() != parts.parts.size()) {
+    return bad(where, "the shard holds " + std::to_string(parts.parts.size()) +
+                          " parts of the row, its per-sample header names " +
+                          std::to_string(tensors.size()) + " tensors");
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& own = tensors[i];
+    const PackedPart& part = parts.parts[i];
+    const std::string what = "part " + std::to_string(i) + " (" + part.name.substr(0, 80) + ")";
+    if (own.name != part.name) {
+      return bad(where, what + ": the per-sample header names tensor " + own.name.substr(0, 80) +
+                            " there");
+    }
+    if (own.dtype != part.dtype || own.shape != part.shape) {
+      return bad(where, what + ": the shard's header says " + std::string(dtype_name(part.dtype)) +
+                            " " + shape_to_string(part.shape) + ", the sample's own header " +
+                            std::string(dtype_name(own.dtype)) + " " + shape_to_string(own.shape));
+    }
+    if (own.nbytes != part.decoded_bytes) {
+      return bad(where, what + ": " + std::to_string(part.decoded_bytes) + " bytes in the shard, " +
+                            std::to_string(own.nbytes) + " in the sample's own header");
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace draftfeed

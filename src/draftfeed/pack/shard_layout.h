@@ -89,4 +89,15 @@ Result<std::unordered_map<std::int64_t, PackedSampleParts>> index_pack_shard(
     std::span<const TensorView> tensors, const std::map<std::string, std::string>& metadata,
     const std::string& name);
 
+// Checks a packed sample's parts, as the shard's (unchecksummed) header and metadata describe
+// them, against the sample's own per-sample header `header` (its `__header__` part, copied out of
+// the mapping: the size field and the JSON header, covered by the sample's checksum): the same
+// tensors in the same order, each with the same dtype, shape and bytes (decoded, for a compressed
+// part), and `file_bytes` (the manifest's size of the per-sample file) what that header describes.
+// A shard whose header relabels a part (bf16 bytes called F16, a longer shape) would otherwise
+// give other values with a valid checksum. `where` starts the message; errors are kFormat.
+std::optional<Error> check_parts_against_header(const PackedSampleParts& parts,
+                                                std::span<const std::uint8_t> header,
+                                                std::uint64_t file_bytes, const std::string& where);
+
 }  // namespace draftfeed

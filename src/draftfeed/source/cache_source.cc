@@ -104,14 +104,34 @@ CacheSampleSource::CacheSampleSource(std::shared_ptr<const CacheStore> store,
           read_ahead, packed_range_of(pack_))) {}
 
 FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayView& input_ids) {
+  const std::shared_ptr<const PackedCache> pack = pack_->current();
+  FetchOutcome outcome = fetch_once(pack.get(), global_row, input_ids);
+  if (drop_may_be_a_rewrite(outcome)) {
+    // A pack or unpack that finished during the epoch: the row is in the new pack, or back in its
+    // file (one stat of the manifest to know).
+    auto now = pack_->refresh();
+    if (!now.ok()) return FetchOutcome::dropped(DropReason::kInvalid, now.error().what());
+    if (now.value() != pack) outcome = fetch_once(now.value().get(), global_row, input_ids);
+  }
+  if (outcome.reason == DropReason::kMissing && !outcome.sample) {
+    if (options_.on_missing == OnMissing::kRaise) outcome.fatal = true;
+    if (options_.on_missing == OnMissing::kWarn) {
+      std::fprintf(stderr, "draftfeed: warning: %s\n", outcome.message.c_str());
+    }
+  }
+  return outcome;
+}
+
+FetchOutcome CacheSampleSource::fetch_once(const PackedCache* pack, std::int64_t global_row,
+                                           const IntArrayView& input_ids) {
   // A packed sample that fails its checks gives way to a per-sample file of its row (one that
   // `draftfeed generate` wrote to repair it); without one, the pack's reason is the row's.
   std::optional<FetchOutcome> packed_drop;
-  if (const PackEntry* entry = pack_ != nullptr ? pack_->find(global_row) : nullptr) {
+  if (const PackEntry* entry = pack != nullptr ? pack->find(global_row) : nullptr) {
     // Its range's read ahead waited for, or done now when it was found and not yet read; its
     // bytes released from the read-ahead's budget.
     read_ahead_->take(global_row);
-    FetchOutcome packed = fetch_packed(*pack_, *entry, input_ids, options_.fp8_dequantize_dtype,
+    FetchOutcome packed = fetch_packed(*pack, *entry, input_ids, options_.fp8_dequantize_dtype,
                                        CompressedRead::kInCopy);
     if (packed.sample) return packed;
     packed_drop = std::move(packed);
@@ -130,18 +150,17 @@ FetchOutcome CacheSampleSource::fetch(std::int64_t global_row, const IntArrayVie
   }
   if (!found.value()) {
     if (packed_drop) return std::move(*packed_drop);
-    const std::string message =
-        row_text(global_row) + ": no cached hidden states at " + store_->paths_text(global_row);
-    if (options_.on_missing == OnMissing::kRaise)
-      return FetchOutcome::dropped(DropReason::kMissing, message, true);
-    if (options_.on_missing == OnMissing::kWarn)
-      std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
-    return FetchOutcome::dropped(DropReason::kMissing, message);
+    return FetchOutcome::dropped(
+        DropReason::kMissing,
+        row_text(global_row) + ": no cached hidden states at " + store_->paths_text(global_row));
   }
   return check(global_row, input_ids, *found.value(), options_.fp8_dequantize_dtype, read_rows_);
 }
 
 void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
+  // A rewrite that finished since the last epoch is seen now (one stat of the manifest).
+  auto refreshed = pack_->refresh();
+  if (!refreshed.ok()) throw refreshed.error();
   // Packed rows too: read ahead by their ranges in their shards (packed_range_of), no file looked
   // for.
   FileReadAheadPlan files;

@@ -7,7 +7,9 @@
 // folder: FP8 values are dequantized in the copy as FP8Transfer does, in `fp8_dequantize_dtype`.
 // A folder holding a packed cache (manifest.json) serves the rows it names from its shards
 // (source/packed_fetch.h), the others from their files; the read-ahead reads the packed rows by
-// their byte ranges in their shards, in the same plan order.
+// their byte ranges in their shards, in the same plan order. A rewrite of the folder while the
+// source runs (pack, unpack) is followed: the manifest is looked at again at each epoch's start,
+// and when a row is found nowhere (pack/live_packed_cache.h).
 #pragma once
 
 #include <chrono>
@@ -16,7 +18,7 @@
 #include <string_view>
 
 #include "draftfeed/hidden/cache_store.h"
-#include "draftfeed/pack/packed_cache.h"
+#include "draftfeed/pack/live_packed_cache.h"
 #include "draftfeed/read_ahead/file_read_ahead.h"
 #include "draftfeed/source/sample_source.h"
 
@@ -77,7 +79,9 @@ class CacheSampleSource : public SampleSource {
   CacheSampleSource(std::shared_ptr<const CacheStore> store, const CacheSourceOptions& options,
                     FileReadAheadOptions read_ahead = {});
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
-  // The epoch's files are opened and read ahead in this order (read_ahead/file_read_ahead.h).
+  // The epoch's files are opened and read ahead in this order (read_ahead/file_read_ahead.h),
+  // after a look at the folder's manifest (a rewrite since is read now). Throws the Error of a
+  // manifest that changed and no longer reads.
   void will_need(const ReadAheadPlan& plan) override;
   // The pipeline stops: what was prepared ahead is dropped, at once and again once its threads
   // have joined.
@@ -106,8 +110,12 @@ class CacheSampleSource : public SampleSource {
   const CacheSourceOptions options_;
   const bool read_rows_;  // options_.rows_are_read(), decided once
   const int blocking_fetches_;
-  // The folder's packed cache (source/packed_fetch.h), or null: its rows are read from shards.
-  std::shared_ptr<const PackedCache> pack_;
+  // The fetch of a row from `pack` (may be null) or its file, without the on_missing policy.
+  FetchOutcome fetch_once(const PackedCache* pack, std::int64_t global_row,
+                          const IntArrayView& input_ids);
+
+  // The folder's packed cache as it is now (source/packed_fetch.h): its rows are read from shards.
+  std::shared_ptr<LivePackedCache> pack_;
   std::unique_ptr<FileReadAhead> read_ahead_;
 };
 

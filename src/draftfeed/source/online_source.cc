@@ -239,37 +239,38 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
     ++(cached.sample ? stats_.cache_hits : stats_.cache_rejected);
     return cached;
   }
+  const std::shared_ptr<const PackedCache> pack = pack_ != nullptr ? pack_->current() : nullptr;
+  std::optional<FetchOutcome> stored = stored_in(pack.get(), row, input_ids);
+  if (pack_ != nullptr && (!stored || drop_may_be_a_rewrite(*stored))) {
+    // A pack or unpack that finished meanwhile (one stat of the manifest to know): the row is
+    // read from where it is now rather than generated again.
+    auto now = pack_->refresh();
+    if (now.ok() && now.value() != pack) stored = stored_in(now.value().get(), row, input_ids);
+  }
+  std::lock_guard lock(mutex_);
+  if (stored) ++(stored->sample ? stats_.cache_hits : stats_.cache_rejected);
+  return stored;
+}
+
+std::optional<FetchOutcome> OnlineSampleSource::stored_in(const PackedCache* pack, std::int64_t row,
+                                                          const IntArrayView& input_ids) {
   // As the cache source: a packed sample that fails its checks gives way to a per-sample file of
   // its row; without one, the pack's reason is the row's.
   std::optional<FetchOutcome> packed_drop;
-  if (const PackEntry* entry = pack_ != nullptr ? pack_->find(row) : nullptr) {
+  if (const PackEntry* entry = pack != nullptr ? pack->find(row) : nullptr) {
     FetchOutcome outcome =
-        fetch_packed(*pack_, *entry, input_ids, options_.cache.fp8_dequantize_dtype);
-    if (outcome.sample) {
-      std::lock_guard lock(mutex_);
-      ++stats_.cache_hits;
-      return outcome;
-    }
+        fetch_packed(*pack, *entry, input_ids, options_.cache.fp8_dequantize_dtype);
+    if (outcome.sample) return outcome;
     packed_drop = std::move(outcome);
   }
   auto found = store_->lookup(row, kMapForRowReads);
   if (!found.ok()) {
-    std::lock_guard lock(mutex_);
-    ++stats_.cache_rejected;
     return FetchOutcome::dropped(DropReason::kInvalid,
                                  "row " + std::to_string(row) + ": " + found.error().what());
   }
-  if (!found.value()) {
-    if (!packed_drop) return std::nullopt;
-    std::lock_guard lock(mutex_);
-    ++stats_.cache_rejected;
-    return std::move(*packed_drop);
-  }
-  FetchOutcome outcome = CacheSampleSource::check(row, input_ids, *found.value(),
-                                                  options_.cache.fp8_dequantize_dtype, read_rows_);
-  std::lock_guard lock(mutex_);
-  ++(outcome.sample ? stats_.cache_hits : stats_.cache_rejected);
-  return outcome;
+  if (!found.value()) return packed_drop;
+  return CacheSampleSource::check(row, input_ids, *found.value(),
+                                  options_.cache.fp8_dequantize_dtype, read_rows_);
 }
 
 Result<std::optional<std::string>> OnlineSampleSource::chat_messages(std::int64_t row) const {

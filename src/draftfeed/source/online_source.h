@@ -50,7 +50,7 @@
 #include "draftfeed/common/message_log.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/online/vllm_client.h"
-#include "draftfeed/pack/packed_cache.h"
+#include "draftfeed/pack/live_packed_cache.h"
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/generated_file.h"
 #include "draftfeed/source/hidden_states_transfer.h"
@@ -223,6 +223,10 @@ class OnlineSampleSource : public SampleSource {
   // on_generate through options_.transfer: cache (or remove when it cannot cache) or remove.
   void finish_through_transfer(std::int64_t row, const std::string& handle);
   void remove_through_transfer(const std::string& handle);
+  // The row as stored in `pack` (may be null) or its per-sample file, or nothing when neither has
+  // it.
+  std::optional<FetchOutcome> stored_in(const PackedCache* pack, std::int64_t row,
+                                        const IntArrayView& input_ids);
 
   const OnlineSourceOptions options_;
   const bool read_rows_;  // options_.cache.rows_are_read(): how cached files are copied
@@ -230,7 +234,7 @@ class OnlineSampleSource : public SampleSource {
   std::shared_ptr<SampleSource> offline_;  // for skip / warn / raise
   // The cache folder's packed cache, or null (source/packed_fetch.h): its rows are read from their
   // shards, the others looked for as files and generated when missing.
-  std::shared_ptr<const PackedCache> pack_;
+  std::shared_ptr<LivePackedCache> pack_;
   GeneratedFileReader reader_;
   VllmClient client_;
   MessageLog log_;

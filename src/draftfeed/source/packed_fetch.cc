@@ -5,10 +5,13 @@
 
 namespace draftfeed {
 
-std::shared_ptr<const PackedCache> open_packed_cache(const std::string& hidden_states_path) {
-  auto pack = PackedCache::open(hidden_states_path);
-  if (!pack.ok()) throw pack.error();
-  return pack.value();
+std::shared_ptr<LivePackedCache> open_packed_cache(const std::string& hidden_states_path) {
+  return std::make_shared<LivePackedCache>(hidden_states_path);
+}
+
+bool drop_may_be_a_rewrite(const FetchOutcome& outcome) {
+  return !outcome.sample &&
+         (outcome.reason == DropReason::kMissing || outcome.reason == DropReason::kInvalid);
 }
 
 namespace {
@@ -87,10 +90,10 @@ FetchOutcome decoded_whole(FetchOutcome outcome) {
   return outcome;
 }
 
-FileReadAhead::RangeOf packed_range_of(std::shared_ptr<const PackedCache> pack) {
-  if (pack == nullptr) return nullptr;
-  return [pack = std::move(pack)](std::int64_t row) -> std::optional<FileRange> {
-    const PackEntry* entry = pack->find(row);
+FileReadAhead::RangeOf packed_range_of(std::shared_ptr<const LivePackedCache> live) {
+  return [live = std::move(live)](std::int64_t row) -> std::optional<FileRange> {
+    const std::shared_ptr<const PackedCache> pack = live->current();
+    const PackEntry* entry = pack != nullptr ? pack->find(row) : nullptr;
     if (entry == nullptr) return std::nullopt;  // a per-sample file
     auto shard = pack->shard(entry->shard);
     if (!shard.ok()) return FileRange{};  // its fetch reports why

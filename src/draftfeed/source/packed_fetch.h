@@ -14,16 +14,22 @@
 #include <memory>
 #include <vector>
 
+#include "draftfeed/pack/live_packed_cache.h"
 #include "draftfeed/pack/packed_cache.h"
 #include "draftfeed/read_ahead/file_read_ahead.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
-// The pack in `hidden_states_path`, or null when there is none. Throws the Error of a manifest
-// that does not parse (kFormat naming the manifest and the field): a cache half described is not
-// read.
-std::shared_ptr<const PackedCache> open_packed_cache(const std::string& hidden_states_path);
+// The pack in `hidden_states_path` as it is now and after each rewrite (pack/live_packed_cache.h).
+// Throws the Error of a manifest that does not parse (kFormat naming the manifest and the field):
+// a cache half described is not read.
+std::shared_ptr<LivePackedCache> open_packed_cache(const std::string& hidden_states_path);
+
+// Whether a fetch's drop may come from a rewrite that finished meanwhile (the row found nowhere,
+// or its pack's shard gone): then the source looks at the manifest again (one stat) and, when the
+// pack changed, fetches the row once more from the new one.
+bool drop_may_be_a_rewrite(const FetchOutcome& outcome);
 
 // `row` (named by the pack's manifest) from its shard.
 FetchOutcome fetch_packed(const PackedCache& pack, const PackEntry& entry,
@@ -37,7 +43,8 @@ FetchOutcome decoded_whole(FetchOutcome outcome);
 
 // For the file read-ahead (FileReadAhead::RangeOf): a packed row's bytes in its shard (the shard
 // opened once, by the pack), so that it is read ahead by range and no file of its own is looked
-// for (a metadata operation each, which the pack is there to save). Null without a pack.
-FileReadAhead::RangeOf packed_range_of(std::shared_ptr<const PackedCache> pack);
+// for (a metadata operation each, which the pack is there to save). The pack current when the
+// read-ahead asks (refreshed at each epoch's start).
+FileReadAhead::RangeOf packed_range_of(std::shared_ptr<const LivePackedCache> pack);
 
 }  // namespace draftfeed
