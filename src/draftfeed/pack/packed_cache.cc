@@ -135,6 +135,7 @@ Result<const PackedSampleParts*> PackedCache::parts(const PackEntry& entry,
     return Error(ErrorKind::kFormat, where(entry) + ": the shard holds no tensors of the row");
   }
   const PackedSampleParts& parts = it->second;
+  if (!parts.problem.empty()) return Error(ErrorKind::kFormat, where(entry) + ": " + parts.problem);
   if (parts.begin != entry.offset || parts.end != entry.offset + entry.length) {
     return Error(ErrorKind::kFormat, where(entry) + ": the row's tensors span bytes " +
                                          std::to_string(parts.begin) + ".." +

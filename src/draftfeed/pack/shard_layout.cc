@@ -63,6 +63,58 @@ bool is_pad_name(const std::string& part) {
          digits.find_first_not_of("0123456789") == std::string::npos;
 }
 
+// A compressed part's metadata ({"codec", "dtype", "shape"}) into `packed`, or why not.
+std::optional<std::string> read_codec_metadata(const std::string& text, const TensorView& view,
+                                               PackedPart& packed) {
+  const json info = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto field = [&](const char* key) -> const json* {
+    if (!info.is_object()) return nullptr;
+    const auto it = info.find(key);
+    return it == info.end() ? nullptr : &*it;
+  };
+  const json* codec = field("codec");
+  const json* dtype_text = field("dtype");
+  const json* shape = field("shape");
+  if (codec == nullptr || !codec->is_string() || *codec != kPlaneCodecName ||
+      dtype_text == nullptr || !dtype_text->is_string() || shape == nullptr ||
+      !shape->is_array() || shape->size() > 8) {
+    return std::string("its metadata is not {\"codec\": \"") + kPlaneCodecName +
+           "\", \"dtype\", \"shape\"}";
+  }
+  const auto dtype = dtype_from_name(dtype_text->get<std::string>());
+  if (!dtype || !plane_codec_supports(*dtype)) {
+    return "the codec does not code dtype " + dtype_text->get<std::string>().substr(0, 16);
+  }
+  if (view.dtype != DType::kU8 || view.shape.size() != 1) return "a compressed part is U8 [n]";
+  std::vector<std::int64_t> dims;
+  std::uint64_t elements = 1;
+  for (const json& d : *shape) {
+    if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
+      return "a shape of non-negative integers is needed";
+    }
+    const auto v = static_cast<std::uint64_t>(d.get<std::int64_t>());
+    if (v != 0 && elements > kMaxDecodedBytes / v) return "the decoded shape is over 2^40 bytes";
+    elements *= v;
+    dims.push_back(static_cast<std::int64_t>(v));
+  }
+  if (elements > kMaxDecodedBytes / dtype_size(*dtype)) {
+    return "the decoded shape is over 2^40 bytes";
+  }
+  // The codec stores one plane as it is (a byte per bf16 value, a nibble per FP8 value): a blob
+  // decodes to at most twice its bytes. A shape that says more is a lie, refused before anything
+  // is allocated for it.
+  const std::uint64_t decoded = elements * dtype_size(*dtype);
+  if (decoded > 2 * static_cast<std::uint64_t>(view.nbytes) + 64) {
+    return "the decoded shape needs " + std::to_string(decoded) + " bytes, more than a blob of " +
+           std::to_string(view.nbytes) + " bytes decodes to";
+  }
+  packed.compressed = true;
+  packed.dtype = *dtype;
+  packed.shape = std::move(dims);
+  packed.decoded_bytes = decoded;
+  return std::nullopt;
+}
+
 }  // namespace
 
 EncodedSample encode_pack_sample(std::int64_t row, const SafetensorsFile& file, bool compress,
@@ -190,58 +242,11 @@ Result<std::unordered_map<std::int64_t, PackedSampleParts>> index_pack_shard(
     packed.decoded_bytes = view.nbytes;
     const auto meta = metadata.find(view.name);
     if (meta != metadata.end()) {
-      const json info = json::parse(meta->second, nullptr, /*allow_exceptions=*/false);
-      const auto field = [&](const char* key) -> const json* {
-        if (!info.is_object()) return nullptr;
-        const auto it = info.find(key);
-        return it == info.end() ? nullptr : &*it;
-      };
-      const json* codec = field("codec");
-      const json* dtype_text = field("dtype");
-      const json* shape = field("shape");
-      if (codec == nullptr || !codec->is_string() || *codec != kPlaneCodecName ||
-          dtype_text == nullptr || !dtype_text->is_string() || shape == nullptr ||
-          !shape->is_array() || shape->size() > 8) {
-        return bad(name, where + ": its metadata is not {\"codec\": \"" + kPlaneCodecName +
-                             "\", \"dtype\", \"shape\"}");
+      // A part's codec metadata that lies costs its row only (the row's reads fail with the
+      // reason), not the shard's other rows.
+      if (auto problem = read_codec_metadata(meta->second, view, packed)) {
+        if (sample.problem.empty()) sample.problem = where + ": " + *problem;
       }
-      const auto dtype = dtype_from_name(dtype_text->get<std::string>());
-      if (!dtype || !plane_codec_supports(*dtype)) {
-        return bad(name, where + ": the codec does not code dtype " +
-                             dtype_text->get<std::string>().substr(0, 16));
-      }
-      if (view.dtype != DType::kU8 || view.shape.size() != 1) {
-        return bad(name, where + ": a compressed part is U8 [n]");
-      }
-      std::vector<std::int64_t> dims;
-      std::uint64_t elements = 1;
-      for (const json& d : *shape) {
-        if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
-          return bad(name, where + ": a shape of non-negative integers is needed");
-        }
-        const auto v = static_cast<std::uint64_t>(d.get<std::int64_t>());
-        if (v != 0 && elements > kMaxDecodedBytes / v) {
-          return bad(name, where + ": the decoded shape is over 2^40 bytes");
-        }
-        elements *= v;
-        dims.push_back(static_cast<std::int64_t>(v));
-      }
-      if (elements > kMaxDecodedBytes / dtype_size(*dtype)) {
-        return bad(name, where + ": the decoded shape is over 2^40 bytes");
-      }
-      // The codec stores one plane as it is (a byte per bf16 value, a nibble per FP8 value):
-      // a blob decodes to at most twice its bytes. A shape that says more is a lie, refused
-      // before anything is allocated for it.
-      if (elements * dtype_size(*dtype) > 2 * static_cast<std::uint64_t>(view.nbytes) + 64) {
-        return bad(name, where + ": the decoded shape needs " +
-                             std::to_string(elements * dtype_size(*dtype)) +
-                             " bytes, more than a blob of " + std::to_string(view.nbytes) +
-                             " bytes decodes to");
-      }
-      packed.compressed = true;
-      packed.dtype = *dtype;
-      packed.shape = std::move(dims);
-      packed.decoded_bytes = elements * dtype_size(*dtype);
     }
     sample.parts.push_back(std::move(packed));
   }

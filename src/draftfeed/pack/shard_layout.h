@@ -13,7 +13,9 @@
 //
 // index_pack_shard reads that structure back from an untrusted shard (after parse_safetensors
 // checked the file's layout): names, row numbers, metadata, sizes, each refusal naming the shard
-// and the tensor. It is the shard-index fuzz target's entry point.
+// and the tensor. A shard whose structure is broken (names, order) is refused whole; a part's
+// codec metadata that lies marks its row only (PackedSampleParts::problem). It is the shard-index
+// fuzz target's entry point.
 #pragma once
 
 #include <cstdint>
@@ -81,6 +83,9 @@ struct PackedSampleParts {
   std::vector<PackedPart> parts;  // in file order, pads left out
   std::uint64_t begin = 0;        // file offset of the sample's first byte
   std::uint64_t end = 0;          // and one past its last (pads included)
+  // Why the row cannot be read (a part's codec metadata that lies), naming the part; empty when
+  // it can. The shard's other rows are read as usual.
+  std::string problem;
 };
 
 // Row -> its parts, for a checked shard's tensors (in file order) and metadata. `name` (the shard's
