@@ -36,6 +36,7 @@ max_len() {
   case "$1" in
     arrow_ipc_fuzz) echo 65536 ;;    # shards of a few record batches
     safetensors_fuzz) echo 16384 ;;  # a header and small tensors
+    pack_folder_fuzz) echo 16384 ;;  # a manifest and a shard of a few samples
     *) echo 8192 ;;                  # response bodies
   esac
 }

@@ -24,6 +24,7 @@ files in practice:
   pack_manifest_fuzz/  manifest.json files `draftfeed pack` writes (bf16 and FP8 caches, plain and
                        --compress, one shard and several), and hostile ones (nested deep, a path as
                        a shard name, overlapping samples, a row twice)
+  pack_folder_fuzz/    a manifest and its one shard together (u32 manifest length, manifest, shard)
   pack_shard_fuzz/     the shard files of the same packs (samples of bf16 and FP8 files, plain and
                        planes-zstd), and a bare planes-zstd blob
   vllm_response_fuzz/  bodies tools/sim_vllm_server.py answers (completions, chat, /models, its
@@ -406,6 +407,19 @@ def pack_shard_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def pack_folder_seeds() -> dict[str, bytes]:
+    """A manifest and its one shard, as pack_folder_fuzz takes them (u32 manifest length, manifest,
+    shard): packs of one shard, bf16 and FP8, plain and compressed."""
+    import struct
+
+    seeds: dict[str, bytes] = {}
+    for name, files in _packs().items():
+        if name.endswith("_one"):
+            manifest = files["manifest.json"]
+            seeds[f"{name}.bin"] = struct.pack("<I", len(manifest)) + manifest + files["shard-000000.safetensors"]
+    return seeds
+
+
 def write(out: Path, fuzzer: str, seeds: dict[str, bytes]) -> None:
     folder = out / fuzzer
     if folder.exists():
@@ -431,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset_state_fuzz": dataset_state_seeds,
         "pack_manifest_fuzz": pack_manifest_seeds,
         "pack_shard_fuzz": pack_shard_seeds,
+        "pack_folder_fuzz": pack_folder_seeds,
     }
     for fuzzer, make in makers.items():
         if args.only is None or args.only == fuzzer:
