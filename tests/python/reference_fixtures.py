@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -87,8 +87,11 @@ def reference_batches(
     dtype: torch.dtype = torch.bfloat16,
     preprocess=None,
     on_missing: Literal["generate", "skip", "warn", "raise"] = "skip",
+    transfer=None,
+    max_batches: int | None = None,
 ) -> list[dict]:
-    """The batches the real speculators dataset + sampler + collate produce (single process)."""
+    """The batches the real speculators dataset + sampler + collate produce (single process);
+    `transfer` (hs-connectors' FileTransfer, FP8Transfer, ...) reads another cache folder."""
     from speculators.train.data import ArrowDataset, CollateFn
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
@@ -101,12 +104,15 @@ def reference_batches(
             train_ratio=train_ratio,
             split=split,
             hidden_states_dtype=dtype,
+            **({} if transfer is None else {"transfer": transfer}),
         )
+        sampler_args: dict[str, Any] = {} if max_batches is None else {"max_batches": max_batches}
         sampler = MultipackDistributedBatchSamplerV2(
             batch_max_length=max_len,
             lengths=dataset.approx_lengths,
             num_replicas=world_size,
             rank=rank,
+            **sampler_args,
         )
         sampler.set_epoch(epoch)
         collate = CollateFn(

@@ -19,11 +19,9 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import cli_path
 from hs_connectors import FP8Transfer
 from pack_edit import (
@@ -35,6 +33,7 @@ from pack_edit import (
     set_sample_field,
 )
 from reference_fixtures import assert_same_batch, write_fixture
+from reference_fixtures import reference_batches as speculators_batches
 
 import draftfeed
 
@@ -93,19 +92,8 @@ def epoch(fixture, cache: Path, loader=None, epoch_number: int = 0) -> tuple[lis
 
 def reference_batches(fixture, flat: Path, epoch_number: int = 0) -> list[dict]:
     """speculators 0.9.0's batches over the per-sample cache `flat` (a missing file skipped)."""
-    from speculators.train.data import ArrowDataset, CollateFn
-    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dataset = ArrowDataset(max_len=MAX_LEN, datapath=fixture.path, transfer=FP8Transfer(flat),
-                               on_missing="skip", train_ratio=0.9, split="train",
-                               hidden_states_dtype=torch.bfloat16)
-        sampler = MultipackDistributedBatchSamplerV2(batch_max_length=MAX_LEN, lengths=dataset.approx_lengths,
-                                                     num_replicas=1, rank=0)
-        sampler.set_epoch(epoch_number)
-        collate = CollateFn(MAX_LEN, HIDDEN, num_target_layers=fixture.layers - 1, dtype=torch.bfloat16)
-        return [collate([dataset[int(i)] for i in batch]) for batch in sampler]
+    return speculators_batches(fixture, max_len=MAX_LEN, train_ratio=0.9, epoch=epoch_number,
+                               transfer=FP8Transfer(flat))
 
 
 def assert_batches(ours: list, expected: list, what: str) -> None:
@@ -118,6 +106,7 @@ def holder(folder: Path, *extra: str, wait: float = 0.0) -> subprocess.Popen:
     """`draftfeed lock FOLDER --hold 600` once it holds the lock (its "held" line read, bounded)."""
     proc = subprocess.Popen([cli_path(), "lock", str(folder), "--hold", "600", "--wait", str(wait), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     assert ready, "draftfeed lock --hold did not say it held the lock within 60 s"
     line = proc.stdout.readline()
@@ -235,8 +224,8 @@ def _rewrite_command(kind: str, data: Path, sim_url: str, server: Path, compress
         return base + ["--in-place", "--shard-bytes", "3000", "--no-progress", "--lock-wait", str(wait)] + (
             ["--compress"] if compress else [])
     if kind in ("unpack", "quantize"):
-        return base + ["--in-place", "--no-progress", "--lock-wait", str(wait)]
-    return base + ["--endpoint", sim_url, "--server-dir", str(server), "--no-progress", "--lock-wait", str(wait)]
+        return [*base, "--in-place", "--no-progress", "--lock-wait", str(wait)]
+    return [*base, "--endpoint", sim_url, "--server-dir", str(server), "--no-progress", "--lock-wait", str(wait)]
 
 
 def test_concurrent_rewrites_in_a_loop_keep_every_row(tmp_path):
@@ -310,7 +299,10 @@ def _loader_epoch(data: Path, cache: Path) -> tuple[list, dict]:
     loader = draftfeed.Loader(data, hidden_size=16, total_seq_len=64, hidden_states_path=cache, pin_memory=False)
     try:
         loader.set_epoch(0)
-        batches = [{k: v.clone() for k, v in b.items()} for b in loader]
+        batches = []
+        for batch in loader:
+            assert batch is not None
+            batches.append({k: v.clone() for k, v in batch.items()})
         return batches, {k: v for k, v in loader.metrics()["dropped"].items() if v}
     finally:
         loader.close()

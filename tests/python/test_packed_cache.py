@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 from fp8_fixtures import write_fp8_file
 from hs_connectors import FP8Transfer
 from reference_fixtures import assert_same_batch, write_fixture
+from reference_fixtures import reference_batches as speculators_batches
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -64,19 +64,8 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 
 def reference_batches(fixture, flat: Path) -> list[dict]:
-    from speculators.train.data import ArrowDataset, CollateFn
-    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dataset = ArrowDataset(max_len=MAX_LEN, datapath=fixture.path, transfer=FP8Transfer(flat),
-                               on_missing="skip", train_ratio=0.9, split="train",
-                               hidden_states_dtype=torch.bfloat16)
-        sampler = MultipackDistributedBatchSamplerV2(batch_max_length=MAX_LEN, lengths=dataset.approx_lengths,
-                                                     num_replicas=1, rank=0, max_batches=BATCHES)
-        sampler.set_epoch(0)
-        collate = CollateFn(MAX_LEN, HIDDEN, num_target_layers=fixture.layers - 1, dtype=torch.bfloat16)
-        return [collate([dataset[int(i)] for i in batch]) for batch in sampler]
+    return speculators_batches(fixture, max_len=MAX_LEN, train_ratio=0.9, transfer=FP8Transfer(flat),
+                               max_batches=BATCHES)
 
 
 def our_batches(fixture, cache: Path, batches: int = BATCHES, passes: int = 1) -> list:
