@@ -37,6 +37,7 @@
 #include "options_init.h"
 #include "python_transfer.h"
 #include "sample_source.h"
+#include "draftfeed/pack/pack_appender.h"
 #include "stats_dict.h"
 
 namespace draftfeed::python {
@@ -143,7 +144,35 @@ void bind_online_options(nb::module_& m) {
       .def_prop_rw(
           "on_generate", [](const O& o) { return std::string(on_generate_name(o.on_generate)); },
           [](O& o, const std::string& v) { o.on_generate = parse_on_generate(v); },
-          "delete (the reference's) | cache: move a generated file into the cache")
+          "delete (the reference's) | cache: move a generated file into the cache | pack: keep "
+          "it, compressed, in the cache folder's pack within cache_budget_bytes")
+      .def_prop_rw(
+          "cache_budget_bytes", [](const O& o) { return o.cache_budget_bytes; },
+          [](O& o, nb::handle v) {
+            // A byte count, a size ("500GB", "1.5TiB"), or None (no bound).
+            if (v.is_none()) {
+              o.cache_budget_bytes = 0;
+            } else if (nb::isinstance<nb::str>(v)) {
+              o.cache_budget_bytes = parse_byte_size(nb::cast<std::string>(v), "cache_budget_bytes");
+            } else {
+              const auto bytes = nb::cast<std::int64_t>(v);
+              require(bytes >= 0, ErrorKind::kInvalidArgument,
+                      "cache_budget_bytes must be >= 0, got " + std::to_string(bytes));
+              o.cache_budget_bytes = static_cast<std::uint64_t>(bytes);
+            }
+          },
+          nb::arg("value").none(),
+          "on_generate='pack': the pack's bytes on disk at most: an int, a size such as '500GB', "
+          "or None (0: no bound)")
+      .def_rw("cache_shard_bytes", &O::cache_shard_bytes,
+              "on_generate='pack': bytes of a shard (held in memory while it is assembled)")
+      .def_rw("cache_compress", &O::cache_compress,
+              "on_generate='pack': hidden states coded losslessly (planes-zstd)")
+      .def_prop_rw(
+          "cache_lock_wait", [](const O& o) { return o.cache_lock_wait.count(); },
+          [](O& o, double v) { o.cache_lock_wait = seconds(v); },
+          "on_generate='pack': seconds a shard's commit waits for the folder's writer lock "
+          "before the shard is dropped (training never waits longer)")
       .def_prop_rw(
           "verifier_name_or_path", [](const O& o) { return o.client.model; },
           [](O& o, const std::optional<std::string>& v) { o.client.model = v.value_or(""); },
@@ -331,6 +360,7 @@ void init_online(nb::module_& m) {
            [](const PyOnlineSource& s) {
              StatsTree tree = stats_tree(s.online->stats());
              if (s.lookahead) tree.add_group("lookahead", stats_tree(s.lookahead->stats()));
+             if (const auto kept = s.online->kept_stats()) tree.add_group("kept", stats_tree(*kept));
              return stats_dict(tree);
            })
       .def(
@@ -371,6 +401,14 @@ void init_online(nb::module_& m) {
             s.online->cancel();
           },
           "end transfers and backoff sleeps now; later fetches fail fast")
+      .def(
+          "flush_kept",
+          [](PyOnlineSource& s) {
+            nb::gil_scoped_release release;
+            s.online->flush_kept();
+          },
+          "on_generate='pack': commit the rows generated so far to the pack, and wait for it "
+          "(each epoch's start does it too)")
       .def_prop_ro(
           "options", [](const PyOnlineSource& s) { return s.online->options(); },
           "the options it was built with (a copy)")

@@ -38,6 +38,10 @@ How the reference's arguments map:
   vLLM servers write into. Handles resolving outside it are refused, and generated files in it are
   deleted (or moved into the cache) as the reference does. Without it handles are read from anywhere,
   but a file outside the cache folder is never deleted or moved: it stays where the server wrote it.
+- `DRAFTFEED_PACK_BUDGET` (environment): with `on_generate="cache"`, the generated rows are kept,
+  compressed, in the cache folder's pack within this many bytes ("500GB", "1.5TiB", or "unlimited")
+  instead of one file per row; the rows beyond the budget are generated again every epoch
+  (docs/protocol.md, "Generated rows kept in a pack"). `on_generate="delete"` keeps its meaning.
 """
 
 from __future__ import annotations
@@ -192,6 +196,24 @@ def _device_stage(native_preprocess: str | None) -> str | None:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
+PACK_BUDGET_ENV = "DRAFTFEED_PACK_BUDGET"
+
+
+def _kept_in_a_pack(on_generate: str, python_transfer: Any) -> tuple[str, dict[str, Any]]:
+    """The engine's on_generate and its pack options: DRAFTFEED_PACK_BUDGET turns the reference's
+    on_generate="cache" into the engine's "pack" within that budget (the module docstring)."""
+    budget = os.environ.get(PACK_BUDGET_ENV, "").strip()
+    if not budget or on_generate != "cache":
+        return on_generate, {}
+    if python_transfer is not None:
+        raise ValueError(
+            f"{PACK_BUDGET_ENV}={budget} keeps generated rows in the cache folder's pack, but "
+            f"transfer={type(python_transfer).__name__} keeps its samples itself: unset "
+            f"{PACK_BUDGET_ENV}, or use on_generate='cache' without it")
+    unlimited = budget.lower() in ("unlimited", "none", "0")
+    return "pack", {"cache_budget_bytes": None if unlimited else budget}
+
+
 def create_train_val_loaders(
     *,
     data_path: str,
@@ -231,6 +253,7 @@ def create_train_val_loaders(
         vllm_endpoint=vllm_endpoint, on_missing=on_missing, preprocess=preprocess)
 
     hidden_states_path, python_transfer, fp8_dequantize = _hidden_states_path(data_path, transfer)
+    engine_on_generate, keep = _kept_in_a_pack(on_generate, python_transfer)
     native = _native_preprocess(preprocess)
     topology = _topology()
 
@@ -240,7 +263,7 @@ def create_train_val_loaders(
         vllm_endpoint=vllm_endpoint,
         hidden_states_path=hidden_states_path,
         on_missing=on_missing,
-        on_generate=on_generate,
+        on_generate=engine_on_generate,
         verifier_name_or_path=verifier_name_or_path,
         request_timeout=request_timeout,
         max_retries=max_retries,
@@ -255,6 +278,7 @@ def create_train_val_loaders(
         # (handles elsewhere are refused).
         server_dir=os.environ.get("DRAFTFEED_SERVER_DIR") or None,
         fp8_dequantize_dtype=fp8_dequantize,
+        **keep,
     )
     online.validate()
     source: _core.SampleSource | None = None

@@ -19,6 +19,8 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/synthetic_cache.h"
+#include "draftfeed/pack/pack_appender.h"
+#include "draftfeed/source/online_source.h"
 #include "loader_run.h"
 #include "sim_server_process.h"
 #include "stream_report.h"
@@ -55,7 +57,10 @@ options:
                       tools/sim_vllm_server.py here or in the source tree)
   --python EXE        the Python that runs it (default: $DRAFTFEED_PYTHON, else python3)
   --fetch-threads N   online requests in flight (default )" +
-         std::to_string(VllmClientOptions().fetch_threads) + ")";
+         std::to_string(VllmClientOptions().fetch_threads) + R"()
+  --on-generate M     what the online epoch keeps of what it generated: cache (per-sample files,
+                      the default), pack (compressed, in the folder's pack) or delete
+  --cache-budget SIZE with --on-generate pack: the pack's bytes at most, e.g. 200MB)";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -105,7 +110,12 @@ int run_online_epoch(const Args& args, LoaderOptions options, LoaderRun run,
   std::fflush(stdout);
   options.cache.hidden_states_path = out + "/online_cache";  // empty: every row is generated
   OnlineSourceOptions online;
-  online.on_generate = OnGenerate::kCache;  // a later run reads them offline
+  // A later run reads them offline: per-sample files, or kept in a compressed pack.
+  online.on_generate =
+      args.parsed("on-generate", on_generate_name(OnGenerate::kCache), parse_on_generate);
+  if (const auto budget = args.opt_str("cache-budget")) {
+    online.cache_budget_bytes = parse_byte_size(*budget, "--cache-budget");
+  }
   online.client.endpoints = {server->url()};
   online.server_dir = sim.server_dir;
   online.client.fetch_threads =
@@ -119,7 +129,8 @@ int run_online_epoch(const Args& args, LoaderOptions options, LoaderRun run,
 int run_demo(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"out", "rows", "min-len", "max-len", "hidden-size", "layers", "total-seq-len",
-                   "threads", "seed", "epochs", "sim-server", "python", "fetch-threads"},
+                   "threads", "seed", "epochs", "sim-server", "python", "fetch-threads",
+                   "on-generate", "cache-budget"},
                   {"keep", "no-online"});
   args.expect_positionals(0, 0, "no positional arguments");
   SyntheticOptions options;

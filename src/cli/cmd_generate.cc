@@ -24,6 +24,7 @@
 #include "draftfeed/source/online_source.h"
 #include "online_flags.h"
 #include "row_range.h"
+#include "stats_json.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -45,6 +46,12 @@ options:
   --fp8                               store each generated file as hs-connectors' FP8 file
                                       (float8_e4m3fn + per-token scales, about half the bytes;
                                       files already valid are kept as they are: see quantize)
+  --pack                              keep the generated rows in the folder's pack (shards and a
+                                      manifest, docs/formats.md) instead of a file per row: no
+                                      per-sample file is written; a shard is committed under the
+                                      folder's writer lock, waiting --lock-wait for it (default
+                                      60 s here), as other ranks and runs may write there too
+  --compress                          with --pack: hidden states coded losslessly (planes-zstd)
   --layout flat|sharded               where new files go: DIR/hs_<row>.safetensors (flat, the
                                       default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
                                       (sharded, draftfeed's layout for large caches); files
@@ -119,7 +126,7 @@ void draw(const Progress& p, std::int64_t total, double seconds, std::int64_t in
 int run_generate(const std::vector<std::string>& argv) {
   std::set<std::string> value_flags = {"hidden-states", "rows", "layout", "lock-wait"};
   value_flags.insert(online_value_flags().begin(), online_value_flags().end());
-  std::set<std::string> switch_flags = {"no-progress", "json", "fp8"};
+  std::set<std::string> switch_flags = {"no-progress", "json", "fp8", "pack", "compress"};
   switch_flags.insert(online_switch_flags().begin(), online_switch_flags().end());
   const Args args(argv, value_flags, switch_flags);
   args.expect_positionals(1, 1, "one dataset folder");
@@ -129,12 +136,22 @@ int run_generate(const std::vector<std::string>& argv) {
 
   OnlineSourceOptions options = online_options_from(args);
   options.cache.hidden_states_path = args.str("hidden-states", default_hidden_states_path(data));
-  options.on_generate = OnGenerate::kCache;
+  const bool keep_packed = args.has("pack");
+  require(!args.has("compress") || keep_packed, ErrorKind::kInvalidArgument,
+          "--compress is for --pack (a pack's shards)");
+  require(!(keep_packed && args.has("fp8")), ErrorKind::kInvalidArgument,
+          "--fp8 writes per-sample FP8 files; --pack keeps the generated files losslessly "
+          "(draftfeed quantize converts per-sample files)");
+  require(!args.has("cache-budget") || keep_packed, ErrorKind::kInvalidArgument,
+          "--cache-budget is for --pack");
+  options.on_generate = keep_packed ? OnGenerate::kPack : OnGenerate::kCache;
+  options.cache_compress = args.has("compress");
   options.cache_fp8 = args.has("fp8");
   options.cache_layout = args.parsed("layout", "flat", parse_cache_layout);
   const bool json = args.has("json");
   const bool progress = !args.has("no-progress") && !json && ::isatty(STDERR_FILENO);
-  const double lock_wait = args.real("lock-wait", 0.0, 0.0);
+  const double lock_wait = args.real("lock-wait", keep_packed ? 60.0 : 0.0, 0.0);
+  options.cache_lock_wait = std::chrono::duration<double>(lock_wait);
 
   const auto dataset = TokenDataset::open(data);
   const RowRange range = parse_row_range(args.str("rows", ""), dataset->num_rows());
@@ -145,8 +162,9 @@ int run_generate(const std::vector<std::string>& argv) {
   // as by every reader. Writing into a folder that holds a pack is a rewrite of it: its writer
   // lock is held for the whole run (a pack or unpack meanwhile could otherwise remove the file of
   // a row generated to repair it), and the pack read again once the lock is ours.
+  // With --pack, the source's appender takes the lock for each shard's commit instead.
   std::optional<FolderLock> lock;
-  if (pack_manifest_stamp(options.cache.hidden_states_path).exists) {
+  if (!keep_packed && pack_manifest_stamp(options.cache.hidden_states_path).exists) {
     auto locked = FolderLock::acquire(options.cache.hidden_states_path, "draftfeed generate",
                                       std::chrono::duration<double>(lock_wait));
     if (!locked.ok()) {
@@ -176,7 +194,7 @@ int run_generate(const std::vector<std::string>& argv) {
       }
       const IntArrayView ids = dataset->input_ids(row);
       const FetchOutcome outcome = source.generate_row(row, ids);
-      if (outcome.sample && !has_valid_file(*source.store(), pack, *dataset, row)) {
+      if (outcome.sample && !keep_packed && !has_valid_file(*source.store(), pack, *dataset, row)) {
         // Generated and valid, but moving it into the cache failed (said on stderr as it
         // happened, naming the file): the row is not filled.
         ++p.uncached;
@@ -209,6 +227,9 @@ int run_generate(const std::vector<std::string>& argv) {
     }
   }
   for (auto& t : threads) t.join();
+  // With --pack, the last shard committed (waited for) before the rows are counted.
+  source.flush_kept();
+  const std::optional<PackAppendStats> kept = source.kept_stats();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (progress) {
@@ -217,7 +238,10 @@ int run_generate(const std::vector<std::string>& argv) {
   }
 
   const OnlineSourceStats stats = source.stats();
-  const std::int64_t filled = p.existing.load() + p.generated.load();
+  // Kept in the pack (--pack): generated rows count as filled once a manifest names them.
+  const std::int64_t generated_and_kept =
+      kept ? std::min<std::int64_t>(p.generated.load(), kept->kept) : p.generated.load();
+  const std::int64_t filled = p.existing.load() + generated_and_kept;
   const std::int64_t unfilled = total - filled;
   nlohmann::json report;
   report["rows"] = total;
@@ -226,6 +250,7 @@ int run_generate(const std::vector<std::string>& argv) {
   report["failed"] = p.failed.load();
   report["uncached"] = p.uncached.load();
   report["unfilled"] = unfilled;
+  if (kept) report["kept"] = stats_json(stats_tree(*kept));
   report["stale_temporaries_removed"] = stale_temporaries;
   report["seconds"] = seconds;
   report["rows_per_s"] = seconds > 0 ? static_cast<double>(p.generated.load()) / seconds : 0.0;
@@ -280,6 +305,17 @@ int run_generate(const std::vector<std::string>& argv) {
                 seconds, report["rows_per_s"].get<double>(), report["tokens_per_s"].get<double>(),
                 static_cast<long long>(stats.client.requests),
                 static_cast<long long>(stats.client.max_in_flight));
+    if (kept) {
+      std::printf("kept      %lld rows in the pack's %lld new shards (%s; the pack %.3f GB%s)\n",
+                  static_cast<long long>(kept->kept), static_cast<long long>(kept->shards),
+                  kept->full ? "the budget is reached" : "within the budget",
+                  static_cast<double>(kept->pack_bytes) / 1e9,
+                  kept->budget_bytes > 0
+                      ? (" of " + std::to_string(static_cast<double>(kept->budget_bytes) / 1e9) +
+                         " GB")
+                            .c_str()
+                      : "");
+    }
     if (p.uncached.load() > 0) {
       std::printf("uncached  %lld rows generated but not moved into the cache (see the warnings)\n",
                   static_cast<long long>(p.uncached.load()));

@@ -1,6 +1,7 @@
 // `draftfeed verify DATA`: checks every row's cached hidden states against the dataset, in
 // parallel, and reports counts by outcome and the scan speed.
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -39,7 +40,8 @@ holds one up.
   --threads N        scanning threads (default: one per core)
   --json             one JSON object: rows, ok, missing, corrupt, mismatched, nonfinite, locked,
                      bytes, layouts (flat, sharded), packed (samples, shards, compressed,
-                     packed_ok, fallbacks, fallback_examples),
+                     packed_ok, fallbacks, fallback_examples, budget: bytes, used, share,
+                     kept_rows, not_kept_rows),
                      seconds, gb_per_s, threads, examples
   --baseline memcpy  measure a plain memcpy of every file instead of validating it (the bound
                      for anything that copies every byte once, as a loader does)
@@ -55,6 +57,24 @@ std::string gb_text(double bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3f", bytes / 1e9);
   return text;
+}
+
+// A pack's budget (the writers that keep generated rows: pack/pack_appender.h) and how much of it
+// the pack takes: its shards and manifest, against the budget the last of them wrote.
+nlohmann::json budget_json(const PackedCache& pack, const CacheScanReport& report) {
+  std::uint64_t used = 0;
+  for (const PackShard& shard : pack.manifest().shards) used += shard.bytes;
+  std::error_code ec;
+  const auto manifest_size =
+      std::filesystem::file_size(pack.root() + "/" + kPackManifestName, ec);
+  if (!ec) used += manifest_size;
+  const std::uint64_t limit = pack.manifest().budget_bytes;
+  const auto kept = static_cast<std::int64_t>(pack.manifest().samples.size());
+  return {{"bytes", limit},
+          {"used", used},
+          {"share", limit > 0 ? static_cast<double>(used) / static_cast<double>(limit) : 0.0},
+          {"kept_rows", kept},
+          {"not_kept_rows", report.counts[static_cast<std::size_t>(ScanStatus::kMissing)]}};
 }
 
 int run_verify(const std::vector<std::string>& argv) {
@@ -158,6 +178,14 @@ int run_verify(const std::vector<std::string>& argv) {
       std::printf("  packed     %lld samples in %lld shards (%lld compressed)\n",
                   static_cast<long long>(packed.samples), static_cast<long long>(packed.shards),
                   static_cast<long long>(packed.compressed));
+      if (pack->manifest().budget_bytes > 0) {
+        const nlohmann::json budget = budget_json(*pack, report);
+        std::printf("  budget     %.1f%% used (%.3f of %.3f GB): %lld rows kept, %lld not kept "
+                    "(an online run generates them every epoch)\n",
+                    100.0 * budget["share"].get<double>(), budget["used"].get<double>() / 1e9,
+                    budget["bytes"].get<double>() / 1e9, budget["kept_rows"].get<long long>(),
+                    budget["not_kept_rows"].get<long long>());
+      }
       if (packed.fallbacks > 0) {
         std::printf(
             "  fallbacks  %lld packed rows read from their per-sample file instead (their "

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "draftfeed/pack/pack_appender.h"
+
 namespace draftfeed::cli {
 
 namespace {
@@ -32,7 +34,8 @@ const std::set<std::string>& online_value_flags() {
                                               "retry-backoff",
                                               "generation-validation-retries",
                                               "max-consecutive-failures",
-                                              "lock-timeout"};
+                                              "lock-timeout",
+                                              "cache-budget"};
   return flags;
 }
 
@@ -70,7 +73,10 @@ std::string online_flags_usage(int width) {
          line(width, "--lock-timeout S",
               "wait for a writer's lock at most S seconds (default " +
                   default_text(d.cache.lock_timeout.count()) + ")") +
-         line(width, "--no-keepalive", "open a new connection per request");
+         line(width, "--no-keepalive", "open a new connection per request") +
+         line(width, "--cache-budget SIZE",
+              "with --on-generate pack: the pack's bytes on disk at most, e.g. 500GB, 1.5TiB "
+              "(default: no bound)");
 }
 
 OnlineSourceOptions online_options_from(const Args& args) {
@@ -98,6 +104,9 @@ OnlineSourceOptions online_options_from(const Args& args) {
   options.fail_on_hidden_state_error = args.has("fail-on-error");
   options.cache.lock_timeout =
       seconds(args.real("lock-timeout", options.cache.lock_timeout.count(), 0.0));
+  if (const auto budget = args.opt_str("cache-budget")) {
+    options.cache_budget_bytes = parse_byte_size(*budget, "--cache-budget");
+  }
   return options;
 }
 

@@ -63,14 +63,21 @@ void sync_folder(const std::string& folder) {
   }
 }
 
-void write_file_durably(const std::string& path,
-                        std::span<const std::span<const std::uint8_t>> pieces) {
+namespace {
+
+std::string folder_of(const std::string& path) {
   const std::filesystem::path target(path);
-  const std::string folder =
-      target.parent_path().empty() ? std::string(".") : target.parent_path().string();
+  return target.parent_path().empty() ? std::string(".") : target.parent_path().string();
+}
+
+}  // namespace
+
+std::string write_temporary_durably(const std::string& path,
+                                    std::span<const std::span<const std::uint8_t>> pieces) {
+  const std::string folder = folder_of(path);
   std::string temp = folder;
   temp += '/';
-  temp += process_unique_name('.' + target.filename().string(), kTempTag);
+  temp += process_unique_name('.' + std::filesystem::path(path).filename().string(), kTempTag);
   // Created, never reused (O_EXCL): the name is this process's alone.
   constexpr int kCreate = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   const int fd = ::open(temp.c_str(), kCreate, 0644);
@@ -97,12 +104,21 @@ void write_file_durably(const std::string& path,
     ::unlink(temp.c_str());
     throw os_error("cannot close", temp, error);
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
+  return temp;
+}
+
+void rename_durably(const std::string& temporary, const std::string& path) {
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;
-    ::unlink(temp.c_str());
-    throw os_error("cannot rename " + temp + " to", path, error);
+    ::unlink(temporary.c_str());
+    throw os_error("cannot rename " + temporary + " to", path, error);
   }
-  sync_folder(folder);
+  sync_folder(folder_of(path));
+}
+
+void write_file_durably(const std::string& path,
+                        std::span<const std::span<const std::uint8_t>> pieces) {
+  rename_durably(write_temporary_durably(path, pieces), path);
 }
 
 std::int64_t remove_dead_temporaries(const std::string& folder) {

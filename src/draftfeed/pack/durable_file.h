@@ -18,6 +18,15 @@ namespace draftfeed {
 void write_file_durably(const std::string& path,
                         std::span<const std::span<const std::uint8_t>> pieces);
 
+// The first half of write_file_durably: the pieces written to a new temporary file beside `path`
+// (named as above), fsynced and closed; returns its path. The caller renames it into place with
+// rename_durably (or removes it). Throws Error(kIo) naming the file; nothing is left then.
+std::string write_temporary_durably(const std::string& path,
+                                    std::span<const std::span<const std::uint8_t>> pieces);
+// Renames `temporary` over `path` and fsyncs the folder. Throws Error(kIo) naming both (the
+// temporary is removed then).
+void rename_durably(const std::string& temporary, const std::string& path);
+
 // fsync of a folder (after a rename or an unlink in it). Throws Error(kIo) naming it.
 void sync_folder(const std::string& folder);
 

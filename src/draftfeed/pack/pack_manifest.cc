@@ -77,6 +77,7 @@ std::string pack_manifest_json(const PackManifest& manifest) {
   j["format_version"] = kPackFormatVersion;
   j["codec"] = manifest.codec;
   j["num_samples"] = manifest.samples.size();
+  if (manifest.budget_bytes > 0) j["budget_bytes"] = manifest.budget_bytes;
   json shards = json::array();
   for (const PackShard& shard : manifest.shards) {
     shards.push_back({{"file", shard.file}, {"bytes", shard.bytes}});
@@ -127,6 +128,11 @@ Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
   if (manifest.codec != "none" && manifest.codec != kPlaneCodecName) {
     return bad(name, "unknown codec \"" + manifest.codec.substr(0, 64) + "\" (none, " +
                          kPlaneCodecName + ")");
+  }
+  if (const json* budget = field("budget_bytes")) {
+    const std::optional<std::uint64_t> value = unsigned_field(*budget, kMaxShardBytes);
+    if (!value) return bad(name, "\"budget_bytes\" is not a byte count");
+    manifest.budget_bytes = *value;
   }
   const json* fields = field("sample_fields");
   if (fields == nullptr || !fields->is_array() || fields->size() != kSampleFieldCount) {

@@ -46,6 +46,9 @@ struct PackManifest {
   std::string codec = "none";  // "none" or "planes-zstd" (pack/plane_codec.h)
   std::vector<PackShard> shards;
   std::vector<PackEntry> samples;  // in packing order: by shard, then offset
+  // The disk budget of the writers that keep generated rows in this pack (pack_appender.h), as
+  // the last of them wrote it; 0: none said (optional in the file, "budget_bytes").
+  std::uint64_t budget_bytes = 0;
 };
 
 // "shard-000007.safetensors" (at least six digits, as NeMo Automodel's eagle3 cache).

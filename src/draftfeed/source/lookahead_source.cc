@@ -352,6 +352,9 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
         require(row >= 0 && row < n_rows, ErrorKind::kInvalidArgument,
                 "lookahead plan: row " + std::to_string(row) + " is outside the dataset's " +
                     std::to_string(n_rows) + " rows");
+        // Kept rows are read from disk by their claim, at the disk's pace: the threads and the
+        // window are for the rows the servers generate, at theirs.
+        if (inner_->stored_locally(row)) continue;
         out.back().push_back({row, static_cast<std::int64_t>(dataset_->input_ids(row).size())});
       }
       rows += plan[b].size();
@@ -380,6 +383,9 @@ void LookaheadSource::plan_rows(const std::vector<std::int64_t>& rows) {
 }
 
 void LookaheadSource::will_need(const ReadAheadPlan& plan) {
+  // The inner source's own epoch start first (an online source commits what it kept and looks at
+  // its pack again), so that the plan below knows which rows are stored.
+  inner_->will_need(plan);
   auto rows_of = [](const std::vector<PlannedBatch>& batches) {
     std::vector<std::vector<std::int64_t>> rows;
     rows.reserve(batches.size());

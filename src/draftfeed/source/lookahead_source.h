@@ -180,7 +180,13 @@ class LookaheadSource : public SampleSource {
   // A loader's epoch (SampleSource): plan(stream, batches, next, budget_buffers x batch memory).
   void will_need(const ReadAheadPlan& plan) override;
   bool plans_next_epoch() const override { return options_.next_epoch; }
-  void forget_plan(int stream) override { clear(stream); }
+  void forget_plan(int stream) override {
+    clear(stream);
+    inner_->forget_plan(stream);
+  }
+  bool stored_locally(std::int64_t global_row) const override {
+    return inner_->stored_locally(global_row);
+  }
   const LookaheadOptions& options() const { return options_; }
   // Forgets `stream`'s plan (its unclaimed samples are dropped unless another plan holds them).
   void clear(int stream);

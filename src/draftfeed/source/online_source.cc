@@ -1,5 +1,7 @@
 #include "draftfeed/source/online_source.h"
 
+#include <unistd.h>
+
 #include <fcntl.h>
 
 #include <algorithm>
@@ -23,9 +25,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::array<EnumName<OnGenerate>, 2> kOnGenerateNames = {{
+constexpr std::array<EnumName<OnGenerate>, 3> kOnGenerateNames = {{
     {OnGenerate::kCache, "cache"},
     {OnGenerate::kDelete, "delete"},
+    {OnGenerate::kPack, "pack"},
 }};
 
 std::shared_ptr<const CacheStore> make_store(const OnlineSourceOptions& options) {
@@ -117,6 +120,28 @@ void OnlineSourceOptions::validate() const {
           std::string("a transfer object is used by the online source only with "
                       "on_missing='generate' (got '") +
               on_missing_name(cache.on_missing) + "')");
+  if (on_generate == OnGenerate::kPack) {
+    require(transfer == nullptr, ErrorKind::kInvalidArgument,
+            "on_generate='pack' keeps the files the servers write in the cache folder's pack; "
+            "a transfer object's samples are not files: use on_generate='cache' or 'delete' "
+            "with it");
+    require(!cache_fp8, ErrorKind::kInvalidArgument,
+            "on_generate='pack' keeps the generated files losslessly compressed; cache_fp8 is "
+            "for on_generate='cache' (quantize a pack's rows with draftfeed unpack, quantize)");
+    pack_options().validate();
+  }
+}
+
+PackAppendOptions OnlineSourceOptions::pack_options() const {
+  PackAppendOptions out;
+  out.root = cache.hidden_states_path;
+  out.budget_bytes = cache_budget_bytes;
+  out.shard_bytes = cache_shard_bytes;
+  out.compress = cache_compress;
+  out.lock_wait = cache_lock_wait;
+  out.what = "draftfeed online source (keeping generated rows, pid " + std::to_string(::getpid()) +
+             ")";
+  return out;
 }
 
 OnGenerate parse_on_generate(std::string_view text) {
@@ -137,8 +162,61 @@ OnlineSampleSource::OnlineSampleSource(const OnlineSourceOptions& options)
   if (options_.cache.on_missing != OnMissing::kGenerate && options_.transfer == nullptr) {
     offline_ = std::make_shared<CacheSampleSource>(store_, options_.cache);
   } else if (options_.transfer == nullptr) {
+    if (options_.on_generate == OnGenerate::kPack) {
+      std::error_code ec;
+      fs::create_directories(options_.cache.hidden_states_path, ec);
+      appender_ = std::make_unique<PackAppender>(options_.pack_options());
+    }
     pack_ = open_packed_cache(options_.cache.hidden_states_path);
   }
+}
+
+void OnlineSampleSource::will_need(const ReadAheadPlan& plan) {
+  if (appender_ != nullptr) {
+    // This source's rows of the epoch before are committed (waited for: this epoch reads them),
+    // then this epoch's rows are watched, so that their shard is committed when the last comes.
+    appender_->flush();
+    drain_pack_messages();
+    std::lock_guard lock(mutex_);
+    std::unordered_set<std::int64_t>& rows = planned_[plan.stream];
+    rows.clear();
+    for (const PlannedBatch& batch : *plan.batches) rows.insert(batch.rows.begin(), batch.rows.end());
+  }
+  if (pack_ != nullptr) {
+    // What other ranks, hosts and runs kept since (one stat of the manifest).
+    auto refreshed = pack_->refresh();
+    if (!refreshed.ok()) throw refreshed.error();
+  }
+}
+
+void OnlineSampleSource::forget_plan(int stream) {
+  std::lock_guard lock(mutex_);
+  planned_.erase(stream);
+}
+
+bool OnlineSampleSource::stored_locally(std::int64_t global_row) const {
+  if (pack_ == nullptr) return false;
+  const std::shared_ptr<const PackedCache> pack = pack_->current();
+  return pack != nullptr && pack->find(global_row) != nullptr;
+}
+
+void OnlineSampleSource::fetched_planned(std::int64_t row) {
+  if (appender_ == nullptr) return;
+  bool epoch_done = false;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [stream, rows] : planned_) {
+      if (rows.erase(row) > 0 && rows.empty()) epoch_done = true;
+    }
+  }
+  // The plan's last row: its shard is committed now, while the epoch's last copies and steps
+  // run, so that other ranks' next epoch finds these rows.
+  if (epoch_done) appender_->flush_async();
+}
+
+void OnlineSampleSource::drain_pack_messages() {
+  if (appender_ == nullptr) return;
+  for (std::string& message : appender_->take_messages()) log_.warn(std::move(message));
 }
 
 OnlineSampleSource::~OnlineSampleSource() {
@@ -212,9 +290,15 @@ void OnlineSampleSource::resume() {
 }
 
 FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
-  std::optional<FetchOutcome> stored = fetch_stored(row, input_ids);
+  std::optional<FetchOutcome> stored = fetch_stored(row, input_ids);  // watched there
   if (stored) return std::move(*stored);
-  return generate_row(row, input_ids);
+  return fetch_not_stored(row, input_ids);
+}
+
+FetchOutcome OnlineSampleSource::fetch_not_stored(std::int64_t row, const IntArrayView& input_ids) {
+  FetchOutcome outcome = generate_row(row, input_ids);
+  fetched_planned(row);
+  return outcome;
 }
 
 std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
@@ -247,8 +331,11 @@ std::optional<FetchOutcome> OnlineSampleSource::fetch_stored(std::int64_t row,
     auto now = pack_->refresh();
     if (now.ok() && now.value() != pack) stored = stored_in(now.value().get(), row, input_ids);
   }
-  std::lock_guard lock(mutex_);
-  if (stored) ++(stored->sample ? stats_.cache_hits : stats_.cache_rejected);
+  {
+    std::lock_guard lock(mutex_);
+    if (stored) ++(stored->sample ? stats_.cache_hits : stats_.cache_rejected);
+  }
+  if (stored) fetched_planned(row);
   return stored;
 }
 
@@ -416,6 +503,16 @@ void OnlineSampleSource::record_success() {
 }
 
 void OnlineSampleSource::finish_generated(std::int64_t row, const GeneratedFile& file) {
+  if (appender_ != nullptr) {
+    // Offered to the pack (encoded and written by the appender's thread, from this mapping), and
+    // the server's file removed as on_generate = delete removes it.
+    appender_->offer(row, file.sample->file);
+    if (finish_release(row, file, std::nullopt)) {
+      std::lock_guard lock(mutex_);
+      ++stats_.deleted;
+    }
+    return;
+  }
   const bool cache = options_.on_generate == OnGenerate::kCache;
   if (cache && options_.cache_fp8 && file.sample->hidden_states.dtype != DType::kF8E4M3) {
     // Quantized into the cache (replacing an older file atomically, on disk before the rename:
@@ -600,7 +697,19 @@ void OnlineSampleSource::remove_through_transfer(const std::string& handle) {
 StatsTree OnlineSampleSource::stats_report() const {
   StatsTree out;
   out.add_group("online", stats_tree(stats()));
+  if (appender_ != nullptr) out.add_group("kept", stats_tree(appender_->stats()));
   return out;
+}
+
+std::optional<PackAppendStats> OnlineSampleSource::kept_stats() const {
+  if (appender_ == nullptr) return std::nullopt;
+  return appender_->stats();
+}
+
+void OnlineSampleSource::flush_kept() {
+  if (appender_ == nullptr) return;
+  appender_->flush();
+  drain_pack_messages();
 }
 
 OnlineSourceStats OnlineSampleSource::stats() const {

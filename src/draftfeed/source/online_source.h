@@ -45,12 +45,15 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "draftfeed/common/message_log.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/online/vllm_client.h"
 #include "draftfeed/pack/live_packed_cache.h"
+#include "draftfeed/pack/pack_appender.h"
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/generated_file.h"
 #include "draftfeed/source/hidden_states_transfer.h"
@@ -61,8 +64,9 @@ namespace draftfeed {
 enum class OnGenerate : std::uint8_t {
   kCache,   // keep the generated file as the row's cache file
   kDelete,  // remove it once loaded (the reference's behaviour)
+  kPack,    // keep it, compressed, in the cache folder's pack within cache_budget_bytes
 };
-OnGenerate parse_on_generate(std::string_view text);  // "cache" | "delete"
+OnGenerate parse_on_generate(std::string_view text);  // "cache" | "delete" | "pack"
 const char* on_generate_name(OnGenerate on_generate);
 
 struct OnlineSourceOptions {
@@ -87,6 +91,14 @@ struct OnlineSourceOptions {
   // on_generate = cache: where generated files go in the cache (cache_layout.h); cached files are
   // found in either layout.
   CacheLayout cache_layout = CacheLayout::kFlat;
+  // on_generate = pack (pack/pack_appender.h): the pack's bytes on disk at most (0: no bound),
+  // the bytes of a shard (held in memory while it is assembled), whether hidden states go through
+  // the lossless plane codec, and how long a shard's commit waits for the folder's writer lock
+  // before the shard is dropped (never holding up training).
+  std::uint64_t cache_budget_bytes = 0;
+  std::uint64_t cache_shard_bytes = kDefaultKeepShardBytes;
+  bool cache_compress = true;
+  std::chrono::duration<double> cache_lock_wait{2.0};
   // Warnings (each failed round trip, each exhausted row, files left in place) are kept in the
   // source's MessageLog (take_messages); with log_failures they are also printed to stderr.
   bool log_failures = true;
@@ -100,6 +112,8 @@ struct OnlineSourceOptions {
   // The only check of these fields (the client's and the cache's included): Error
   // kInvalidArgument naming the field.
   void validate() const;
+  // on_generate = pack: the appender's options, from the fields above.
+  PackAppendOptions pack_options() const;
 };
 
 // Causes of failed round trips, for the counters.
@@ -169,11 +183,23 @@ class OnlineSampleSource : public SampleSource {
   // The cache (or the transfer's store, or the offline cache) only: counted as fetch() counts.
   std::optional<FetchOutcome> fetch_stored(std::int64_t global_row,
                                            const IntArrayView& input_ids) override;
-  FetchOutcome fetch_not_stored(std::int64_t global_row, const IntArrayView& input_ids) override {
-    return generate_row(global_row, input_ids);
-  }
+  FetchOutcome fetch_not_stored(std::int64_t global_row, const IntArrayView& input_ids) override;
   // Every request in flight holds its fetch: the client's bound on them.
   int blocking_fetches() const override { return options_.client.fetch_threads; }
+
+  // An epoch starts: with on_generate = pack, the rows kept in the epoch before are committed
+  // (waited for) and this epoch's rows watched (the last one fetched commits their shard); the
+  // folder's pack looked at again (what other ranks, hosts and runs kept). Throws the Error of a
+  // manifest that changed and no longer reads.
+  void will_need(const ReadAheadPlan& plan) override;
+  void forget_plan(int stream) override;
+  // Whether the row is in the folder's pack (an index lookup): read from disk, not asked of a
+  // server (the lookahead leaves such rows to the claim).
+  bool stored_locally(std::int64_t global_row) const override;
+  // on_generate = pack: the appender's statistics, or nothing in another mode.
+  std::optional<PackAppendStats> kept_stats() const;
+  // on_generate = pack: commits the rows kept so far, and waits for it (else nothing).
+  void flush_kept();
 
   // The round trip alone (no cache lookup), with the failure policy: for `draftfeed generate`.
   FetchOutcome generate_row(std::int64_t global_row, const IntArrayView& input_ids);
@@ -184,7 +210,7 @@ class OnlineSampleSource : public SampleSource {
   // The pipeline's stop: cancel(), then resume() once its threads have joined. A fetch that was
   // cancelled is dropped as kGenerationFailed but counts neither as exhausted nor as consecutive.
   void interrupt() override { cancel(); }
-  // {"online": stats()}.
+  // {"online": stats()}, and with on_generate = pack {"kept": kept_stats()}.
   StatsTree stats_report() const override;
   void resume() override;
 
@@ -227,6 +253,10 @@ class OnlineSampleSource : public SampleSource {
   // it.
   std::optional<FetchOutcome> stored_in(const PackedCache* pack, std::int64_t row,
                                         const IntArrayView& input_ids);
+  // A row fetched: when it was the last of a plan, the rows kept meanwhile are committed.
+  void fetched_planned(std::int64_t row);
+  // The appender's messages (shards dropped, writes failed) into the log.
+  void drain_pack_messages();
 
   const OnlineSourceOptions options_;
   const bool read_rows_;  // options_.cache.rows_are_read(): how cached files are copied
@@ -235,6 +265,10 @@ class OnlineSampleSource : public SampleSource {
   // The cache folder's packed cache, or null (source/packed_fetch.h): its rows are read from their
   // shards, the others looked for as files and generated when missing.
   std::shared_ptr<LivePackedCache> pack_;
+  // on_generate = pack: what keeps the generated rows (pack/pack_appender.h), else null; and each
+  // stream's rows of its epoch not yet fetched (guarded by mutex_).
+  std::unique_ptr<PackAppender> appender_;
+  std::unordered_map<int, std::unordered_set<std::int64_t>> planned_;
   GeneratedFileReader reader_;
   VllmClient client_;
   MessageLog log_;

@@ -137,6 +137,10 @@ class SampleSource {
   virtual bool plans_next_epoch() const { return false; }
   // The loader of `stream` is gone: what was read ahead for it alone may go.
   virtual void forget_plan(int /*stream*/) {}
+  // Whether the row is stored where a fetch reads it without asking a server, known without a
+  // file system call (a packed row: an index lookup). A request lookahead leaves such rows to the
+  // claim, its threads for the rows the servers must generate. Called concurrently with fetch().
+  virtual bool stored_locally(std::int64_t /*global_row*/) const { return false; }
 
   // Stopping mid-epoch: the pipeline calls interrupt() so that fetches that may block for long (a
   // request with a two-minute timeout) end now, and resume() once its threads have joined, before
