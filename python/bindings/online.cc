@@ -31,13 +31,13 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/online_sources.h"
+#include "draftfeed/pack/pack_appender.h"
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 #include "options_init.h"
 #include "python_transfer.h"
 #include "sample_source.h"
-#include "draftfeed/pack/pack_appender.h"
 #include "stats_dict.h"
 
 namespace draftfeed::python {
@@ -153,7 +153,8 @@ void bind_online_options(nb::module_& m) {
             if (v.is_none()) {
               o.cache_budget_bytes = 0;
             } else if (nb::isinstance<nb::str>(v)) {
-              o.cache_budget_bytes = parse_byte_size(nb::cast<std::string>(v), "cache_budget_bytes");
+              o.cache_budget_bytes =
+                  parse_byte_size(nb::cast<std::string>(v), "cache_budget_bytes");
             } else {
               const auto bytes = nb::cast<std::int64_t>(v);
               require(bytes >= 0, ErrorKind::kInvalidArgument,
@@ -360,7 +361,8 @@ void init_online(nb::module_& m) {
            [](const PyOnlineSource& s) {
              StatsTree tree = stats_tree(s.online->stats());
              if (s.lookahead) tree.add_group("lookahead", stats_tree(s.lookahead->stats()));
-             if (const auto kept = s.online->kept_stats()) tree.add_group("kept", stats_tree(*kept));
+             if (const auto kept = s.online->kept_stats())
+               tree.add_group("kept", stats_tree(*kept));
              return stats_dict(tree);
            })
       .def(

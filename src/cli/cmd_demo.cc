@@ -127,11 +127,11 @@ int run_online_epoch(const Args& args, LoaderOptions options, LoaderRun run,
 }
 
 int run_demo(const std::vector<std::string>& argv) {
-  const Args args(argv,
-                  {"out", "rows", "min-len", "max-len", "hidden-size", "layers", "total-seq-len",
-                   "threads", "seed", "epochs", "sim-server", "python", "fetch-threads",
-                   "on-generate", "cache-budget"},
-                  {"keep", "no-online"});
+  const Args args(
+      argv,
+      {"out", "rows", "min-len", "max-len", "hidden-size", "layers", "total-seq-len", "threads",
+       "seed", "epochs", "sim-server", "python", "fetch-threads", "on-generate", "cache-budget"},
+      {"keep", "no-online"});
   args.expect_positionals(0, 0, "no positional arguments");
   SyntheticOptions options;
   options.rows = args.integer("rows", 96, 0);

@@ -306,15 +306,15 @@ int run_generate(const std::vector<std::string>& argv) {
                 static_cast<long long>(stats.client.requests),
                 static_cast<long long>(stats.client.max_in_flight));
     if (kept) {
-      std::printf("kept      %lld rows in the pack's %lld new shards (%s; the pack %.3f GB%s)\n",
-                  static_cast<long long>(kept->kept), static_cast<long long>(kept->shards),
-                  kept->full ? "the budget is reached" : "within the budget",
-                  static_cast<double>(kept->pack_bytes) / 1e9,
-                  kept->budget_bytes > 0
-                      ? (" of " + std::to_string(static_cast<double>(kept->budget_bytes) / 1e9) +
-                         " GB")
-                            .c_str()
-                      : "");
+      std::printf(
+          "kept      %lld rows in the pack's %lld new shards (%s; the pack %.3f GB%s)\n",
+          static_cast<long long>(kept->kept), static_cast<long long>(kept->shards),
+          kept->full ? "the budget is reached" : "within the budget",
+          static_cast<double>(kept->pack_bytes) / 1e9,
+          kept->budget_bytes > 0
+              ? (" of " + std::to_string(static_cast<double>(kept->budget_bytes) / 1e9) + " GB")
+                    .c_str()
+              : "");
     }
     if (p.uncached.load() > 0) {
       std::printf("uncached  %lld rows generated but not moved into the cache (see the warnings)\n",

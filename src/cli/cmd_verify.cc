@@ -65,8 +65,7 @@ nlohmann::json budget_json(const PackedCache& pack, const CacheScanReport& repor
   std::uint64_t used = 0;
   for (const PackShard& shard : pack.manifest().shards) used += shard.bytes;
   std::error_code ec;
-  const auto manifest_size =
-      std::filesystem::file_size(pack.root() + "/" + kPackManifestName, ec);
+  const auto manifest_size = std::filesystem::file_size(pack.root() + "/" + kPackManifestName, ec);
   if (!ec) used += manifest_size;
   const std::uint64_t limit = pack.manifest().budget_bytes;
   const auto kept = static_cast<std::int64_t>(pack.manifest().samples.size());
@@ -145,6 +144,9 @@ int run_verify(const std::vector<std::string>& argv) {
     out["packed"] = {{"samples", packed.samples},       {"shards", packed.shards},
                      {"compressed", packed.compressed}, {"packed_ok", packed.packed_ok},
                      {"fallbacks", packed.fallbacks},   {"fallback_examples", fallbacks}};
+    if (pack != nullptr && pack->manifest().budget_bytes > 0) {
+      out["packed"]["budget"] = budget_json(*pack, report);
+    }
     out["seconds"] = report.seconds;
     out["gb_per_s"] = gb_per_s;
     out["threads"] = report.threads;
@@ -180,11 +182,12 @@ int run_verify(const std::vector<std::string>& argv) {
                   static_cast<long long>(packed.compressed));
       if (pack->manifest().budget_bytes > 0) {
         const nlohmann::json budget = budget_json(*pack, report);
-        std::printf("  budget     %.1f%% used (%.3f of %.3f GB): %lld rows kept, %lld not kept "
-                    "(an online run generates them every epoch)\n",
-                    100.0 * budget["share"].get<double>(), budget["used"].get<double>() / 1e9,
-                    budget["bytes"].get<double>() / 1e9, budget["kept_rows"].get<long long>(),
-                    budget["not_kept_rows"].get<long long>());
+        std::printf(
+            "  budget     %.1f%% used (%.3f of %.3f GB): %lld rows kept, %lld not kept "
+            "(an online run generates them every epoch)\n",
+            100.0 * budget["share"].get<double>(), budget["used"].get<double>() / 1e9,
+            budget["bytes"].get<double>() / 1e9, budget["kept_rows"].get<long long>(),
+            budget["not_kept_rows"].get<long long>());
       }
       if (packed.fallbacks > 0) {
         std::printf(

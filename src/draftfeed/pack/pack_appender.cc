@@ -80,9 +80,8 @@ bool PackAppender::offer(std::int64_t row, std::shared_ptr<const SafetensorsFile
       ++stats_.refused_full;
       return false;
     }
-    const std::uint64_t limit = options_.queue_bytes > 0 ? options_.queue_bytes : options_.shard_bytes;
     // One sample is always taken when none waits, however large.
-    if (!queue_.empty() && stats_.queued_bytes + bytes > limit) {
+    if (!queue_.empty() && stats_.queued_bytes + bytes > options_.queue_bytes) {
       ++stats_.refused_queue;
       return false;
     }
@@ -155,11 +154,14 @@ void PackAppender::run() {
       } catch (const Error& error) {
         note("row " + std::to_string(next->row) + ": not kept: " + error.what());
       }
-      const std::uint64_t size = encoded ? encoded->bytes.size() : 0;
-      const bool fits = options_.budget_bytes == 0 ||
-                        seen_pack_bytes + shard_bytes + size +
-                                (shard.size() + 1) * kManifestBytesPerSample <=
-                            options_.budget_bytes;
+      // Its bytes in the shard: its parts, and its names in the shard's header.
+      const EncodedSample* alone = encoded ? &*encoded : nullptr;
+      const std::uint64_t size =
+          encoded ? encoded->bytes.size() + pack_shard_header({&alone, 1}, "").size() : 0;
+      const bool fits =
+          options_.budget_bytes == 0 ||
+          seen_pack_bytes + shard_bytes + size + (shard.size() + 1) * kManifestBytesPerSample <=
+              options_.budget_bytes;
       {
         std::lock_guard lock(mutex_);
         stats_.queued_bytes -= next->bytes;
@@ -192,56 +194,77 @@ void PackAppender::run() {
   }
 }
 
-void PackAppender::commit(std::vector<EncodedSample> samples) {
-  const std::string& root = options_.root;
-  const std::int64_t count = static_cast<std::int64_t>(samples.size());
-  const std::string codec = options_.compress ? kPlaneCodecName : "none";
-  // The shard as a file, durable before any lock is taken: the commit then only renames it.
+namespace {
+
+// A shard of `samples` as a file's pieces (size field, header, samples) and their entries (offsets
+// from the file's start); `header` and `size_field` hold what the pieces point at.
+struct ShardFile {
+  std::string header;
+  std::uint8_t size_field[8] = {};
+  std::vector<std::span<const std::uint8_t>> pieces;
+  std::vector<PackEntry> entries;
+  std::uint64_t bytes = 0;
+};
+
+void lay_out(ShardFile& file, std::span<const EncodedSample> samples, const std::string& codec) {
   std::vector<const EncodedSample*> order;
   order.reserve(samples.size());
   for (const EncodedSample& s : samples) order.push_back(&s);
-  const std::string header = pack_shard_header(order, codec);
-  const std::uint64_t header_size = header.size();
-  std::uint8_t size_field[8];
-  std::memcpy(size_field, &header_size, 8);
-  std::vector<std::span<const std::uint8_t>> pieces;
-  pieces.emplace_back(size_field, 8);
-  pieces.emplace_back(reinterpret_cast<const std::uint8_t*>(header.data()), header.size());
-  std::vector<PackEntry> entries;
+  file.header = pack_shard_header(order, codec);
+  const std::uint64_t header_size = file.header.size();
+  std::memcpy(file.size_field, &header_size, 8);
+  file.pieces.clear();
+  file.entries.clear();
+  file.pieces.emplace_back(file.size_field, 8);
+  file.pieces.emplace_back(reinterpret_cast<const std::uint8_t*>(file.header.data()),
+                           file.header.size());
   std::uint64_t at = 8 + header_size;
   for (const EncodedSample& s : samples) {
-    pieces.emplace_back(s.bytes.data(), s.bytes.size());
+    file.pieces.emplace_back(s.bytes.data(), s.bytes.size());
     PackEntry e;
     e.row = s.row;
     e.offset = at;
     e.length = s.bytes.size();
     e.checksum = xxh64(s.bytes);
     e.file_bytes = s.file_bytes;
-    entries.push_back(e);
+    file.entries.push_back(e);
     at += s.bytes.size();
   }
-  const std::uint64_t shard_size = at;
-  const auto dropped = [&](std::int64_t PackAppendStats::*counter, std::string why) {
+  file.bytes = at;
+}
+
+}  // namespace
+
+void PackAppender::commit(std::vector<EncodedSample> samples) {
+  const std::string& root = options_.root;
+  const std::string codec = options_.compress ? kPlaneCodecName : "none";
+  const std::string name_hint = root + "/" + pack_shard_name(0);
+  const auto count_of = [](std::size_t n) { return static_cast<std::int64_t>(n); };
+  const auto dropped = [&](std::int64_t PackAppendStats::*counter, std::int64_t n,
+                           std::string why) {
     std::lock_guard lock(mutex_);
-    stats_.*counter += count;
-    if (messages_.size() < kMaxMessages) messages_.push_back(std::move(why));
+    stats_.*counter += n;
+    if (!why.empty() && messages_.size() < kMaxMessages) messages_.push_back(std::move(why));
   };
+  // The shard as a file, durable before any lock is taken: the commit then only renames it.
+  ShardFile file;
+  lay_out(file, samples, codec);
   std::string temporary;
   try {
-    temporary = write_temporary_durably(root + "/" + pack_shard_name(0), pieces);
+    temporary = write_temporary_durably(name_hint, file.pieces);
   } catch (const Error& error) {
-    dropped(&PackAppendStats::failed, std::string("a shard of generated rows not kept: ") +
-                                          error.what());
+    dropped(&PackAppendStats::failed, count_of(samples.size()),
+            std::string("a shard of generated rows not kept: ") + error.what());
     return;
   }
   const auto start = std::chrono::steady_clock::now();
-  auto lock = FolderLock::acquire(root, options_.what, options_.lock_wait,
-                                  std::chrono::milliseconds(20));
+  auto lock =
+      FolderLock::acquire(root, options_.what, options_.lock_wait, std::chrono::milliseconds(20));
   if (!lock.ok()) {
     ::unlink(temporary.c_str());
-    dropped(&PackAppendStats::dropped_lock, std::to_string(count) +
-                                                " generated rows not kept (their shard dropped): " +
-                                                lock.error().what());
+    dropped(&PackAppendStats::dropped_lock, count_of(samples.size()),
+            std::to_string(samples.size()) +
+                " generated rows not kept (their shard dropped): " + lock.error().what());
     return;
   }
   try {
@@ -250,29 +273,47 @@ void PackAppender::commit(std::vector<EncodedSample> samples) {
     const std::uint64_t used = pack_bytes(root, manifest);
     std::unordered_set<std::int64_t> have;
     for (const PackEntry& e : manifest.samples) have.insert(e.row);
-    std::vector<PackEntry> added;
-    for (const PackEntry& e : entries) {
-      if (!have.contains(e.row)) added.push_back(e);
-    }
-    const std::uint64_t growth = added.size() * kManifestBytesPerSample;
-    if (options_.budget_bytes > 0 && used + shard_size + growth > options_.budget_bytes) {
+    const auto new_rows = [&](const std::vector<PackEntry>& entries) {
+      std::uint64_t n = 0;
+      for (const PackEntry& e : entries) n += have.contains(e.row) ? 0 : 1;
+      return n;
+    };
+    const auto over = [&] {
+      return options_.budget_bytes > 0 &&
+             used + file.bytes + new_rows(file.entries) * kManifestBytesPerSample >
+                 options_.budget_bytes;
+    };
+    std::size_t keep = samples.size();
+    if (over()) {
+      // Others kept rows since this shard was assembled: as many of its samples as still fit, in a
+      // shard written again (rare: at the budget's edge only).
+      while (keep > 0 && over()) lay_out(file, std::span(samples).first(--keep), codec);
       ::unlink(temporary.c_str());
-      std::lock_guard guard(mutex_);
-      stats_.dropped_budget += count;
-      stats_.full = true;
-      stats_.pack_bytes = used;
-      return;
+      temporary.clear();
+      {
+        std::lock_guard guard(mutex_);
+        stats_.dropped_budget += count_of(samples.size() - keep);
+        stats_.full = true;
+        stats_.pack_bytes = used;
+      }
+      if (keep == 0) return;
+      temporary = write_temporary_durably(name_hint, file.pieces);
+    }
+    std::vector<PackEntry> added;
+    for (const PackEntry& e : file.entries) {
+      if (!have.contains(e.row)) added.push_back(e);
     }
     if (added.empty()) {
       ::unlink(temporary.c_str());
       std::lock_guard guard(mutex_);
-      stats_.duplicates += count;
+      stats_.duplicates += count_of(keep);
       stats_.pack_bytes = used;
       return;
     }
     const auto index = static_cast<std::uint32_t>(manifest.shards.size());
     rename_durably(temporary, root + "/" + pack_shard_name(index));
-    manifest.shards.push_back(PackShard{pack_shard_name(index), shard_size});
+    temporary.clear();
+    manifest.shards.push_back(PackShard{pack_shard_name(index), file.bytes});
     for (PackEntry& e : added) {
       e.shard = index;
       manifest.samples.push_back(e);
@@ -284,16 +325,16 @@ void PackAppender::commit(std::vector<EncodedSample> samples) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::lock_guard guard(mutex_);
-    stats_.kept += static_cast<std::int64_t>(added.size());
-    stats_.duplicates += count - static_cast<std::int64_t>(added.size());
+    stats_.kept += count_of(added.size());
+    stats_.duplicates += count_of(keep - added.size());
     ++stats_.shards;
-    stats_.kept_bytes += shard_size;
+    stats_.kept_bytes += file.bytes;
     stats_.pack_bytes = now;
     stats_.commit_seconds += seconds;
     if (options_.budget_bytes > 0 && now >= options_.budget_bytes) stats_.full = true;
   } catch (const Error& error) {
-    ::unlink(temporary.c_str());
-    dropped(&PackAppendStats::failed,
+    if (!temporary.empty()) ::unlink(temporary.c_str());
+    dropped(&PackAppendStats::failed, count_of(samples.size()),
             std::string("a shard of generated rows not kept: ") + error.what());
   }
 }

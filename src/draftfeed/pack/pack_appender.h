@@ -43,16 +43,20 @@
 namespace draftfeed {
 
 inline constexpr std::uint64_t kDefaultKeepShardBytes = std::uint64_t{256} << 20;
+// Generated files offered and not yet encoded, at most, by default: their mappings (pages the
+// servers' writes left in the page cache) held a little longer, not memory of their own.
+inline constexpr std::uint64_t kDefaultKeepQueueBytes = std::uint64_t{1} << 30;
 
 struct PackAppendOptions {
-  std::string root;               // the cache folder
-  std::uint64_t budget_bytes = 0;  // the pack's bytes on disk at most (shards and manifest); 0: none
+  std::string root;  // the cache folder
+  std::uint64_t budget_bytes =
+      0;  // the pack's bytes on disk at most (shards and manifest); 0: none
   std::uint64_t shard_bytes = kDefaultKeepShardBytes;  // encoded bytes per shard (memory bound)
   bool compress = true;                                // hidden states through the plane codec
   PlaneCodecOptions codec;
   // How long a commit waits for the folder's writer lock before its shard is dropped.
   std::chrono::duration<double> lock_wait{2.0};
-  std::uint64_t queue_bytes = 0;  // samples offered and not yet encoded, at most; 0: shard_bytes
+  std::uint64_t queue_bytes = kDefaultKeepQueueBytes;       // offered and not yet encoded, at most
   std::string what = "draftfeed (keeping generated rows)";  // the lock holder's description
 
   // The only check of these fields: Error(kInvalidArgument) naming the field.
@@ -135,8 +139,8 @@ class PackAppender {
 
   const PackAppendOptions options_;
   mutable std::mutex mutex_;
-  std::condition_variable wake_;   // an offer, a flush, or the end
-  std::condition_variable done_;   // a flush's commit ended
+  std::condition_variable wake_;  // an offer, a flush, or the end
+  std::condition_variable done_;  // a flush's commit ended
   std::deque<Offer> queue_;
   std::uint64_t flush_asked_ = 0;  // flushes asked for, and done
   std::uint64_t flush_done_ = 0;

@@ -76,8 +76,8 @@ std::optional<std::string> read_codec_metadata(const std::string& text, const Te
   const json* dtype_text = field("dtype");
   const json* shape = field("shape");
   if (codec == nullptr || !codec->is_string() || *codec != kPlaneCodecName ||
-      dtype_text == nullptr || !dtype_text->is_string() || shape == nullptr ||
-      !shape->is_array() || shape->size() > 8) {
+      dtype_text == nullptr || !dtype_text->is_string() || shape == nullptr || !shape->is_array() ||
+      shape->size() > 8) {
     return std::string("its metadata is not {\"codec\": \"") + kPlaneCodecName +
            "\", \"dtype\", \"shape\"}";
   }

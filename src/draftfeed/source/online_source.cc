@@ -1,8 +1,7 @@
 #include "draftfeed/source/online_source.h"
 
-#include <unistd.h>
-
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -139,8 +138,8 @@ PackAppendOptions OnlineSourceOptions::pack_options() const {
   out.shard_bytes = cache_shard_bytes;
   out.compress = cache_compress;
   out.lock_wait = cache_lock_wait;
-  out.what = "draftfeed online source (keeping generated rows, pid " + std::to_string(::getpid()) +
-             ")";
+  out.what =
+      "draftfeed online source (keeping generated rows, pid " + std::to_string(::getpid()) + ")";
   return out;
 }
 
@@ -180,7 +179,8 @@ void OnlineSampleSource::will_need(const ReadAheadPlan& plan) {
     std::lock_guard lock(mutex_);
     std::unordered_set<std::int64_t>& rows = planned_[plan.stream];
     rows.clear();
-    for (const PlannedBatch& batch : *plan.batches) rows.insert(batch.rows.begin(), batch.rows.end());
+    for (const PlannedBatch& batch : *plan.batches)
+      rows.insert(batch.rows.begin(), batch.rows.end());
   }
   if (pack_ != nullptr) {
     // What other ranks, hosts and runs kept since (one stat of the manifest).
