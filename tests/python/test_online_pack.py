@@ -24,7 +24,7 @@ import draftfeed
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
-from sim_vllm_process import SimServerProcess
+from sim_vllm_process import SimServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -220,13 +220,13 @@ KILLED_RUN = textwrap.dedent("""
     src = draftfeed.online.OnlineSource(url, hidden_states_path=cache, server_dir=server, data_path=data,
                                         on_generate="pack", fetch_threads=4, cache_shard_bytes=8192,
                                         retry_backoff=0.01)
-    loader = draftfeed.Loader(data, hidden_size=%d, total_seq_len=512, split="all", num_target_layers=%d,
+    loader = draftfeed.Loader(data, hidden_size=HIDDEN, total_seq_len=512, split="all", num_target_layers=TARGET_LAYERS,
                               pin_memory=False, source=src)
     for e in range(100):
         loader.set_epoch(e)
         for _ in loader:
             pass
-""" % (HIDDEN, LAYERS - 1))
+""".replace("HIDDEN", str(HIDDEN)).replace("TARGET_LAYERS", str(LAYERS - 1)))
 
 
 def test_a_run_killed_anywhere_loses_only_generation_work(data, clean_sim, tmp_path):
@@ -278,7 +278,7 @@ RANK = textwrap.dedent("""
     src = draftfeed.online.OnlineSource(url, hidden_states_path=cache, server_dir=server, data_path=data,
                                         on_generate="pack", fetch_threads=4, hedge_factor=0.0,
                                         cache_budget_bytes=int(budget) or None, cache_shard_bytes=16384)
-    loader = draftfeed.Loader(data, hidden_size=%d, total_seq_len=512, split="all", num_target_layers=%d,
+    loader = draftfeed.Loader(data, hidden_size=HIDDEN, total_seq_len=512, split="all", num_target_layers=TARGET_LAYERS,
                               pin_memory=False, source=src, world_size=2, rank=int(rank))
     for line in sys.stdin:            # the test's barrier: one line per epoch
         epoch = int(line)
@@ -290,7 +290,7 @@ RANK = textwrap.dedent("""
         print(json.dumps({"epoch": epoch, "batches": rows, "round_trips": stats["round_trips"] - before,
                           "kept": stats["kept"]}), flush=True)
     loader.close()
-""" % (HIDDEN, LAYERS - 1))
+""".replace("HIDDEN", str(HIDDEN)).replace("TARGET_LAYERS", str(LAYERS - 1)))
 
 
 def run_ranks(launch, data: Path, cache: Path, urls: list[str], server_dirs: list[str], budget: int,
@@ -413,7 +413,7 @@ def test_generate_pack_fills_a_packed_cache_without_a_file_per_row(run_cli, data
         if cache.exists():
             seen.update(os.listdir(cache))
         time.sleep(0.01)
-    out, err = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=60)
     report = json.loads(out)
     assert not [n for n in seen if n.startswith("hs_") or n.startswith(".hs_")], seen
     kept = report["kept"]["kept"]
