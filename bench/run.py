@@ -106,7 +106,7 @@ from plot import plot_results, warm_epoch  # noqa: E402
 
 SECTIONS = ("engine", "memcpy", "copy_bound", "memory", "kernels", "store", "planner", "trainer", "online",
             "online_prefill",
-            "online_defaults", "mooncake", "cold", "netfs", "pack")
+            "online_defaults", "mooncake", "cold", "netfs", "pack", "online_pack")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these (report.py only renders the results' JSON into tables).
@@ -483,6 +483,18 @@ def pack_section(args, results: dict) -> None:
         print(f"  {met}: {target}: {measured}", flush=True)
 
 
+def online_pack_section(args, results: dict) -> None:
+    """Generated rows kept in a pack within a budget, against cache, delete and the reference
+    (bench/bench_online_pack.py), and issue 50's goals."""
+    results["online_pack"] = script_section(
+        "online_pack", "bench_online_pack.py",
+        ["--rows", str(args.online_pack_rows), "--hidden", str(args.online_pack_hidden), "--median",
+         str(args.online_pack_median), "--p99", str(args.online_pack_p99)],
+        "online_pack.json", 3 * args.timeout, "bench/bench_online_pack.py is not there")
+    for goal in results["online_pack"].get("goals", []):
+        print(f"  {'met' if goal['met'] else 'NOT met'}: {goal['goal']}: {goal['measured']}", flush=True)
+
+
 def dataset_path(args, hidden: int) -> str:
     # bench_store.py --keep BASE reads BASE/data, so the engine's datasets live one level down.
     return os.path.join(args.data, f"h{hidden}", "data")
@@ -541,6 +553,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pack-cold-mbps", type=float, default=200, help="MB/s of the pack section's cold mount")
     p.add_argument("--pack-ratio-rows", type=int, default=8, help="residual-stream-like samples of the ratio")
     p.add_argument("--pack-ratio-hidden", type=int, default=4096)
+    p.add_argument("--online-pack-rows", type=int, default=240, help="rows of the online_pack section's dataset")
+    p.add_argument("--online-pack-hidden", type=int, default=256)
+    p.add_argument("--online-pack-median", type=float, default=0.1, help="its service time's median (s)")
+    p.add_argument("--online-pack-p99", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each child process")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "draftfeed_bench_run"))
     p.add_argument("--out", default=str(HERE / "results"))
@@ -565,6 +581,7 @@ def parse_args() -> argparse.Namespace:
         args.memory_workers, args.memory_rows = [1, 2], 24
         args.pack_rows, args.pack_hidden, args.pack_ratio_rows, args.pack_ratio_hidden = 40, 64, 2, 512
         args.pack_shard_bytes = 2 << 20
+        args.online_pack_rows, args.online_pack_hidden, args.online_pack_median = 40, 64, 0.02
     args.name = args.name or ("quick" if args.quick else "latest")
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]
@@ -644,7 +661,8 @@ def main() -> int:
              ("mooncake", lambda: mooncake_section(args, results)),
              ("cold", lambda: cold_section(args, results)),
              ("netfs", lambda: netfs_section(args, results)),
-             ("pack", lambda: pack_section(args, results))]
+             ("pack", lambda: pack_section(args, results)),
+             ("online_pack", lambda: online_pack_section(args, results))]
     sys.path.insert(0, str(REPO / "tools"))
     for name, step in steps:
         if name == "engine" and not {"engine", "memcpy"} & set(args.only):
