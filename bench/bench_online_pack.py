@@ -14,8 +14,9 @@ server and the bytes the folder holds after epoch 0:
     are 0.9.0 reading offline the per-sample folder that "cache" keeps (the one draftfeed's cache mode
     kept, the servers' files moved as they were);
   * draftfeed delete, cache, and pack at budgets of 25%, 50% and 100% of the dataset's bf16 bytes;
-  * the bound of the 100% budget's epoch 1: a warm epoch of the same pack read offline (the cache
-    source), after one epoch not counted.
+  * the bounds of the 100% budget's epochs: the same pack read offline from the page cache (the cache
+    source), its first epoch (each sample read for the first time, as in the online run's epoch 1:
+    checksums checked) and its later ones.
 The metadata operations of an epoch 1 (tools/slowfs's counters, no latency added) for draftfeed's
 cache and pack modes: the folder read through a mount. Goals (issue 50): with a 100% budget, epoch
 1+ requests 0 and epoch 1 within 1.1x of the warm packed epoch; with 50%, epoch 1+ requests at most
@@ -103,20 +104,23 @@ def draftfeed_epochs(args, sim, data: Path, cache: Path, mode: str, budget: int 
     return out, kept
 
 
-def warm_pack_epoch(args, data: Path, cache: Path) -> float:
+def warm_pack_epochs(args, data: Path, cache: Path) -> tuple[float, float]:
+    """A loader reading the pack (in the page cache) offline: its first epoch (which, as the online
+    run's epoch 1, reads each packed sample for the first time in the process: its checksum and its
+    blob's hash checked) and the median of three epochs after."""
     loader = draftfeed.Loader(str(data), hidden_size=args.hidden, total_seq_len=args.max_len, split="train",
                               train_ratio=0.9, num_target_layers=3, pin_memory=False, prefetch=8,
                               hidden_states_path=str(cache))
     try:
-        loader.set_epoch(0)
-        time_epoch(loader)
+        loader.set_epoch(1)
+        first = time_epoch(loader)["seconds"]
         times = []
-        for epoch in (1, 2, 3):
+        for epoch in (2, 3, 4):
             loader.set_epoch(epoch)
             times.append(time_epoch(loader)["seconds"])
     finally:
         loader.close()
-    return sorted(times)[1]
+    return first, sorted(times)[1]
 
 
 def metadata_ops(args, sim, data: Path, cache: Path, mode: str, mount: Path) -> dict:
@@ -180,7 +184,7 @@ def main() -> None:
                 epochs, kept = draftfeed_epochs(args, sim, data, cache, "pack", int(share * bf16))
                 runs[f"draftfeed pack {int(share * 100)}%"] = {"epochs": epochs, "kept": kept,
                                                               "budget_bytes": int(share * bf16)}
-            bound = warm_pack_epoch(args, data, work / "df_pack_100")
+            first_read, bound = warm_pack_epochs(args, data, work / "df_pack_100")
             metadata: dict = {}
             skipped = slowfs_unavailable()
             if not skipped:
@@ -198,9 +202,13 @@ def main() -> None:
         goals = [
             ("100% budget: epoch 1+ requests 0",
              f"{[e['requests'] for e in full['epochs'][1:]]}", all(e["requests"] == 0 for e in full["epochs"][1:])),
-            ("100% budget: epoch 1 within 1.1x of a warm packed cache's epoch",
-             f"{full['epochs'][1]['seconds'] / bound:.2f}x ({full['epochs'][1]['seconds']:.3f} s / {bound:.3f} s)",
-             full["epochs"][1]["seconds"] <= 1.1 * bound),
+            ("100% budget: epoch 1 within 1.1x of a warm packed cache's epoch (its first, which also reads "
+             "each sample for the first time)",
+             f"{full['epochs'][1]['seconds'] / first_read:.2f}x ({full['epochs'][1]['seconds']:.3f} s / "
+             f"{first_read:.3f} s)", full["epochs"][1]["seconds"] <= 1.1 * first_read),
+            ("100% budget: epoch 2 within 1.1x of a warm packed cache's later epochs",
+             f"{full['epochs'][2]['seconds'] / bound:.2f}x ({full['epochs'][2]['seconds']:.3f} s / {bound:.3f} s)",
+             full["epochs"][2]["seconds"] <= 1.1 * bound),
             ("50% budget: epoch 1+ requests at most the rows not kept",
              f"{[e['requests'] for e in half['epochs'][1:]]} of {train_rows - half['kept'].get('kept', 0)} not kept",
              all(e["requests"] <= train_rows - half["kept"].get("kept", 0) for e in half["epochs"][1:])),
@@ -212,7 +220,8 @@ def main() -> None:
         ]
         result = {"status": "done", "rows": args.rows, "train_rows": train_rows, "hidden": args.hidden,
                   "bf16_bytes": bf16, "concurrency": args.concurrency, "median": args.median, "p99": args.p99,
-                  "runs": runs, "warm_pack_epoch_seconds": bound, "metadata_ops_epoch1": metadata,
+                  "runs": runs, "warm_pack_epoch_seconds": bound,
+                  "warm_pack_first_epoch_seconds": first_read, "metadata_ops_epoch1": metadata,
                   "slowfs_skipped": skipped, "goals": [{"goal": g, "measured": m, "met": bool(ok)}
                                                         for g, m, ok in goals],
                   "load": load, "machine": machine()}
@@ -232,7 +241,8 @@ def render(result: dict) -> str:
         cells = [f"{e['seconds']:.2f} s, {e['requests']}" for e in run["epochs"]]
         ops = result["metadata_ops_epoch1"].get(name, {}).get("total", "")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {run['epochs'][0].get('bytes_on_disk', 0)} | {ops} |")
-    lines += ["", f"Warm packed cache epoch (the 100% budget's bound): {result['warm_pack_epoch_seconds']:.3f} s", "",
+    lines += ["", f"Warm packed cache, read offline: first epoch {result['warm_pack_first_epoch_seconds']:.3f} s, "
+              f"later epochs {result['warm_pack_epoch_seconds']:.3f} s (the 100% budget's bounds)", "",
               "| goal | measured | met |", "|---|---|---|"]
     lines += [f"| {g['goal']} | {g['measured']} | {'met' if g['met'] else 'NOT met'} |" for g in result["goals"]]
     return "\n".join(lines)
