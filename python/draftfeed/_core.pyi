@@ -635,10 +635,46 @@ class OnlineSourceOptions:
 
     @property
     def on_generate(self) -> str:
-        """delete (the reference's) | cache: move a generated file into the cache"""
+        """
+        delete (the reference's) | cache: move a generated file into the cache | pack: keep it, compressed, in the cache folder's pack within cache_budget_bytes
+        """
 
     @on_generate.setter
     def on_generate(self, arg: str, /) -> None: ...
+
+    @property
+    def cache_budget_bytes(self) -> int:
+        """
+        on_generate='pack': the pack's bytes on disk at most: an int, a size such as '500GB', or None (0: no bound)
+        """
+
+    @cache_budget_bytes.setter
+    def cache_budget_bytes(self, value: object | None) -> None: ...
+
+    @property
+    def cache_shard_bytes(self) -> int:
+        """
+        on_generate='pack': bytes of a shard (held in memory while it is assembled)
+        """
+
+    @cache_shard_bytes.setter
+    def cache_shard_bytes(self, arg: int, /) -> None: ...
+
+    @property
+    def cache_compress(self) -> bool:
+        """on_generate='pack': hidden states coded losslessly (planes-zstd)"""
+
+    @cache_compress.setter
+    def cache_compress(self, arg: bool, /) -> None: ...
+
+    @property
+    def cache_lock_wait(self) -> float:
+        """
+        on_generate='pack': seconds a shard's commit waits for the folder's writer lock before the shard is dropped (training never waits longer)
+        """
+
+    @cache_lock_wait.setter
+    def cache_lock_wait(self, arg: float, /) -> None: ...
 
     @property
     def verifier_name_or_path(self) -> str:
@@ -917,6 +953,11 @@ class OnlineSource(SampleSource):
 
     def cancel(self) -> None:
         """end transfers and backoff sleeps now; later fetches fail fast"""
+
+    def flush_kept(self) -> None:
+        """
+        on_generate='pack': commit the rows generated so far to the pack, and wait for it (each epoch's start does it too)
+        """
 
     @property
     def options(self) -> OnlineSourceOptions:

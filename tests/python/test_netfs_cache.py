@@ -100,8 +100,9 @@ def test_an_epoch_costs_a_few_round_trips_not_one_per_file(data, tmp_path):
         # machine delays slowfs's replies too) may have been asked again (hedged), no more.
         assert files <= calls["open"] <= files + hedged, f"{calls}, {hedged} hedged"
         assert calls.get("opendir", 0) == 0 and calls.get("readdir", 0) == 0, f"a folder was listed: {calls}"
-        # The lock protocol's check of each file: one lookup of its lock file per ask, nothing more.
-        assert calls.get("missing_lookup", 0) <= files + hedged, f"{calls}, {hedged} hedged"
+        # The lock protocol's check of each file: one lookup of its lock file per ask, nothing more,
+        # and the epoch start's one look for a pack's manifest (a pack written since is followed).
+        assert calls.get("missing_lookup", 0) <= files + hedged + 1, f"{calls}, {hedged} hedged"
     assert cold["read_bytes"] >= sum(os.path.getsize(data / "hidden_states" / f"hs_{r}.safetensors")
                                      for b in remote.batch_sampler._generate_batches(0) for r in b)
     assert warm_stats["read_bytes"] == 0, "the warm epoch read its files from the page cache"

@@ -218,14 +218,15 @@ KILLED_RUN = textwrap.dedent("""
     import sys, draftfeed
     data, cache, url, server = sys.argv[1:5]
     src = draftfeed.online.OnlineSource(url, hidden_states_path=cache, server_dir=server, data_path=data,
-                                        on_generate="pack", fetch_threads=4, cache_shard_bytes=8192,
+                                        on_generate="pack", fetch_threads=2, cache_shard_bytes=8192,
                                         retry_backoff=0.01)
     loader = draftfeed.Loader(data, hidden_size=HIDDEN, total_seq_len=512, split="all", num_target_layers=TARGET_LAYERS,
                               pin_memory=False, source=src)
-    for e in range(100):
-        loader.set_epoch(e)
-        for _ in loader:
-            pass
+    print("started", flush=True)
+    for _ in loader:
+        pass
+    print("epoch done", flush=True)
+    sys.stdin.read()                  # killed here if the kill came after the epoch
 """.replace("HIDDEN", str(HIDDEN)).replace("TARGET_LAYERS", str(LAYERS - 1)))
 
 
@@ -241,16 +242,27 @@ def test_a_run_killed_anywhere_loses_only_generation_work(data, clean_sim, tmp_p
     script = tmp_path / "run.py"
     script.write_text(KILLED_RUN)
     kept_before = 0
-    kills = 0
-    clean_sim.set_faults({"latency": {"median": 0.01, "p99": 0.05}})
+    killed_generating = 0
+    # 80 rows at about 0.2 s a request, two at a time: an epoch of about 8 s; each run killed within
+    # 2 s of its start, so most kills land while rows are being generated and kept.
+    clean_sim.set_faults({"latency": {"median": 0.2, "p99": 0.4}})
     for attempt in range(6):
         proc = subprocess.Popen([sys.executable, str(script), str(data), str(cache), clean_sim.url,
-                                 str(clean_sim.server_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.5, 2.5))
-        if proc.poll() is None:
+                                 str(clean_sim.server_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            started = proc.stdout.readline()
+            assert started == "started\n", (started, proc.stderr.read() if proc.poll() is not None else "")
+            time.sleep(rng.uniform(0.3, 2.0))  # a random moment of the run, not a synchronisation
             proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
+            proc.wait(timeout=60)
+            rest = proc.stdout.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr.read())
+        killed_generating += "epoch done" not in rest
         if not (cache / "manifest.json").exists():
             continue
         report = verify(data, cache)
@@ -258,7 +270,7 @@ def test_a_run_killed_anywhere_loses_only_generation_work(data, clean_sim, tmp_p
         kept = report["packed"]["samples"]
         assert kept >= kept_before, (attempt, kept, kept_before)
         kept_before = kept
-    assert kills > 0, "no run was killed: the test tested nothing"
+    assert killed_generating >= 3, f"{killed_generating} of 6 runs killed while generating: the test tested little"
     clean_sim.set_faults({})
     final_source = source(clean_sim, cache, data)
     final = make_loader(data, final_source)

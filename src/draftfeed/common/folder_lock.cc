@@ -1,6 +1,7 @@
 #include "draftfeed/common/folder_lock.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -122,8 +123,32 @@ void write_holder(int fd, const std::string& what) {
                        {"what", what},
                        {"since", now_utc()}};
   const std::string text = record.dump() + "\n";
-  // Best effort: the record only names the holder in another writer's message.
-  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, text.data(), text.size(), 0);
+  // Best effort: the record only names the holder in another writer's message. Written over the
+  // last holder's, then cut to length, so that the file is never empty while the lock is held.
+  if (::pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size())) {
+    (void)!::ftruncate(fd, static_cast<off_t>(text.size()));
+  }
+}
+
+// Whether `holder` can be the one holding the lock now: not a record left by a process of this
+// host that has ended (the new holder writes its own just after taking the lock).
+bool could_hold(const LockHolder& holder) {
+  if (holder.host != host_name() || holder.pid <= 0) return true;
+  return ::kill(static_cast<pid_t>(holder.pid), 0) == 0 || errno == EPERM;
+}
+
+// The holder's record, read again for a short while when it is missing, torn or a dead
+// process's: the holder takes the lock first and writes its record a moment later.
+std::optional<LockHolder> read_current_holder(int fd) {
+  constexpr auto kSettle = std::chrono::seconds(2);
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    auto holder = read_holder(fd);
+    if ((holder && could_hold(*holder)) || std::chrono::steady_clock::now() - start >= kSettle) {
+      return holder;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 Result<UniqueFd> open_lock_file(int folder, const std::string& path) {
@@ -206,7 +231,7 @@ Result<FolderLock> FolderLock::acquire(const std::string& path, const std::strin
     }
     const auto waited = std::chrono::steady_clock::now() - start;
     if (waited >= wait) {
-      const auto holder = read_holder(held.lock_.get());
+      const auto holder = read_current_holder(held.lock_.get());
       return Error(ErrorKind::kTimeout,
                    path + " is being rewritten by " +
                        (holder ? holder->text() : std::string("another writer")) +
@@ -238,7 +263,7 @@ std::optional<LockHolder> folder_lock_holder(const std::string& path) {
     return std::nullopt;
   }
   if (probe.l_type == F_UNLCK) return std::nullopt;
-  auto holder = read_holder(fd.get());
+  auto holder = read_current_holder(fd.get());
   return holder ? holder : LockHolder{"?", 0, "?", "?"};
 }
 
