@@ -21,6 +21,7 @@
 #include "dlpack_dtype.h"
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/cuda/device_allocator.h"
 #include "draftfeed/cuda/read_fence.h"
 #include "draftfeed/dataset/token_dataset.h"
@@ -372,23 +373,36 @@ void init_engine(nb::module_& m) {
           [](const PySampleSource& s, std::int64_t row, const Int64Input& ids) {
             nb::dict out;
             const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
-            if (outcome.sample) {
-              const HiddenStatesView& hs = outcome.sample->hidden;
-              const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
-              if (hs.dtype == DType::kF8E4M3) {
-                // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
-                const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
-                    hs.data, hs.scales, hs.tokens, hs.layers * hs.hidden, hs.dequantize);
-                out["dtype"] = torch_dtype_name(hs.dequantize);
-                out["hidden_bytes"] =
-                    nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
-              } else {
-                out["dtype"] = torch_dtype_name(hs.dtype);
-                out["hidden_bytes"] =
-                    nb::bytes(reinterpret_cast<const char*>(hs.data), count * dtype_size(hs.dtype));
-              }
-              out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
+            if (!outcome.sample) return out;
+            const HiddenStatesView& hs = outcome.sample->hidden;
+            const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
+            // The values may lie in a mapped file another process shrinks meanwhile: copied out
+            // under the fault guard before anything else reads them.
+            std::vector<std::uint8_t> raw(count * dtype_size(hs.dtype));
+            std::vector<std::uint8_t> scales(
+                hs.dtype == DType::kF8E4M3 ? static_cast<std::size_t>(hs.tokens) * 4 : 0);
+            if (!guarded_copy(raw.data(), hs.data, raw.size()) ||
+                !guarded_copy(scales.data(), hs.scales, scales.size())) {
+              out["ok"] = false;
+              out["reason"] = drop_reason_name(DropReason::kInvalid);
+              out["message"] = "row " + std::to_string(row) +
+                               ": the hidden states' file shrank while they were read "
+                               "(truncated by another process)";
+              return out;
             }
+            if (hs.dtype == DType::kF8E4M3) {
+              // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
+              const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
+                  raw.data(), scales.data(), hs.tokens, hs.layers * hs.hidden, hs.dequantize);
+              out["dtype"] = torch_dtype_name(hs.dequantize);
+              out["hidden_bytes"] =
+                  nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
+            } else {
+              out["dtype"] = torch_dtype_name(hs.dtype);
+              out["hidden_bytes"] =
+                  nb::bytes(reinterpret_cast<const char*>(raw.data()), raw.size());
+            }
+            out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
             return out;
           },
           nb::arg("row"), nb::arg("input_ids"),

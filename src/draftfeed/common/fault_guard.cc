@@ -19,6 +19,8 @@ struct Guard {
 // The innermost active guard of this thread. Written before any guarded read of the thread, so the
 // handler's access never allocates the thread's TLS block.
 thread_local Guard* active_guard = nullptr;
+// The faulting address of the last fault a guard of this thread caught (written by the handler).
+thread_local const void* last_fault_address = nullptr;
 
 std::atomic<std::uint64_t> fault_count{0};
 
@@ -61,6 +63,7 @@ void on_sigbus(int signal, siginfo_t* info, void* context) {
     return;
   }
   fault_count.fetch_add(1, std::memory_order_relaxed);
+  last_fault_address = info != nullptr ? info->si_addr : nullptr;
   // SA_NODEFER left SIGBUS unblocked, so the jump needs no signal-mask restore (sigsetjmp(.., 0)).
   siglongjmp(guard->jump, 1);
 }
@@ -117,5 +120,7 @@ bool guarded_copy(void* dst, const void* src, std::size_t n) {
 }
 
 std::uint64_t guarded_faults() { return fault_count.load(std::memory_order_relaxed); }
+
+const void* last_guarded_fault_address() { return last_fault_address; }
 
 }  // namespace draftfeed

@@ -46,4 +46,9 @@ bool guarded_copy(void* dst, const void* src, std::size_t n);
 // SIGBUS faults turned into `false` returns since the process started (all threads).
 std::uint64_t guarded_faults();
 
+// The address whose read raised the last SIGBUS a guard of this thread caught (null before any):
+// a guard over reads of two mappings (a cache file's token ids against a dataset shard's) tells
+// by it which of the two shrank.
+const void* last_guarded_fault_address();
+
 }  // namespace draftfeed

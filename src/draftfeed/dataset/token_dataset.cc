@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -211,8 +212,10 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
       impl->num_rows += rows;
     }
     keep_messages_column(stream, impl.get());
-    impl->input_ids.insert(impl->input_ids.end(), shard.input_ids.begin(), shard.input_ids.end());
-    impl->loss_mask.insert(impl->loss_mask.end(), shard.loss_mask.begin(), shard.loss_mask.end());
+    impl->input_ids.insert(impl->input_ids.end(), std::make_move_iterator(shard.input_ids.begin()),
+                           std::make_move_iterator(shard.input_ids.end()));
+    impl->loss_mask.insert(impl->loss_mask.end(), std::make_move_iterator(shard.loss_mask.begin()),
+                           std::make_move_iterator(shard.loss_mask.end()));
     impl->has_loss_mask = shard.has_loss_mask;
     impl->total_tokens += shard.total_tokens;
     impl->shard_paths.push_back(path);
@@ -224,6 +227,12 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
                                       [](const ColumnInfo& c) { return c.name == "loss_mask"; });
   }
   impl->batch_starts.push_back(impl->num_rows);
+  // Row views name their shard in messages; the list of shards is final now.
+  for (std::size_t b = 0; b < impl->input_ids.size(); ++b) {
+    const std::string* shard = &impl->shard_paths[impl->batch_shard[b]];
+    impl->input_ids[b].shard = shard;
+    if (b < impl->loss_mask.size()) impl->loss_mask[b].shard = shard;
+  }
   return std::shared_ptr<const TokenDataset>(new TokenDataset(std::move(impl)));
 }
 

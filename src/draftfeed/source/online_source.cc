@@ -289,7 +289,14 @@ Result<std::optional<std::string>> OnlineSampleSource::chat_messages(std::int64_
 
 FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayView& input_ids) {
   std::vector<std::int64_t> ids(static_cast<std::size_t>(input_ids.size()));
-  input_ids.copy_to(ids.data());
+  if (!input_ids.guarded_copy_to(ids.data())) {
+    // The dataset shard shrank under the epoch: the row cannot be asked for; dropped, counted by
+    // the pipeline, no request and no failure streak.
+    std::string message = unreadable_row(input_ids, row, "input_ids").what();
+    log_.warn(message);
+    return FetchOutcome::dropped(DropReason::kInvalid, std::move(message),
+                                 options_.fail_on_hidden_state_error);
+  }
   sweep_abandoned();
   Result<std::optional<std::string>> messages = chat_messages(row);
   if (!messages.ok()) {
