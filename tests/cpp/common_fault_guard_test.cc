@@ -60,6 +60,25 @@ TEST_F(FaultGuardTest, ReadPastATruncatedEndReturnsFalseAndCounts) {
   EXPECT_TRUE(guarded_copy(out.data(), mapping->data(), 16));
 }
 
+TEST_F(FaultGuardTest, AScopeOfManyGuardsCatchesEachFault) {
+  const auto mapping = mapped_then_truncated(4, page());
+  const MappedReadScope reads;
+  std::vector<std::uint8_t> out(mapping->size());
+  const std::uint64_t before = guarded_faults();
+  for (int round = 0; round < 100; ++round) {
+    ASSERT_TRUE(reads.copy(out.data(), mapping->data(), page()));
+    ASSERT_FALSE(reads.copy(out.data(), mapping->data() + 2 * page(), 8));
+  }
+  EXPECT_EQ(guarded_faults(), before + 100);
+  int touched = 0;
+  EXPECT_FALSE(reads.guard([&] {
+    touched = mapping->data()[0];
+    touched += mapping->data()[page()];
+  }));
+  EXPECT_EQ(touched, 0x5A);
+  EXPECT_TRUE(reads.copy(out.data(), mapping->data(), 0));
+}
+
 TEST_F(FaultGuardTest, TheFaultingAddressTellsWhichMappingShrank) {
   const auto kept = mapped_then_truncated(2, 2 * page(), "kept");
   const auto cut = mapped_then_truncated(2, 0, "cut");

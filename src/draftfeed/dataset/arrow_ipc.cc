@@ -268,7 +268,7 @@ class StreamReader {
   // by another process while it is read is an error naming it, never a SIGBUS. (The checks above
   // have kept [pos, pos + size) inside the bytes the stream had when it was mapped.)
   void copy_out(void* out, std::uint64_t pos, std::size_t size, std::uint64_t message) const {
-    if (!guarded_copy(out, bytes_.data() + pos, size)) {
+    if (!reads_.copy(out, bytes_.data() + pos, size)) {
       fail(ErrorKind::kIo, "shrank while the message" + at_byte(message) +
                                " was read (truncated or rewritten by another process)");
     }
@@ -289,6 +289,7 @@ class StreamReader {
   const std::string& name_;
   IpcStream stream_;
   std::vector<std::uint8_t> metadata_;  // the message being parsed, copied out of bytes_
+  MappedReadScope reads_;               // the guards of the copies out of bytes_
   bool have_schema_ = false;
 };
 

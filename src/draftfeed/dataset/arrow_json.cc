@@ -324,10 +324,10 @@ class ValueWriter {
 
   // Copies `size` bytes of the array's buffers out under the fault guard: the buffers lie in a
   // mapped shard, which a process truncating the file shrinks under the walk, and the walk
-  // allocates as it goes, so every read of the buffers is a guarded copy (the walk serves the
-  // online path's chat requests: a system call per element costs nothing beside the request).
+  // allocates as it goes, so every read of the buffers is a guarded copy (of the walk's one
+  // scope: no system call per element).
   void read(void* out, const std::uint8_t* from, std::size_t size) const {
-    if (!guarded_copy(out, from, size)) {
+    if (!reads_.copy(out, from, size)) {
       fail(ErrorKind::kIo,
            "the shard shrank while the value was read (truncated or rewritten by another "
            "process)");
@@ -493,6 +493,7 @@ class ValueWriter {
   std::vector<Step> steps_;
   std::string out_;
   std::vector<std::uint8_t> text_;  // a string's bytes, copied out of the array
+  MappedReadScope reads_;           // the guards of every read of the arrays' buffers
 };
 
 }  // namespace

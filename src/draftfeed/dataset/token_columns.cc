@@ -103,7 +103,7 @@ class ShardReader {
   // fault guard; a shard truncated meanwhile (SIGBUS) is an error naming it and what was read.
   template <typename Read>
   void guarded(const Field& field, const char* what, Read&& read) const {
-    if (!guard_mapped_reads(read)) {
+    if (!reads_.guard(read)) {
       throw Error(ErrorKind::kIo, where(field) + ": the shard shrank while its " +
                                       std::string(what) +
                                       " were read (truncated or rewritten by another process)");
@@ -243,6 +243,7 @@ class ShardReader {
   std::vector<std::int64_t>* seq_lens_;
   std::size_t batch_ = 0;
   std::int64_t batch_first_row_ = 0;
+  MappedReadScope reads_;  // the guards of every read of the stream's buffers
 };
 
 }  // namespace
