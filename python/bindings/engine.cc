@@ -4,6 +4,7 @@
 // (python/draftfeed/loader.py) build on these.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -222,12 +223,17 @@ struct PyLoader {
     out["world_size"] = *state.world_size;
     out["rank"] = *state.rank;
     out["total_seq_len"] = *state.total_seq_len;
+    out["split"] = *state.split;
+    if (state.train_ratio) out["train_ratio"] = *state.train_ratio;
+    out["dataset_rows"] = *state.dataset_rows;
+    out["truncate"] = *state.truncate;
     return out;
   }
 
-  // A state_dict as state() makes it (JSON-serialisable: plain ints); the keys beside epoch and
-  // delivered are checked when present.
-  void restore(const nb::dict& saved) {
+  // A state_dict as state() makes it (JSON-serialisable: plain ints, floats, strings, bools); the
+  // keys beside epoch and delivered are checked when present, a refusal naming a key as `names`
+  // spells it (the drop-in's reference names).
+  void restore(const nb::dict& saved, const StateKeyNames& names) {
     LoaderState state;
     state.epoch = nb::cast<std::int64_t>(saved["epoch"]);
     for (nb::handle position : saved["delivered"]) {
@@ -242,7 +248,11 @@ struct PyLoader {
     optional("world_size", state.world_size);
     optional("rank", state.rank);
     optional("total_seq_len", state.total_seq_len);
-    loader->restore(state);
+    optional("split", state.split);
+    optional("train_ratio", state.train_ratio);
+    optional("dataset_rows", state.dataset_rows);
+    optional("truncate", state.truncate);
+    loader->restore(state, names);
   }
 
   std::optional<PyBatch> next(std::uintptr_t consumer_stream) {
@@ -493,9 +503,12 @@ void init_engine(nb::module_& m) {
           nb::arg("position"))
       .def("state", &PyLoader::state,
            "the resume state: {epoch, delivered, num_batches, seed, world_size, rank, "
-           "total_seq_len}")
-      .def("restore", &PyLoader::restore, nb::arg("state"),
-           "the next begin_epoch of state['epoch'] delivers exactly the other batches")
+           "total_seq_len, split, train_ratio (unless split is 'all'), dataset_rows, truncate}")
+      .def("restore", &PyLoader::restore, nb::arg("state"), nb::arg("names") = StateKeyNames(),
+           "the next begin_epoch of state['epoch'] delivers exactly the other batches; ValueError "
+           "naming both values when the state was saved by a loader of another plan (another "
+           "split, dataset, ranks, total_seq_len, seed or truncate rule), the key as `names` "
+           "spells it")
       .def("next", &PyLoader::next, nb::arg("consumer_stream") = 0,
            "the next batch, or None at the end of the epoch; consumer_stream: the CUDA stream "
            "(cudaStream_t as an int, 0: the default stream) the consumer copies or uses the batch "
