@@ -208,6 +208,9 @@ void bind_online_options(nb::module_& m) {
           "max_response_bytes", [](const O& o) { return o.client.endpoint.http.max_body_bytes; },
           [](O& o, std::size_t v) { o.client.endpoint.http.max_body_bytes = v; })
       .def_rw("max_file_bytes", &O::max_file_bytes)
+      .def_rw("max_abandoned_files", &O::max_abandoned_files,
+              "failed generated files still locked by their writer kept open for a later sweep, "
+              "at most (the oldest past it is left in place)")
       .def_prop_rw(
           "rest_after_failures", [](const O& o) { return o.client.endpoint.rest_after_failures; },
           [](O& o, int v) { o.client.endpoint.rest_after_failures = v; },
