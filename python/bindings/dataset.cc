@@ -12,9 +12,10 @@
 //                                     num_shards=0, int32=False) -> dict
 //   draftfeed.synthetic_row(row, seed=0, min_len=32, max_len=512, vocab=32000) -> (ids, mask)
 // and, under draftfeed._core only, `_write_arrow_stream` (raw IPC batches, for reader tests).
-// Arrays from a dataset are read-only zero-copy views into the mapped shards (or the dataset's own
-// seq_lens array) in the stored integer dtype; each one's owner holds the dataset, so the mapping
-// outlives every array. Row indices behave like Python's: negatives count from the end, anything
+// A row's arrays are read-only copies in the stored integer dtype, read out of the mapped shards
+// under the fault guard (a shard truncated by another process is an OSError naming it, never a
+// SIGBUS); seq_lens() is a read-only view of the dataset's own array, whose owner holds the
+// dataset. Row indices behave like Python's: negatives count from the end, anything
 // outside raises IndexError.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/dataset/arrow_ipc_writer.h"
 #include "draftfeed/dataset/dataset_writer.h"
 #include "draftfeed/dataset/synthetic.h"
@@ -60,15 +62,25 @@ nb::capsule owner_of(const DatasetPtr& dataset) {
                      [](void* p) noexcept { delete static_cast<DatasetPtr*>(p); });
 }
 
-ReadOnlyArray view_array(const IntArrayView& view, const DatasetPtr& dataset) {
+// A row's values as a read-only array of their stored integer type, copied out of the mapped
+// shard under the fault guard: a view into the mapping would let Python read it after another
+// process truncated the shard, and die of SIGBUS in numpy. A shard that shrank is an OSError
+// naming the shard and the row. (A row is a few KB; the batches never come this way.)
+ReadOnlyArray row_array(const IntArrayView& view, std::int64_t row, const char* column) {
   static const std::uint8_t kEmpty[8] = {};
+  auto copy = std::make_unique<std::vector<std::uint8_t>>(view.size_bytes());
+  if (!guarded_copy(copy->data(), view.data, copy->size())) {
+    throw unreadable_row(view, row, column);
+  }
   const nb::dlpack::dtype dtype{
       static_cast<std::uint8_t>(view.is_signed ? nb::dlpack::dtype_code::Int
                                                : nb::dlpack::dtype_code::UInt),
       static_cast<std::uint8_t>(view.byte_width * 8), 1};
   const std::size_t shape[1] = {static_cast<std::size_t>(view.length)};
-  return ReadOnlyArray(view.data != nullptr ? view.data : kEmpty, 1, shape, owner_of(dataset),
-                       nullptr, dtype);
+  const std::uint8_t* data = copy->empty() ? kEmpty : copy->data();
+  nb::capsule owner(copy.release(),
+                    [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
+  return ReadOnlyArray(data, 1, shape, owner, nullptr, dtype);
 }
 
 ReadOnlyArray seq_lens_array(std::span<const std::int64_t> lens, const DatasetPtr& dataset) {
@@ -92,8 +104,10 @@ std::int64_t python_index(std::int64_t i, std::int64_t n, const char* what) {
 
 nb::dict row_dict(const DatasetPtr& dataset, std::int64_t row) {
   nb::dict out;
-  out["input_ids"] = view_array(dataset->input_ids(row), dataset);
-  if (dataset->has_loss_mask()) out["loss_mask"] = view_array(dataset->loss_mask(row), dataset);
+  out["input_ids"] = row_array(dataset->input_ids(row), row, "input_ids");
+  if (dataset->has_loss_mask()) {
+    out["loss_mask"] = row_array(dataset->loss_mask(row), row, "loss_mask");
+  }
   return out;
 }
 
@@ -149,7 +163,9 @@ void bind_dataset(nb::module_& m) {
           [](const PyTokenDataset& d, std::int64_t i) {
             return row_dict(d.dataset, python_index(i, d.dataset->num_rows(), "row"));
           },
-          "i"_a, "The row's input_ids and loss_mask as read-only zero-copy arrays.")
+          "i"_a,
+          "The row's input_ids and loss_mask as read-only arrays of their stored dtype (copies: "
+          "OSError naming the shard when it shrank under the reader).")
       .def("__getitem__",
            [](const PyTokenDataset& d, std::int64_t i) {
              return row_dict(d.dataset, python_index(i, d.dataset->num_rows(), "row"));
@@ -157,15 +173,15 @@ void bind_dataset(nb::module_& m) {
       .def(
           "input_ids",
           [](const PyTokenDataset& d, std::int64_t i) {
-            return view_array(d.dataset->input_ids(python_index(i, d.dataset->num_rows(), "row")),
-                              d.dataset);
+            const std::int64_t row = python_index(i, d.dataset->num_rows(), "row");
+            return row_array(d.dataset->input_ids(row), row, "input_ids");
           },
           "i"_a)
       .def(
           "loss_mask",
           [](const PyTokenDataset& d, std::int64_t i) {
-            return view_array(d.dataset->loss_mask(python_index(i, d.dataset->num_rows(), "row")),
-                              d.dataset);
+            const std::int64_t row = python_index(i, d.dataset->num_rows(), "row");
+            return row_array(d.dataset->loss_mask(row), row, "loss_mask");
           },
           "i"_a)
       .def_prop_ro("has_messages",

@@ -4,6 +4,7 @@
 // (python/draftfeed/loader.py) build on these.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -21,6 +22,7 @@
 #include "dlpack_dtype.h"
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/fp8_dequantize.h"
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/cuda/device_allocator.h"
 #include "draftfeed/cuda/read_fence.h"
 #include "draftfeed/dataset/token_dataset.h"
@@ -221,12 +223,17 @@ struct PyLoader {
     out["world_size"] = *state.world_size;
     out["rank"] = *state.rank;
     out["total_seq_len"] = *state.total_seq_len;
+    out["split"] = *state.split;
+    if (state.train_ratio) out["train_ratio"] = *state.train_ratio;
+    out["dataset_rows"] = *state.dataset_rows;
+    out["truncate"] = *state.truncate;
     return out;
   }
 
-  // A state_dict as state() makes it (JSON-serialisable: plain ints); the keys beside epoch and
-  // delivered are checked when present.
-  void restore(const nb::dict& saved) {
+  // A state_dict as state() makes it (JSON-serialisable: plain ints, floats, strings, bools); the
+  // keys beside epoch and delivered are checked when present, a refusal naming a key as `names`
+  // spells it (the drop-in's reference names).
+  void restore(const nb::dict& saved, const StateKeyNames& names) {
     LoaderState state;
     state.epoch = nb::cast<std::int64_t>(saved["epoch"]);
     for (nb::handle position : saved["delivered"]) {
@@ -241,7 +248,11 @@ struct PyLoader {
     optional("world_size", state.world_size);
     optional("rank", state.rank);
     optional("total_seq_len", state.total_seq_len);
-    loader->restore(state);
+    optional("split", state.split);
+    optional("train_ratio", state.train_ratio);
+    optional("dataset_rows", state.dataset_rows);
+    optional("truncate", state.truncate);
+    loader->restore(state, names);
   }
 
   std::optional<PyBatch> next(std::uintptr_t consumer_stream) {
@@ -372,23 +383,36 @@ void init_engine(nb::module_& m) {
           [](const PySampleSource& s, std::int64_t row, const Int64Input& ids) {
             nb::dict out;
             const FetchOutcome outcome = fetch_one(*s.source, row, ids, out);
-            if (outcome.sample) {
-              const HiddenStatesView& hs = outcome.sample->hidden;
-              const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
-              if (hs.dtype == DType::kF8E4M3) {
-                // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
-                const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
-                    hs.data, hs.scales, hs.tokens, hs.layers * hs.hidden, hs.dequantize);
-                out["dtype"] = torch_dtype_name(hs.dequantize);
-                out["hidden_bytes"] =
-                    nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
-              } else {
-                out["dtype"] = torch_dtype_name(hs.dtype);
-                out["hidden_bytes"] =
-                    nb::bytes(reinterpret_cast<const char*>(hs.data), count * dtype_size(hs.dtype));
-              }
-              out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
+            if (!outcome.sample) return out;
+            const HiddenStatesView& hs = outcome.sample->hidden;
+            const auto count = static_cast<std::size_t>(hs.tokens * hs.layers * hs.hidden);
+            // The values may lie in a mapped file another process shrinks meanwhile: copied out
+            // under the fault guard before anything else reads them.
+            std::vector<std::uint8_t> raw(count * dtype_size(hs.dtype));
+            std::vector<std::uint8_t> scales(
+                hs.dtype == DType::kF8E4M3 ? static_cast<std::size_t>(hs.tokens) * 4 : 0);
+            if (!guarded_copy(raw.data(), hs.data, raw.size()) ||
+                !guarded_copy(scales.data(), hs.scales, scales.size())) {
+              out["ok"] = false;
+              out["reason"] = drop_reason_name(DropReason::kInvalid);
+              out["message"] = "row " + std::to_string(row) +
+                               ": the hidden states' file shrank while they were read "
+                               "(truncated by another process)";
+              return out;
             }
+            if (hs.dtype == DType::kF8E4M3) {
+              // As FP8Transfer hands it over: dequantized, in its dequantize dtype.
+              const std::vector<std::uint8_t> values = dequantize_fp8_tensor(
+                  raw.data(), scales.data(), hs.tokens, hs.layers * hs.hidden, hs.dequantize);
+              out["dtype"] = torch_dtype_name(hs.dequantize);
+              out["hidden_bytes"] =
+                  nb::bytes(reinterpret_cast<const char*>(values.data()), values.size());
+            } else {
+              out["dtype"] = torch_dtype_name(hs.dtype);
+              out["hidden_bytes"] =
+                  nb::bytes(reinterpret_cast<const char*>(raw.data()), raw.size());
+            }
+            out["shape"] = nb::make_tuple(hs.tokens, hs.layers, hs.hidden);
             return out;
           },
           nb::arg("row"), nb::arg("input_ids"),
@@ -479,9 +503,12 @@ void init_engine(nb::module_& m) {
           nb::arg("position"))
       .def("state", &PyLoader::state,
            "the resume state: {epoch, delivered, num_batches, seed, world_size, rank, "
-           "total_seq_len}")
-      .def("restore", &PyLoader::restore, nb::arg("state"),
-           "the next begin_epoch of state['epoch'] delivers exactly the other batches")
+           "total_seq_len, split, train_ratio (unless split is 'all'), dataset_rows, truncate}")
+      .def("restore", &PyLoader::restore, nb::arg("state"), nb::arg("names") = StateKeyNames(),
+           "the next begin_epoch of state['epoch'] delivers exactly the other batches; ValueError "
+           "naming both values when the state was saved by a loader of another plan (another "
+           "split, dataset, ranks, total_seq_len, seed or truncate rule), the key as `names` "
+           "spells it")
       .def("next", &PyLoader::next, nb::arg("consumer_stream") = 0,
            "the next batch, or None at the end of the epoch; consumer_stream: the CUDA stream "
            "(cudaStream_t as an int, 0: the default stream) the consumer copies or uses the batch "

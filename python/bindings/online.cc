@@ -29,6 +29,7 @@
 #include "cache_options.h"
 #include "draftfeed/batch/fp8_dequantize.h"
 #include "draftfeed/common/dtype.h"
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/loader/online_sources.h"
 #include "draftfeed/pack/pack_appender.h"
@@ -56,35 +57,41 @@ nb::ndarray<nb::numpy, float> hidden_as_float(const HiddenStatesView& hs) {
               hs.dtype == DType::kF8E4M3,
           ErrorKind::kUnsupported,
           std::string("hidden states in ") + torch_dtype_name(hs.dtype) + " have no float view");
-  auto* values = new float[static_cast<std::size_t>(count)];
-  for (std::int64_t i = 0; i < count; ++i) {
-    switch (hs.dtype) {
-      case DType::kBF16: {
-        std::uint16_t bits;
-        std::memcpy(&bits, hs.data + 2 * i, 2);
-        values[i] = bf16_to_float(bits);
-        break;
+  auto owned = std::make_unique<float[]>(static_cast<std::size_t>(count));
+  float* values = owned.get();
+  // The values may lie in a mapped file that another process shrinks meanwhile.
+  const bool read = guard_mapped_reads([&] {
+    for (std::int64_t i = 0; i < count; ++i) {
+      switch (hs.dtype) {
+        case DType::kBF16: {
+          std::uint16_t bits;
+          std::memcpy(&bits, hs.data + 2 * i, 2);
+          values[i] = bf16_to_float(bits);
+          break;
+        }
+        case DType::kF16: {
+          std::uint16_t bits;
+          std::memcpy(&bits, hs.data + 2 * i, 2);
+          values[i] = f16_to_float(bits);
+          break;
+        }
+        case DType::kF32:
+          std::memcpy(&values[i], hs.data + 4 * i, 4);
+          break;
+        case DType::kF8E4M3: {
+          float scale;
+          std::memcpy(&scale, hs.scales + 4 * (i / (hs.layers * hs.hidden)), 4);
+          values[i] = dequantize_fp8(hs.data[i], scale, hs.dequantize);
+          break;
+        }
+        default:  // refused above
+          break;
       }
-      case DType::kF16: {
-        std::uint16_t bits;
-        std::memcpy(&bits, hs.data + 2 * i, 2);
-        values[i] = f16_to_float(bits);
-        break;
-      }
-      case DType::kF32:
-        std::memcpy(&values[i], hs.data + 4 * i, 4);
-        break;
-      case DType::kF8E4M3: {
-        float scale;
-        std::memcpy(&scale, hs.scales + 4 * (i / (hs.layers * hs.hidden)), 4);
-        values[i] = dequantize_fp8(hs.data[i], scale, hs.dequantize);
-        break;
-      }
-      default:  // refused above
-        break;
     }
-  }
-  nb::capsule owner(values, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  });
+  require(read, ErrorKind::kIo,
+          "the hidden states' file shrank while they were read (truncated by another process)");
+  nb::capsule owner(owned.release(), [](void* p) noexcept { delete[] static_cast<float*>(p); });
   const std::size_t shape[3] = {static_cast<std::size_t>(hs.tokens),
                                 static_cast<std::size_t>(hs.layers),
                                 static_cast<std::size_t>(hs.hidden)};
@@ -231,6 +238,9 @@ void bind_online_options(nb::module_& m) {
           "max_response_bytes", [](const O& o) { return o.client.endpoint.http.max_body_bytes; },
           [](O& o, std::size_t v) { o.client.endpoint.http.max_body_bytes = v; })
       .def_rw("max_file_bytes", &O::max_file_bytes)
+      .def_rw("max_abandoned_files", &O::max_abandoned_files,
+              "failed generated files still locked by their writer kept open for a later sweep, "
+              "at most (the oldest past it is left in place)")
       .def_prop_rw(
           "rest_after_failures", [](const O& o) { return o.client.endpoint.rest_after_failures; },
           [](O& o, int v) { o.client.endpoint.rest_after_failures = v; },

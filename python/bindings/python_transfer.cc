@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/hidden/validate.h"
 
 namespace draftfeed::python {
@@ -61,15 +62,28 @@ Result<FetchedSample> sample_from(const nb::object& result, const RowIds& ids,
                                            std::to_string(ids.size()));
   }
   const std::uint8_t* id_data = data_of(id_tensor);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::int64_t value;
-    std::memcpy(&value, id_data + t * 8, 8);
-    if (value != ids[t]) {
-      return Error(ErrorKind::kMismatch, where + ": token_ids from the transfer differ from the " +
-                                             "row at position " + std::to_string(t) + " (" +
-                                             std::to_string(value) + " vs " +
-                                             std::to_string(ids[t]) + ")");
+  // The row's ids lie in the dataset's mapped shard: compared under the fault guard.
+  std::int64_t at = -1;
+  std::int64_t value = 0;
+  std::int64_t row_value = 0;
+  const bool read = guard_mapped_reads([&] {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::memcpy(&value, id_data + t * 8, 8);
+      row_value = ids[t];
+      if (value != row_value) {
+        at = t;
+        return;
+      }
     }
+  });
+  if (!read) {
+    return Error(ErrorKind::kIo, where + ": " + unreadable_row(ids.view(), -1, "input_ids").what());
+  }
+  if (at >= 0) {
+    return Error(ErrorKind::kMismatch, where + ": token_ids from the transfer differ from the " +
+                                           "row at position " + std::to_string(at) + " (" +
+                                           std::to_string(value) + " vs " +
+                                           std::to_string(row_value) + ")");
   }
   hs = hs.attr("to")(cpu).attr("contiguous")();
   const auto dtype = dtype_from_torch_name(text_of(hs.attr("dtype")));

@@ -21,7 +21,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -422,9 +422,15 @@ class Loader:
         """Which batches of the current epoch were delivered; plain keys, JSON-serialisable."""
         return self._core.state()
 
+    # The names the user wrote for the state's keys where they differ from the engine's (the
+    # drop-in's reference arguments), for load_state_dict's refusals.
+    _state_key_names: ClassVar[dict[str, str]] = {}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The next iteration of `state['epoch']` yields exactly the batches not yet delivered."""
-        self._core.restore(state)
+        """The next iteration of `state['epoch']` yields exactly the batches not yet delivered.
+        ValueError naming both values when `state` was saved by a loader of another plan (another
+        split or train_ratio, dataset, world size or rank, total_seq_len, seed or truncate rule)."""
+        self._core.restore(state, self._state_key_names)
 
     # -- what happened --
     def metrics(self) -> dict[str, Any]:

@@ -50,7 +50,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from . import _core
 from ._reference_arguments import check_reference_arguments
@@ -158,6 +158,9 @@ class SpeculatorsLoader(Loader):
     together, as with the reference. Drops and failed attempts are reported as the reference
     reports them: sample drops through `warnings`, generation failures on the "speculators"
     logger (both rate-limited)."""
+
+    # load_state_dict names the reference's arguments.
+    _state_key_names: ClassVar[dict[str, str]] = {"train_ratio": "train_data_ratio"}
 
     def _make_batch(self, batch: _core.Batch) -> BatchType:
         out = self._tensors(batch)

@@ -88,7 +88,7 @@ std::optional<SynthHidden> synth_hidden_states(const Args& args, const std::stri
       [&dataset](std::int64_t row, std::vector<std::int64_t>& ids) {
         const IntArrayView view = dataset->input_ids(row);
         ids.resize(static_cast<std::size_t>(view.size()));
-        view.copy_to(ids.data());
+        if (!view.guarded_copy_to(ids.data())) throw unreadable_row(view, row, "input_ids");
       },
       hidden.spec);
   return hidden;

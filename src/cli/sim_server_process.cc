@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "draftfeed/common/control_file.h"
 #include "draftfeed/common/error.h"
 
 extern char** environ;
@@ -30,6 +33,19 @@ std::string log_tail(const std::string& path) {
   text << in.rdbuf();
   const std::string all = text.str();
   return all.size() > 2000 ? all.substr(all.size() - 2000) : all;
+}
+
+// The port number the file holds, or "" while it holds none (not yet written, or not a number).
+std::string port_in(const std::string& port_file) {
+  const ControlFileRules rules{64, "a port file", ControlFileLinks::kRefuse};
+  Result<ControlFile> read = read_control_file(port_file, rules);
+  if (!read.ok()) return "";
+  std::string text = std::move(read.value().bytes);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  const bool number =
+      !text.empty() && text.size() <= 5 &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return number ? text : "";
 }
 
 bool exited(pid_t pid) {
@@ -94,10 +110,11 @@ SimServerProcess::SimServerProcess(const SimServerOptions& options) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // The server writes the file whole once listening; read until it holds a number.
+  // The server writes the file whole once listening; read until it holds a number (a control
+  // file: bounded, never a FIFO's blocking open).
   std::string port;
   while (port.empty() && std::chrono::steady_clock::now() < deadline) {
-    std::ifstream(port_file) >> port;
+    port = port_in(port_file);
     if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   fs::remove(port_file, ignored);

@@ -60,6 +60,41 @@ TEST_F(FaultGuardTest, ReadPastATruncatedEndReturnsFalseAndCounts) {
   EXPECT_TRUE(guarded_copy(out.data(), mapping->data(), 16));
 }
 
+TEST_F(FaultGuardTest, AScopeOfManyGuardsCatchesEachFault) {
+  const auto mapping = mapped_then_truncated(4, page());
+  const MappedReadScope reads;
+  std::vector<std::uint8_t> out(mapping->size());
+  const std::uint64_t before = guarded_faults();
+  for (int round = 0; round < 100; ++round) {
+    ASSERT_TRUE(reads.copy(out.data(), mapping->data(), page()));
+    ASSERT_FALSE(reads.copy(out.data(), mapping->data() + 2 * page(), 8));
+  }
+  EXPECT_EQ(guarded_faults(), before + 100);
+  int touched = 0;
+  EXPECT_FALSE(reads.guard([&] {
+    touched = mapping->data()[0];
+    touched += mapping->data()[page()];
+  }));
+  EXPECT_EQ(touched, 0x5A);
+  EXPECT_TRUE(reads.copy(out.data(), mapping->data(), 0));
+}
+
+TEST_F(FaultGuardTest, TheFaultingAddressTellsWhichMappingShrank) {
+  const auto kept = mapped_then_truncated(2, 2 * page(), "kept");
+  const auto cut = mapped_then_truncated(2, 0, "cut");
+  std::uint8_t sum = 0;
+  const bool read = guard_mapped_reads([&] {
+    for (std::size_t i = 0; i < kept->size(); ++i)
+      sum = static_cast<std::uint8_t>(sum + kept->data()[i]);
+    for (std::size_t i = 0; i < cut->size(); ++i)
+      sum = static_cast<std::uint8_t>(sum + cut->data()[i]);
+  });
+  EXPECT_FALSE(read);
+  EXPECT_EQ(last_guarded_fault_address(), cut->data());  // its first byte: the file is empty now
+  EXPECT_FALSE(guarded_copy(&sum, cut->data() + page() + 5, 1));
+  EXPECT_EQ(last_guarded_fault_address(), cut->data() + page() + 5);
+}
+
 TEST_F(FaultGuardTest, ACallableSeesItsEffectsUpToTheFaultAndExceptionsPass) {
   const auto mapping = mapped_then_truncated(2, page());
   std::size_t read = 0;

@@ -1,10 +1,14 @@
 // A save_to_disk folder written by DatasetWriter (synthetic rows) read back by TokenDataset, the
 // train/val split, and the folder-level errors.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 
 #include "draftfeed/dataset/dataset_summary.h"
@@ -123,6 +127,64 @@ TEST(DatasetFolder, FolderErrors) {
                 "split's folder, e.g. " +
                 (folder.path() / "train").string());
   EXPECT_EQ(kind, ErrorKind::kInvalidArgument);
+}
+
+// The open's error, on another thread: an open that blocks (a FIFO's open waits for a writer)
+// ends the test program after a hang guard instead of hanging it.
+std::string bounded_open_error(const std::string& folder) {
+  auto opened = std::async(std::launch::async, [folder] { return open_error(folder); });
+  if (opened.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    std::fprintf(stderr, "TokenDataset::open(%s) blocked\n", folder.c_str());
+    std::_Exit(1);
+  }
+  return opened.get();
+}
+
+TEST(DatasetFolder, ControlFilesAreReadOnlyFromRegularFilesOfBoundedSize) {
+  TempFolder folder;
+  write_synthetic_dataset(folder.str(), {20, 0, 1, 9, 50});
+  const fs::path state = folder.path() / "state.json";
+  const fs::path saved = folder.path() / "state.saved";
+  fs::rename(state, saved);
+
+  ASSERT_EQ(::mkfifo(state.c_str(), 0644), 0);
+  EXPECT_EQ(bounded_open_error(folder.str()), state.string() + ": is a FIFO, not a regular file");
+
+  fs::remove(state);
+  fs::create_symlink("/dev/zero", state);
+  EXPECT_EQ(bounded_open_error(folder.str()),
+            state.string() + ": is a character device, not a regular file");
+
+  fs::remove(state);
+  {
+    // Sparse: refused by its size before a byte is read.
+    std::ofstream grow(state);
+  }
+  fs::resize_file(state, std::uint64_t{5} << 30);
+  EXPECT_EQ(bounded_open_error(folder.str()),
+            state.string() +
+                ": is 5 GiB (5368709120 bytes), more than the 64 MiB a dataset's "
+                "state.json may be");
+
+  // A link to a regular file is followed (a Hugging Face hub snapshot's files are links into its
+  // blob store).
+  fs::remove(state);
+  fs::create_symlink(saved, state);
+  EXPECT_EQ(TokenDataset::open(folder.str())->num_rows(), 20);
+
+  // A DatasetDict's dataset_dict.json that is a FIFO: still refused as a DatasetDict, at once.
+  ASSERT_EQ(::mkfifo((folder.path() / "dataset_dict.json").c_str(), 0644), 0);
+  EXPECT_NE(bounded_open_error(folder.str()).find(" is a DatasetDict with splits []"),
+            std::string::npos);
+}
+
+TEST(DatasetFolder, ZeroRowDatasetInfoIsAControlFileToo) {
+  TempFolder folder;
+  fs::create_directories(folder.path());
+  std::ofstream(folder.path() / "state.json") << R"({"_data_files": []})";
+  ASSERT_EQ(::mkfifo((folder.path() / "dataset_info.json").c_str(), 0644), 0);
+  EXPECT_EQ(bounded_open_error(folder.str()),
+            (folder.path() / "dataset_info.json").string() + ": is a FIFO, not a regular file");
 }
 
 TEST(DatasetFolder, EmptyDatasetHasOneEmptyShard) {

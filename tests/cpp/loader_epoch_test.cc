@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -190,6 +191,68 @@ TEST_F(LoaderEpochTest, AStateFromAnotherRunIsRefusedNamingTheKey) {
   saved.seed.reset();  // keys not recorded are not checked
   saved.delivered = {0};
   loader.restore(saved);
+}
+
+TEST_F(LoaderEpochTest, AStateOfAnotherSplitIsRefusedNamingBothValues) {
+  auto source = std::make_shared<PlanRecordingSource>(false);
+  LoaderState saved;
+  {
+    Loader first(options(source));
+    first.begin_epoch();
+    ASSERT_NE(first.next(), nullptr);
+    saved = first.state();
+    first.stop();
+  }
+  EXPECT_EQ(saved.split, "train");
+  EXPECT_EQ(saved.train_ratio, 0.8);
+  EXPECT_EQ(saved.dataset_rows, kRows);
+  EXPECT_EQ(saved.truncate, true);
+  const std::string plan =
+      ": its batch positions are another plan's (a state resumes only the "
+      "plan it was saved from)";
+  auto refusal = [&](const LoaderOptions& o, const StateKeyNames& names = {}) {
+    Loader other(o);
+    try {
+      other.restore(saved, names);
+    } catch (const Error& error) {
+      EXPECT_EQ(error.kind(), ErrorKind::kInvalidArgument);
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  LoaderOptions ratio = options(source);
+  ratio.train_ratio = 0.7;
+  EXPECT_EQ(refusal(ratio),
+            "state_dict was saved with train_ratio=0.8, this loader has train_ratio=0.7" + plan);
+  EXPECT_EQ(refusal(ratio, {{"train_ratio", "train_data_ratio"}}),
+            "state_dict was saved with train_data_ratio=0.8, this loader has "
+            "train_data_ratio=0.7" +
+                plan);
+  LoaderOptions val = options(source);
+  val.split = Split::kVal;
+  EXPECT_EQ(refusal(val),
+            "state_dict was saved with split='train', this loader has split='val'" + plan);
+  LoaderOptions dropping = options(source);
+  dropping.plan.truncate = false;
+  EXPECT_EQ(refusal(dropping),
+            "state_dict was saved with truncate=true, this loader has truncate=false" + plan);
+  LoaderOptions length = options(source);
+  length.batch.max_len = 96;
+  EXPECT_EQ(refusal(length),
+            "state_dict was saved with total_seq_len=64, this loader has total_seq_len=96" + plan);
+
+  // Another dataset (more rows) under the same path.
+  SyntheticOptions more;
+  more.rows = kRows + 5;
+  more.min_len = 8;
+  more.max_len = 40;
+  more.seed = 3;
+  std::filesystem::remove_all(dir_ / "data");
+  write_synthetic_dataset((dir_ / "data").string(), more);
+  EXPECT_EQ(refusal(options(source)),
+            "state_dict was saved with dataset_rows=60, this loader has "
+            "dataset_rows=65" +
+                plan);
 }
 
 TEST_F(LoaderEpochTest, ATrainersSliceOfThePlanIsDeliveredByItsOwnPositions) {

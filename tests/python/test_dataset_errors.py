@@ -8,6 +8,8 @@ import os
 import re
 import shutil
 import struct
+import subprocess
+import sys
 
 import datasets
 import numpy as np
@@ -289,3 +291,69 @@ def test_copied_dataset_folder_with_stray_junk_still_opens(tmp_path):
     save_dataset(tmp_path / "ok", random_columns(50, seed=3))
     shutil.copy(tmp_path / "ok" / "state.json", tmp_path / "ok" / "notes.txt")
     assert len(draftfeed.open_dataset(str(tmp_path / "ok"))) == 50
+
+
+# -- control files: state.json and its siblings are read as a regular file of bounded size --
+
+LOADER_SCRIPT = (
+    "import sys, draftfeed\n"
+    "try:\n"
+    "    draftfeed.Loader(sys.argv[1], hidden_size=16, total_seq_len=96, num_target_layers=3)\n"
+    "except Exception as e:\n"
+    "    print(type(e).__name__, e)\n"
+)
+
+
+def refusals(run_cli, folder) -> tuple[str, str]:
+    """What `draftfeed inspect` and the Loader say about `folder`; each bounded in time (a FIFO's
+    blocking open would hang them)."""
+    inspect = run_cli("inspect", folder, timeout=60, check=False)
+    assert inspect.returncode != 0
+    loader = subprocess.run(
+        [sys.executable, "-c", LOADER_SCRIPT, str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert loader.returncode == 0, loader.stderr
+    return inspect.stderr, loader.stdout
+
+
+@pytest.fixture
+def synthetic_folder(tmp_path):
+    folder = tmp_path / "data"
+    draftfeed.write_synthetic_dataset(str(folder), 40, seed=1)
+    return folder
+
+
+def test_a_fifo_named_state_json_hangs_nothing(run_cli, synthetic_folder):
+    state = synthetic_folder / "state.json"
+    state.unlink()
+    os.mkfifo(state)
+    inspect, loader = refusals(run_cli, synthetic_folder)
+    assert f"{state}: is a FIFO, not a regular file" in inspect
+    assert loader.strip() == f"FormatError {state}: is a FIFO, not a regular file"
+
+
+def test_a_link_to_dev_zero_is_refused(run_cli, synthetic_folder):
+    state = synthetic_folder / "state.json"
+    state.unlink()
+    state.symlink_to("/dev/zero")
+    inspect, loader = refusals(run_cli, synthetic_folder)
+    assert f"{state}: is a character device, not a regular file" in inspect
+    assert loader.strip() == f"FormatError {state}: is a character device, not a regular file"
+
+
+def test_an_oversized_state_json_is_refused_before_it_is_read(run_cli, synthetic_folder):
+    state = synthetic_folder / "state.json"
+    with open(state, "r+b") as f:
+        f.truncate(3 << 30)  # sparse: nothing is written, and nothing may be read
+    message = f"{state}: is 3 GiB (3221225472 bytes), more than the 64 MiB a dataset's state.json may be"
+    inspect, loader = refusals(run_cli, synthetic_folder)
+    assert message in inspect
+    assert loader.strip() == f"FormatError {message}"
+
+
+def test_a_state_json_linked_into_a_blob_store_is_read(synthetic_folder, tmp_path):
+    # A Hugging Face hub snapshot: every file a link into the blob store.
+    blob = tmp_path / "blob-state"
+    shutil.move(synthetic_folder / "state.json", blob)
+    (synthetic_folder / "state.json").symlink_to(blob)
+    assert len(draftfeed.open_dataset(str(synthetic_folder))) == 40

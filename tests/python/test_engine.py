@@ -3,6 +3,8 @@ engine's own guarantees: deterministic noise, exact resume, kept tensors, zero c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from reference_fixtures import assert_same_batch, reference_batches, write_fixture
@@ -307,3 +309,23 @@ def test_sequence_parallel_ranks(fixture, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     env_loader = make_loader(fixture, world_size=None, rank=None, sp_size=2)
     assert env_loader.topology.dp_rank == 1 and env_loader.topology.dp_size == 2
+
+
+def test_a_resume_state_of_another_split_is_refused_naming_both_values(fixture):
+    loader = make_loader(fixture)
+    loader.set_epoch(0)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    plan = ": its batch positions are another plan's (a state resumes only the plan it was saved from)"
+    for kwargs, message in (
+        (dict(train_ratio=0.5), "saved with train_ratio=0.75, this loader has train_ratio=0.5"),
+        (dict(split="val"), "saved with split='train', this loader has split='val'"),
+        (dict(total_seq_len=2 * MAX_LEN), f"saved with total_seq_len={MAX_LEN}, this loader has total_seq_len={2 * MAX_LEN}"),
+        (dict(world_size=2, rank=1), "saved with world_size=1, this loader has world_size=2"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            make_loader(fixture, **kwargs).load_state_dict(state)
+        assert str(refused.value) == f"state_dict was {message}{plan}", kwargs
+    make_loader(fixture).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k not in ("split", "train_ratio", "dataset_rows", "truncate")}
+    make_loader(fixture, train_ratio=0.5).load_state_dict(older)  # keys it does not record: not checked

@@ -339,3 +339,55 @@ def test_the_dataset_writer_follows_no_planted_link(tmp_path):
     draftfeed.write_synthetic_dataset(str(data), 8, seed=2)
     assert victim.read_text() == "precious"
     assert len(draftfeed.open_dataset(str(data))) == 8
+
+
+# -- a server that never lets go of its writer locks --
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize(("limit", "requests"), [(None, 80), (4, 40)])
+def test_the_files_of_a_server_that_never_releases_its_locks_hold_bounded_descriptors(
+    tmp_path, ids, cache, limit, requests
+):
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    locks: list[int] = []
+
+    def choose(_row_ids, n):
+        # Every answer's writer takes its lock and never lets go.
+        path = server_dir / f"req_{n}.safetensors"
+        path.write_bytes(b"never finished")
+        fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        locks.append(fd)
+        return str(path)
+
+    options = {} if limit is None else {"max_abandoned_files": limit}
+    limit = limit or 64  # the default
+    try:
+        with HostileServer(choose) as server:
+            source = source_for(server, cache, server_dir=server_dir, generation_validation_retries=0,
+                                lock_timeout=0.0, **options)
+            before = open_descriptors()
+            for n in range(requests):
+                assert not fetch_within(source, 6 + n % 2, ids[6 + n % 2])["ok"]
+            stats = source.stats()
+            # The test's own lock descriptors are `requests` of the growth; the source's are bounded.
+            grown = open_descriptors() - before - len(locks)
+        assert stats["abandoned"] == limit, stats
+        assert stats["left_in_place"] == requests - limit, stats
+        assert grown <= 3 * limit + 8, f"{grown} descriptors more for {limit} files held"
+        messages = [m for m in source.take_messages()[0] if "max_abandoned_files" in m]
+        assert messages, "the files let go of are said"
+        assert messages[0] == (
+            f"{server_dir}/req_0.safetensors: generated file left in place, not deleted: its writer "
+            f"still holds its lock, and {limit} failed files held so are the most kept open "
+            "(max_abandoned_files)"
+        )
+    finally:
+        for fd in locks:
+            os.close(fd)
+    assert sorted(p.name for p in server_dir.iterdir() if p.suffix == ".safetensors")[:1] == ["req_0.safetensors"]

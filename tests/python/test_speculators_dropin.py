@@ -4,6 +4,7 @@ on every rank, the same sampler surface and fast-skip."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -260,3 +261,26 @@ def test_batches_whose_samples_all_failed_are_the_references(tmp_path, topology)
     assert len(got) == len(expected) > 0
     for k, (a, b) in enumerate(zip(got, expected)):
         assert_same(a, b, f"all-failed batch {k}")
+
+
+def test_a_resume_state_of_another_split_is_refused_in_the_references_names(fixture, topology):
+    topology(0, 1, via_env=False)
+    train, _ = our_loaders(base_args(fixture, train_data_ratio=0.8))
+    train.batch_sampler.set_epoch(0)
+    next(iter(train))
+    state = json.loads(json.dumps(train.state_dict()))  # as a trainer saves it
+    train.close()
+    assert (state["split"], state["train_ratio"], state["dataset_rows"]) == ("train", 0.8, 60)
+
+    other, _ = our_loaders(base_args(fixture, train_data_ratio=0.75))
+    with pytest.raises(ValueError) as refused:
+        other.load_state_dict(state)
+    assert str(refused.value) == (
+        "state_dict was saved with train_data_ratio=0.8, this loader has train_data_ratio=0.75: its "
+        "batch positions are another plan's (a state resumes only the plan it was saved from)"
+    )
+    reseeded, _ = our_loaders(base_args(fixture, seed=7))
+    with pytest.raises(ValueError, match=r"saved with seed=42, this loader has seed=7: "):
+        reseeded.load_state_dict(state)
+    same, _ = our_loaders(base_args(fixture, train_data_ratio=0.8))
+    same.load_state_dict(state)  # the same arguments: accepted

@@ -5,6 +5,7 @@
 
 #include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/batch/noise.h"
+#include "draftfeed/common/fault_guard.h"
 
 namespace draftfeed {
 
@@ -144,9 +145,10 @@ std::int64_t copy_sample_rows(const BatchLayout& layout, const BatchMemory& batc
   return nonfinite;
 }
 
-void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
-                  const BatchPlacement& placement, const std::vector<IntArrayView>& ids,
-                  const std::vector<IntArrayView>& masks) {
+std::optional<UnreadableSample> finish_batch(const BatchLayout& layout, const BatchMemory& batch,
+                                             const BatchPlacement& placement,
+                                             const std::vector<IntArrayView>& ids,
+                                             const std::vector<IntArrayView>& masks) {
   const std::int64_t max_len = layout.spec.max_len;
   const std::int64_t shift = shift_of(layout.spec.preprocess);
   std::int64_t* input_ids = int64_tensor(layout, batch, "input_ids");
@@ -154,7 +156,8 @@ void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
   std::int64_t* position_ids = int64_tensor(layout, batch, "position_ids");
   std::int64_t* document_ids = int64_tensor(layout, batch, "document_ids");
 
-  for (const SamplePlacement& p : placement.samples) {
+  // Plain loops over the mapped rows (no allocation, no lock, no throw): fit for the guard.
+  const auto write_sample = [&](const SamplePlacement& p) {
     const IntArrayView& id_view = ids[p.sample];
     const IntArrayView& mask_view = masks[p.sample];
     for (std::int64_t r = 0; r < p.rows; ++r) {
@@ -162,8 +165,21 @@ void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
       loss_mask[p.dst_row + r] = mask_view[r + shift];
       position_ids[p.dst_row + r] = r + shift;
     }
+  };
+  const bool written = guard_mapped_reads([&] {
+    for (const SamplePlacement& p : placement.samples) write_sample(p);
+  });
+  if (!written) {
+    // Rare: find the sample whose shard shrank, one guard per sample. If none faults now, every
+    // sample has been written after all.
+    for (std::size_t k = 0; k < placement.samples.size(); ++k) {
+      const SamplePlacement& p = placement.samples[k];
+      if (guard_mapped_reads([&] { write_sample(p); })) continue;
+      const bool in_ids = ids[p.sample].holds(last_guarded_fault_address());
+      return UnreadableSample{k, in_ids ? "input_ids" : "loss_mask"};
+    }
   }
-  if (layout.spec.preprocess == Preprocess::kCustom) return;  // samples only: no batch row yet
+  if (layout.spec.preprocess == Preprocess::kCustom) return std::nullopt;  // samples only
   std::int64_t row = 0;
   for (std::size_t doc = 0; doc < placement.documents.size(); ++doc) {
     std::fill_n(document_ids + row, placement.documents[doc], static_cast<std::int64_t>(doc));
@@ -182,6 +198,7 @@ void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
     std::memset(batch[s] + static_cast<std::size_t>(used) * row_bytes, 0,
                 static_cast<std::size_t>(max_len - used) * row_bytes);
   }
+  return std::nullopt;
 }
 
 }  // namespace draftfeed

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "draftfeed/batch/batch_spec.h"
@@ -78,8 +79,17 @@ std::int64_t copy_row_lookahead(const BatchSpec& spec);
 // Writes the integer tensors of every placed sample, document ids, and zeros every tensor's rows
 // past `used_rows`. `ids[i]`/`masks[i]` are sample i's dataset row views (plan order). Under
 // Preprocess::kCustom only the samples' own rows are written (no document ids, no padding).
-void finish_batch(const BatchLayout& layout, const BatchMemory& batch,
-                  const BatchPlacement& placement, const std::vector<IntArrayView>& ids,
-                  const std::vector<IntArrayView>& masks);
+// The views' values lie in the dataset's mapped shards: they are read under one fault guard for
+// the whole batch (one system call per batch, not per row). When a shard shrank under the batch
+// (SIGBUS), nothing else is written and the answer is the placed sample (an index into
+// `placement.samples`) whose values could not be read, for the caller to drop.
+struct UnreadableSample {
+  std::size_t placed = 0;
+  const char* column = "input_ids";  // or "loss_mask"
+};
+std::optional<UnreadableSample> finish_batch(const BatchLayout& layout, const BatchMemory& batch,
+                                             const BatchPlacement& placement,
+                                             const std::vector<IntArrayView>& ids,
+                                             const std::vector<IntArrayView>& masks);
 
 }  // namespace draftfeed

@@ -19,6 +19,8 @@ struct Guard {
 // The innermost active guard of this thread. Written before any guarded read of the thread, so the
 // handler's access never allocates the thread's TLS block.
 thread_local Guard* active_guard = nullptr;
+// The faulting address of the last fault a guard of this thread caught (written by the handler).
+thread_local const void* last_fault_address = nullptr;
 
 std::atomic<std::uint64_t> fault_count{0};
 
@@ -61,6 +63,7 @@ void on_sigbus(int signal, siginfo_t* info, void* context) {
     return;
   }
   fault_count.fetch_add(1, std::memory_order_relaxed);
+  last_fault_address = info != nullptr ? info->si_addr : nullptr;
   // SA_NODEFER left SIGBUS unblocked, so the jump needs no signal-mask restore (sigsetjmp(.., 0)).
   siglongjmp(guard->jump, 1);
 }
@@ -79,10 +82,8 @@ void ensure_handler() {
   ::sigaction(SIGBUS, &ours, nullptr);
 }
 
-}  // namespace
-
-bool guard_mapped_reads_raw(void (*read)(void* context), void* context) {
-  ensure_handler();
+// The guard itself, the handler already checked.
+bool run_guarded(void (*read)(void* context), void* context) {
   Guard guard;
   guard.previous = active_guard;
   if (sigsetjmp(guard.jump, 0) != 0) {
@@ -101,21 +102,44 @@ bool guard_mapped_reads_raw(void (*read)(void* context), void* context) {
   return true;
 }
 
+struct Copy {
+  void* dst;
+  const void* src;
+  std::size_t n;
+};
+
+void copy_bytes(void* context) {
+  const auto* c = static_cast<const Copy*>(context);
+  std::memcpy(c->dst, c->src, c->n);
+}
+
+}  // namespace
+
+bool guard_mapped_reads_raw(void (*read)(void* context), void* context) {
+  ensure_handler();
+  return run_guarded(read, context);
+}
+
 bool guarded_copy(void* dst, const void* src, std::size_t n) {
   if (n == 0) return true;
-  struct Copy {
-    void* dst;
-    const void* src;
-    std::size_t n;
-  } copy{dst, src, n};
-  return guard_mapped_reads_raw(
-      [](void* context) {
-        const auto* c = static_cast<const Copy*>(context);
-        std::memcpy(c->dst, c->src, c->n);
-      },
-      &copy);
+  Copy copy{dst, src, n};
+  return guard_mapped_reads_raw(copy_bytes, &copy);
+}
+
+MappedReadScope::MappedReadScope() { ensure_handler(); }
+
+bool MappedReadScope::guard_raw(void (*read)(void* context), void* context) {
+  return run_guarded(read, context);
+}
+
+bool MappedReadScope::copy(void* dst, const void* src, std::size_t n) const {
+  if (n == 0) return true;
+  Copy copy{dst, src, n};
+  return run_guarded(copy_bytes, &copy);
 }
 
 std::uint64_t guarded_faults() { return fault_count.load(std::memory_order_relaxed); }
+
+const void* last_guarded_fault_address() { return last_fault_address; }
 
 }  // namespace draftfeed

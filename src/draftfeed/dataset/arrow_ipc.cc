@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/dataset/arrow_schema.h"
 #include "draftfeed/dataset/flatbuffer_reader.h"
 
@@ -117,7 +118,11 @@ class StreamReader {
   IpcStream read() {
     std::uint64_t pos = 0;
     if (bytes_.empty()) fail(ErrorKind::kFormat, "is empty (0 bytes; not an Arrow stream)");
-    if (bytes_.size() >= 8 && std::memcmp(bytes_.data(), "ARROW1", 6) == 0) pos = 8;
+    if (bytes_.size() >= 8) {
+      char magic[6];
+      copy_out(magic, 0, sizeof magic, 0);
+      if (std::memcmp(magic, "ARROW1", 6) == 0) pos = 8;
+    }
     for (int message = 0;; ++message) {
       const std::uint64_t start = pos;
       const std::uint64_t remaining = bytes_.size() - pos;
@@ -149,9 +154,11 @@ class StreamReader {
         truncated(start, "metadata", static_cast<std::uint64_t>(metadata_length),
                   bytes_.size() - pos);
       }
-      const auto metadata = bytes_.subspan(pos, static_cast<std::size_t>(metadata_length));
+      // Parsed from a copy: the parser allocates as it goes, so it must never meet a SIGBUS.
+      metadata_.resize(static_cast<std::size_t>(metadata_length));
+      copy_out(metadata_.data(), pos, metadata_.size(), start);
       pos += static_cast<std::uint64_t>(metadata_length);
-      pos = read_message(message, start, metadata, pos);
+      pos = read_message(message, start, metadata_, pos);
     }
     if (!have_schema_) fail(ErrorKind::kFormat, "holds no schema message");
     return std::move(stream_);
@@ -253,8 +260,18 @@ class StreamReader {
 
   std::uint32_t load_u32(std::uint64_t pos) const {
     std::uint32_t value;
-    std::memcpy(&value, bytes_.data() + pos, 4);
+    copy_out(&value, pos, 4, pos);
     return value;
+  }
+
+  // Copies `size` bytes at `pos` of the stream out under the fault guard: a mapped shard truncated
+  // by another process while it is read is an error naming it, never a SIGBUS. (The checks above
+  // have kept [pos, pos + size) inside the bytes the stream had when it was mapped.)
+  void copy_out(void* out, std::uint64_t pos, std::size_t size, std::uint64_t message) const {
+    if (!reads_.copy(out, bytes_.data() + pos, size)) {
+      fail(ErrorKind::kIo, "shrank while the message" + at_byte(message) +
+                               " was read (truncated or rewritten by another process)");
+    }
   }
 
   [[noreturn]] void truncated(std::uint64_t start, const char* what, std::uint64_t needed,
@@ -271,6 +288,8 @@ class StreamReader {
   std::span<const std::uint8_t> bytes_;
   const std::string& name_;
   IpcStream stream_;
+  std::vector<std::uint8_t> metadata_;  // the message being parsed, copied out of bytes_
+  MappedReadScope reads_;               // the guards of the copies out of bytes_
   bool have_schema_ = false;
 };
 

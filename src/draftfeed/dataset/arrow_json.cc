@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/int_load.h"
 #include "draftfeed/common/json_escape.h"
 
@@ -316,7 +317,21 @@ class ValueWriter {
                                    std::to_string(bitmap.size()) +
                                    " bytes, too short for element " + std::to_string(i));
     }
-    return (bitmap[byte] >> (i & 7)) & 1;
+    std::uint8_t bits = 0;
+    read(&bits, bitmap.data() + byte, 1);
+    return (bits >> (i & 7)) & 1;
+  }
+
+  // Copies `size` bytes of the array's buffers out under the fault guard: the buffers lie in a
+  // mapped shard, which a process truncating the file shrinks under the walk, and the walk
+  // allocates as it goes, so every read of the buffers is a guarded copy (of the walk's one
+  // scope: no system call per element).
+  void read(void* out, const std::uint8_t* from, std::size_t size) const {
+    if (!reads_.copy(out, from, size)) {
+      fail(ErrorKind::kIo,
+           "the shard shrank while the value was read (truncated or rewritten by another "
+           "process)");
+    }
   }
 
   // Arrow C++ ignores the validity bitmap of an array whose null count is 0, so pyarrow (and thus
@@ -349,9 +364,11 @@ class ValueWriter {
                                    std::to_string(buffer.size()) +
                                    " bytes, too short for element " + std::to_string(i));
     }
-    const std::uint8_t* p = buffer.data() + static_cast<std::size_t>(i) * width;
-    const std::int64_t begin = load_int(p, static_cast<std::uint8_t>(width), true);
-    const std::int64_t end = load_int(p + width, static_cast<std::uint8_t>(width), true);
+    std::uint8_t pair[16];
+    read(pair, buffer.data() + static_cast<std::size_t>(i) * width,
+         2 * static_cast<std::size_t>(width));
+    const std::int64_t begin = load_int(pair, static_cast<std::uint8_t>(width), true);
+    const std::int64_t end = load_int(pair + width, static_cast<std::uint8_t>(width), true);
     if (begin < 0 || end < begin || end > limit) {
       fail(ErrorKind::kFormat, std::string("the ") + what + " offsets of element " +
                                    std::to_string(i) + " are [" + std::to_string(begin) + ", " +
@@ -413,8 +430,9 @@ class ValueWriter {
         offsets(array, i, field.type_id == TypeId::kUtf8 ? 4 : 8, limit, "string");
     // Escaping never shrinks text, so a string that cannot fit is refused before it is copied.
     if (static_cast<std::uint64_t>(end - begin) > room()) too_large();
-    const auto text =
-        data.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin));
+    text_.resize(static_cast<std::size_t>(end - begin));
+    read(text_.data(), data.data() + begin, text_.size());
+    const std::span<const std::uint8_t> text(text_);
     const std::int64_t bad = append_json_string(out_, text);
     if (bad >= 0) {
       fail(ErrorKind::kFormat, "the string is not valid UTF-8 (byte " + std::to_string(bad) +
@@ -424,7 +442,8 @@ class ValueWriter {
   }
 
   void int_value(const Field& field, const ArrayView& array, std::int64_t i) {
-    const std::uint8_t* p = element(array, i, field.bit_width / 8);
+    std::uint8_t p[8];
+    read(p, element(array, i, field.bit_width / 8), static_cast<std::size_t>(field.bit_width / 8));
     if (field.bit_width == 64 && !field.is_signed) {
       std::uint64_t v;
       std::memcpy(&v, p, 8);
@@ -438,7 +457,8 @@ class ValueWriter {
 
   void float_value(const Field& field, const ArrayView& array, std::int64_t i) {
     const int width = float_width(field);
-    const std::uint8_t* p = element(array, i, width);
+    std::uint8_t p[8];
+    read(p, element(array, i, width), static_cast<std::size_t>(width));
     double v;
     if (width == 2) {
       std::uint16_t h;
@@ -472,6 +492,8 @@ class ValueWriter {
   JsonLimits limits_;
   std::vector<Step> steps_;
   std::string out_;
+  std::vector<std::uint8_t> text_;  // a string's bytes, copied out of the array
+  MappedReadScope reads_;           // the guards of every read of the arrays' buffers
 };
 
 }  // namespace

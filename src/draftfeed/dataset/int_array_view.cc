@@ -1,4 +1,5 @@
 
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/int_load.h"
 #include "draftfeed/dataset/token_dataset.h"
 
@@ -38,6 +39,23 @@ void IntArrayView::copy_to(std::int64_t* out) const {
     default:
       if (length > 0) std::memcpy(out, data, static_cast<std::size_t>(length) * 8);
   }
+}
+
+bool IntArrayView::guarded_copy_to(std::int64_t* out) const {
+  return guard_mapped_reads([&] { copy_to(out); });
+}
+
+bool IntArrayView::holds(const void* address) const {
+  const auto* at = static_cast<const std::uint8_t*>(address);
+  return data != nullptr && at >= data && at < data + size_bytes();
+}
+
+Error unreadable_row(const IntArrayView& view, std::int64_t row, const char* column) {
+  const std::string shard = view.shard != nullptr ? *view.shard + ": " : std::string();
+  const std::string which = row >= 0 ? "row " + std::to_string(row) + ": its " : "the row's ";
+  return Error(ErrorKind::kIo, shard + which + column +
+                                   " could not be read: the shard shrank under the reader "
+                                   "(truncated or rewritten by another process)");
 }
 
 bool IntArrayView::equals(std::span<const std::int64_t> values) const {

@@ -1,6 +1,9 @@
 #include "draftfeed/dataset/token_columns.h"
 
+#include <cstring>
 #include <optional>
+
+#include "draftfeed/common/fault_guard.h"
 
 namespace draftfeed {
 
@@ -42,7 +45,6 @@ class ShardReader {
       batch_ = b;
       batch_first_row_ = first_row_ + out.rows;
       IntListChunk ids_chunk = list_chunk(*ids, batch.columns[*ids], batch.length);
-      out.input_ids.push_back(ids_chunk);
       if (mask) out.loss_mask.push_back(list_chunk(*mask, batch.columns[*mask], batch.length));
       if (batch.length > 0) {
         out.total_tokens += ids_chunk.offset(batch.length) - ids_chunk.offset(0);
@@ -54,6 +56,7 @@ class ShardReader {
           seq_lens_->push_back(ids_chunk.offset(r + 1) - ids_chunk.offset(r));
         }
       }
+      out.input_ids.push_back(std::move(ids_chunk));
       out.batch_rows.push_back(batch.length);
       out.rows += batch.length;
     }
@@ -96,6 +99,17 @@ class ShardReader {
     throw Error(ErrorKind::kFormat, where(field) + ": " + problem);
   }
 
+  // Runs `read` (plain loops over the mapped shard's bytes: no allocation, no throw) under the
+  // fault guard; a shard truncated meanwhile (SIGBUS) is an error naming it and what was read.
+  template <typename Read>
+  void guarded(const Field& field, const char* what, Read&& read) const {
+    if (!reads_.guard(read)) {
+      throw Error(ErrorKind::kIo, where(field) + ": the shard shrank while its " +
+                                      std::string(what) +
+                                      " were read (truncated or rewritten by another process)");
+    }
+  }
+
   // Throws naming the first null row when `array` (one value per row) has nulls.
   void refuse_nulls(const Field& field, const ArrayView& array) const {
     if (array.null_count == 0) return;
@@ -107,12 +121,16 @@ class ShardReader {
                       " bytes, less than the " + std::to_string(needed) + " its " +
                       std::to_string(array.length) + " rows need");
     }
-    for (std::int64_t r = 0; r < array.length; ++r) {
-      if (!bit_set(validity, r)) {
-        throw Error(ErrorKind::kFormat, where(field) + ": row " +
-                                            std::to_string(batch_first_row_ + r) +
-                                            " is null; draftfeed needs a value in every row");
+    std::int64_t null_row = -1;
+    guarded(field, "validity bitmap", [&] {
+      for (std::int64_t r = 0; r < array.length && null_row < 0; ++r) {
+        if (!bit_set(validity, r)) null_row = r;
       }
+    });
+    if (null_row >= 0) {
+      throw Error(ErrorKind::kFormat, where(field) + ": row " +
+                                          std::to_string(batch_first_row_ + null_row) +
+                                          " is null; draftfeed needs a value in every row");
     }
     fail(field, "claims " + std::to_string(array.null_count) +
                     " nulls but its validity bitmap marks every row valid");
@@ -143,7 +161,9 @@ class ShardReader {
                std::to_string((static_cast<std::uint64_t>(length) + 1) * chunk.offset_width) +
                " they need");
     }
-    chunk.offsets = offsets.data();
+    chunk.offsets.resize(static_cast<std::size_t>(length + 1) * chunk.offset_width);
+    guarded(field, "offsets",
+            [&] { std::memcpy(chunk.offsets.data(), offsets.data(), chunk.offsets.size()); });
     std::int64_t previous = chunk.offset(0);
     if (previous < 0) {
       fail(field, "the first offset is " + std::to_string(previous) + ", negative");
@@ -173,15 +193,24 @@ class ShardReader {
                       " null values but its validity bitmap is " + std::to_string(validity.size()) +
                       " bytes, less than the " + std::to_string(needed) + " needed");
     }
-    for (std::int64_t r = 0; r < length; ++r) {
-      for (std::int64_t i = chunk.offset(r); i < chunk.offset(r + 1); ++i) {
-        if (!bit_set(validity, i)) {
-          throw Error(ErrorKind::kFormat,
-                      where(field) + ": row " + std::to_string(batch_first_row_ + r) +
-                          " holds a null at position " + std::to_string(i - chunk.offset(r)) +
-                          "; draftfeed needs integer values");
+    std::int64_t null_row = -1;
+    std::int64_t null_at = 0;
+    guarded(field, "values' validity bitmap", [&] {
+      for (std::int64_t r = 0; r < length && null_row < 0; ++r) {
+        for (std::int64_t i = chunk.offset(r); i < chunk.offset(r + 1); ++i) {
+          if (!bit_set(validity, i)) {
+            null_row = r;
+            null_at = i - chunk.offset(r);
+            break;
+          }
         }
       }
+    });
+    if (null_row >= 0) {
+      throw Error(ErrorKind::kFormat, where(field) + ": row " +
+                                          std::to_string(batch_first_row_ + null_row) +
+                                          " holds a null at position " + std::to_string(null_at) +
+                                          "; draftfeed needs integer values");
     }
   }
 
@@ -198,7 +227,7 @@ class ShardReader {
     const IntArrayView view{values.data(), length, width, field.is_signed};
     const std::size_t start = seq_lens_->size();
     seq_lens_->resize(start + static_cast<std::size_t>(length));
-    view.copy_to(seq_lens_->data() + start);
+    guarded(field, "values", [&] { view.copy_to(seq_lens_->data() + start); });
     for (std::int64_t r = 0; r < length; ++r) {
       const std::int64_t value = (*seq_lens_)[start + static_cast<std::size_t>(r)];
       if (value < 0) {
@@ -214,6 +243,7 @@ class ShardReader {
   std::vector<std::int64_t>* seq_lens_;
   std::size_t batch_ = 0;
   std::int64_t batch_first_row_ = 0;
+  MappedReadScope reads_;  // the guards of every read of the stream's buffers
 };
 
 }  // namespace

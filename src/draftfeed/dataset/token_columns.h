@@ -18,21 +18,25 @@
 
 namespace draftfeed {
 
-// One record batch's share of a list-of-integers column.
+// One record batch's share of a list-of-integers column. Its offsets are copied out of the shard
+// (under the fault guard) when it is read: a row's bounds are then never a mapped read, and were
+// checked once; only the values stay in the mapping (a few bytes per row copied, against the
+// row's values left where they are).
 struct IntListChunk {
-  const std::uint8_t* offsets = nullptr;  // length + 1 entries (none when the batch is empty)
-  std::uint8_t offset_width = 4;          // 4 for list, 8 for large_list
+  std::vector<std::uint8_t> offsets;  // length + 1 entries (none when the batch is empty)
+  std::uint8_t offset_width = 4;      // 4 for list, 8 for large_list
   const std::uint8_t* values = nullptr;
   std::uint8_t value_width = 8;
   bool value_signed = true;
+  const std::string* shard = nullptr;  // set by the dataset once its shard list is final
 
   std::int64_t offset(std::int64_t i) const {
-    return load_int(offsets + i * offset_width, offset_width, true);
+    return load_int(offsets.data() + i * offset_width, offset_width, true);
   }
   IntArrayView row(std::int64_t local) const {
     const std::int64_t begin = offset(local);
     return IntArrayView{values + begin * value_width, offset(local + 1) - begin, value_width,
-                        value_signed};
+                        value_signed, shard};
   }
 };
 
@@ -48,8 +52,9 @@ struct ShardColumns {
 // Validates and indexes the shard's token columns and appends each row's length to `seq_lens`
 // (the `seq_len` column when present, else the input_ids list lengths). `name` (the shard's path)
 // and `first_row` (global index of its first row) make error messages name the file and the row.
-// Errors: kFormat (missing input_ids, corrupt offsets, nulls), kUnsupported (wrong column types,
-// dictionary encoding).
+// Every read of the stream's buffers (offsets, validity bitmaps, seq_len values) runs under the
+// fault guard. Errors: kFormat (missing input_ids, corrupt offsets, nulls), kUnsupported (wrong
+// column types, dictionary encoding), kIo (the mapped shard shrank while it was read).
 Result<ShardColumns> read_token_columns(const arrow::IpcStream& stream, const std::string& name,
                                         std::int64_t first_row,
                                         std::vector<std::int64_t>* seq_lens);

@@ -1,12 +1,17 @@
 #include "draftfeed/dataset/token_dataset.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "draftfeed/common/control_file.h"
+#include "draftfeed/common/held_file.h"
 #include "draftfeed/dataset/arrow_ipc.h"
 #include "draftfeed/dataset/arrow_json.h"
 #include "draftfeed/dataset/dataset_state.h"
@@ -53,28 +58,53 @@ using Json = nlohmann::ordered_json;  // keeps the files' key order (column orde
 
 constexpr const char* kMessagesColumn = "messages";
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorKind::kIo, path.string() + ": cannot read");
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+// A dataset folder's JSON files, read by name from a folder anything may have changed: bounded
+// (state.json lists a few dozen bytes per shard; dataset_info.json holds the features and a
+// description), never blocking on a FIFO, a regular file only (common/control_file.h). Links are
+// followed: a Hugging Face hub snapshot's files are links into its blob store.
+constexpr std::uint64_t kMaxDatasetJsonBytes = std::uint64_t{64} << 20;
 
-Json read_json(const fs::path& path) { return parse_dataset_json(read_text(path), path.string()); }
+// The folder's files are opened relative to its descriptor: a folder renamed or replaced while it
+// is opened does not mix two datasets.
+struct OpenFolder {
+  UniqueFd fd;
+  fs::path path;
 
-std::vector<std::string> shard_names_from_state(const fs::path& state_path) {
-  return shard_names_from_state_json(read_text(state_path), state_path.string());
-}
+  bool has(const char* name) const {
+    struct stat st {};
+    return ::fstatat(fd.get(), name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+  }
+  std::string read_text(const char* name, const char* what) const {
+    const ControlFileRules rules{kMaxDatasetJsonBytes, what, ControlFileLinks::kFollow};
+    return read_control_file_at(fd.get(), path.string(), name, rules).value().bytes;
+  }
+  Json read_json(const char* name, const char* what) const {
+    return parse_dataset_json(read_text(name, what), (path / name).string());
+  }
+  std::shared_ptr<const MappedFile> map(const std::string& name) const {
+    // O_NONBLOCK: a FIFO under a shard's name must not block the open (map_descriptor refuses it).
+    const int shard =
+        ::openat(fd.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    const std::string shown = (path / name).string();
+    if (shard < 0) {
+      const int err = errno;
+      throw Error(err == ENOENT ? ErrorKind::kNotFound : ErrorKind::kIo,
+                  shown + ": cannot open: " + os_error_text(err));
+    }
+    return MappedFile::map_descriptor(shard, shown).value();
+  }
+};
 
 // A dataset with no shards (datasets 5 saves 0 rows that way): its columns come from
 // dataset_info.json, and it must still be a token dataset.
-std::vector<ColumnInfo> columns_without_shards(const fs::path& folder) {
-  const fs::path info_path = folder / "dataset_info.json";
-  if (!fs::exists(info_path)) {
-    throw Error(ErrorKind::kFormat, (folder / "state.json").string() +
+std::vector<ColumnInfo> columns_without_shards(const OpenFolder& folder) {
+  const fs::path info_path = folder.path / "dataset_info.json";
+  if (!folder.has("dataset_info.json")) {
+    throw Error(ErrorKind::kFormat, (folder.path / "state.json").string() +
                                         " lists no shards and there is no dataset_info.json to "
                                         "say which columns the (empty) dataset has");
   }
-  const Json info = read_json(info_path);
+  const Json info = folder.read_json("dataset_info.json", "a dataset's dataset_info.json");
   auto columns = columns_from_features(info.contains("features") ? info["features"] : Json());
   const auto ids = std::find_if(columns.begin(), columns.end(),
                                 [](const ColumnInfo& c) { return c.name == "input_ids"; });
@@ -86,10 +116,10 @@ std::vector<ColumnInfo> columns_without_shards(const fs::path& folder) {
   return columns;
 }
 
-[[noreturn]] void refuse_dataset_dict(const fs::path& folder, const fs::path& dict_path) {
+[[noreturn]] void refuse_dataset_dict(const OpenFolder& folder) {
   std::string splits;
   try {
-    const Json dict = read_json(dict_path);
+    const Json dict = folder.read_json("dataset_dict.json", "a DatasetDict's dataset_dict.json");
     if (dict.contains("splits") && dict["splits"].is_array()) {
       for (const auto& split : dict["splits"]) {
         if (!split.is_string()) continue;
@@ -100,10 +130,10 @@ std::vector<ColumnInfo> columns_without_shards(const fs::path& folder) {
     // The message below is still the useful one.
   }
   const std::string example =
-      (folder / (splits.empty() ? std::string("<split>") : splits.substr(0, splits.find(','))))
+      (folder.path / (splits.empty() ? std::string("<split>") : splits.substr(0, splits.find(','))))
           .string();
   throw Error(ErrorKind::kInvalidArgument,
-              folder.string() + " is a DatasetDict with splits [" + splits +
+              folder.path.string() + " is a DatasetDict with splits [" + splits +
                   "], not a single dataset; pass one split's folder, e.g. " + example);
 }
 
@@ -146,13 +176,13 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
     throw Error(ErrorKind::kInvalidArgument,
                 folder_arg + " is a file; pass the folder that Dataset.save_to_disk wrote");
   }
-  if (fs::exists(folder / "dataset_dict.json")) {
-    refuse_dataset_dict(folder, folder / "dataset_dict.json");
-  }
+  const OpenFolder opened{open_folder(folder_arg).value(), folder};
+  if (opened.has("dataset_dict.json")) refuse_dataset_dict(opened);
   std::vector<std::string> names;
-  if (fs::exists(folder / "state.json")) {
-    names = shard_names_from_state(folder / "state.json");
-  } else if (fs::exists(folder / "dataset.arrow")) {
+  if (opened.has("state.json")) {
+    names = shard_names_from_state_json(opened.read_text("state.json", "a dataset's state.json"),
+                                        (folder / "state.json").string());
+  } else if (opened.has("dataset.arrow")) {
     names = {"dataset.arrow"};  // the single-file layout of datasets before 2.8
   } else {
     throw Error(ErrorKind::kNotFound,
@@ -165,7 +195,7 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
   impl->folder = folder_arg;
   for (const auto& name : names) {
     const std::string path = (folder / name).string();
-    auto file = MappedFile::open_or_throw(path);
+    auto file = opened.map(name);
     auto stream = arrow::read_ipc_stream(file->bytes(), path).value();
     auto columns = column_infos(stream);
     if (impl->shard_paths.empty()) {
@@ -182,19 +212,27 @@ std::shared_ptr<const TokenDataset> TokenDataset::open(const std::string& folder
       impl->num_rows += rows;
     }
     keep_messages_column(stream, impl.get());
-    impl->input_ids.insert(impl->input_ids.end(), shard.input_ids.begin(), shard.input_ids.end());
-    impl->loss_mask.insert(impl->loss_mask.end(), shard.loss_mask.begin(), shard.loss_mask.end());
+    impl->input_ids.insert(impl->input_ids.end(), std::make_move_iterator(shard.input_ids.begin()),
+                           std::make_move_iterator(shard.input_ids.end()));
+    impl->loss_mask.insert(impl->loss_mask.end(), std::make_move_iterator(shard.loss_mask.begin()),
+                           std::make_move_iterator(shard.loss_mask.end()));
     impl->has_loss_mask = shard.has_loss_mask;
     impl->total_tokens += shard.total_tokens;
     impl->shard_paths.push_back(path);
     impl->files.push_back(std::move(file));
   }
   if (names.empty()) {
-    impl->columns = columns_without_shards(folder);
+    impl->columns = columns_without_shards(opened);
     impl->has_loss_mask = std::any_of(impl->columns.begin(), impl->columns.end(),
                                       [](const ColumnInfo& c) { return c.name == "loss_mask"; });
   }
   impl->batch_starts.push_back(impl->num_rows);
+  // Row views name their shard in messages; the list of shards is final now.
+  for (std::size_t b = 0; b < impl->input_ids.size(); ++b) {
+    const std::string* shard = &impl->shard_paths[impl->batch_shard[b]];
+    impl->input_ids[b].shard = shard;
+    if (b < impl->loss_mask.size()) impl->loss_mask[b].shard = shard;
+  }
   return std::shared_ptr<const TokenDataset>(new TokenDataset(std::move(impl)));
 }
 

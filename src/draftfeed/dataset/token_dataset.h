@@ -21,19 +21,37 @@ namespace draftfeed {
 
 // A run of integers of any width (1, 2, 4 or 8 bytes, signed or not) inside a mapped file.
 // The bytes may be unaligned, so elements are loaded with memcpy.
+//
+// A dataset row's values lie in its shard's mapping, which a process truncating the shard shrinks
+// under the reader: a read of them then raises SIGBUS (common/fault_guard.h). So every read of a
+// row's values runs under a fault guard: guarded_copy_to (one guard per row), or a guard the
+// caller holds over many rows (the batch's integer tensors: one per batch), never the bare
+// operator[] / copy_to / equals outside one. A fault is then an error naming the shard and the
+// row (unreadable_row).
 struct IntArrayView {
   const std::uint8_t* data = nullptr;
   std::int64_t length = 0;
   std::uint8_t byte_width = 8;
   bool is_signed = true;
+  const std::string* shard = nullptr;  // the dataset shard holding the values, or null
 
   std::int64_t operator[](std::int64_t i) const;
   std::int64_t size() const { return length; }
+  std::size_t size_bytes() const { return static_cast<std::size_t>(length) * byte_width; }
   // Widens every element into `out[0..length)`.
   void copy_to(std::int64_t* out) const;
+  // copy_to under a fault guard: false when the values could not be read (the shard shrank).
+  [[nodiscard]] bool guarded_copy_to(std::int64_t* out) const;
   // True when the elements equal `values` (lengths included).
   bool equals(std::span<const std::int64_t> values) const;
+  // Whether `address` (a faulting one: last_guarded_fault_address) lies in these values.
+  bool holds(const void* address) const;
 };
+
+// Error kIo for a row whose `column` values (`view`, of global row `row`; -1 when the caller names
+// the row itself) could not be read: "<shard>: row R: its input_ids could not be read: the shard
+// shrank under the reader (truncated or rewritten by another process)".
+Error unreadable_row(const IntArrayView& view, std::int64_t row, const char* column);
 
 // A column's name and its Arrow type as text, e.g. "list<int64>", "large_list<int32>", "int64".
 struct ColumnInfo {
@@ -55,13 +73,17 @@ class TokenDataset {
   bool has_column(const std::string& name) const;
 
   // Every row's length as int64: the `seq_len` column when present (the sampler's lengths, as the
-  // reference reads them), else the length of each `input_ids` list. Computed once at open.
+  // reference reads them), else the length of each `input_ids` list. Copied out of the shards
+  // once, at open (under the fault guard, as every read open makes of a mapped shard: a shard
+  // truncated while it is opened is an error naming it, never a SIGBUS).
   std::span<const std::int64_t> seq_lens() const;
 
   // Sum of the lengths of all `input_ids` lists.
   std::int64_t total_tokens() const;
 
-  // The row's token ids; throws Error(kInvalidArgument) for a row out of range.
+  // The row's token ids; throws Error(kInvalidArgument) for a row out of range. A view of the
+  // mapped shard: read its values under a fault guard (see IntArrayView). Its bounds were copied
+  // out of the shard at open, so the view itself is never a mapped read.
   IntArrayView input_ids(std::int64_t row) const;
   // The row's loss mask (column `loss_mask`); throws Error(kInvalidArgument) if there is no such
   // column.

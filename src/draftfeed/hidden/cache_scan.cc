@@ -11,6 +11,7 @@
 
 #include "draftfeed/common/cpu_features.h"
 #include "draftfeed/common/enum_names.h"
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/run_workers.h"
 
 // DRAFTFEED_X86: as cpu_features.cc, whose cpu_has_avx2() chooses the kernel.
@@ -87,6 +88,13 @@ std::uint64_t read_every_byte(const std::uint8_t* data, std::size_t size) {
   return read_words_scalar(data, size, 0);
 }
 
+// Why a file the scan read through its mapping could not be read whole.
+std::string shrank(const MappedFile& mapping) {
+  return mapping.path() +
+         ": the file shrank while it was read (truncated by another process: SIGBUS on the "
+         "mapping)";
+}
+
 void record(ThreadTally& tally, ScanStatus status, std::int64_t row, const std::string& reason,
             std::size_t max_examples) {
   const auto index = static_cast<std::size_t>(status);
@@ -119,8 +127,9 @@ void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
   if (options.mode == ScanMode::kMemcpy) {
     const auto& mapping = sample.file->mapping();
     if (tally.copy_buffer.size() < mapping->size()) tally.copy_buffer.resize(mapping->size());
-    std::memcpy(tally.copy_buffer.data(), mapping->data(), mapping->size());
-    record(tally, ScanStatus::kOk, row, "", options.max_examples);
+    const bool ok = guarded_copy(tally.copy_buffer.data(), mapping->data(), mapping->size());
+    record(tally, ok ? ScanStatus::kOk : ScanStatus::kCorrupt, row, ok ? "" : shrank(*mapping),
+           options.max_examples);
     return;
   }
   if (options.mode == ScanMode::kPread) {
@@ -144,8 +153,12 @@ void scan_row(const CacheStore& store, std::int64_t row, const RowIds& ids,
   }
   if (options.mode == ScanMode::kRead) {
     const auto& mapping = sample.file->mapping();
-    tally.read_checksum ^= read_every_byte(mapping->data(), mapping->size());
-    record(tally, ScanStatus::kOk, row, "", options.max_examples);
+    std::uint64_t checksum = 0;
+    const bool ok =
+        guard_mapped_reads([&] { checksum = read_every_byte(mapping->data(), mapping->size()); });
+    tally.read_checksum ^= checksum;
+    record(tally, ok ? ScanStatus::kOk : ScanStatus::kCorrupt, row, ok ? "" : shrank(*mapping),
+           options.max_examples);
     return;
   }
   const SampleCheck check = validate_sample(sample, ids, row);

@@ -5,6 +5,7 @@
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/fault_guard.h"
 #include "draftfeed/common/fp8.h"
 #include "draftfeed/common/hidden_value.h"
 
@@ -76,7 +77,14 @@ Fp8FileStats write_fp8_sample(const std::string& path, const HiddenStateSample& 
   const std::int64_t per_token = states.shape[1] * states.shape[2];
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(tokens * per_token));
   std::vector<float> scales(static_cast<std::size_t>(tokens));
-  quantize_fp8(states.data, src_dtype, tokens, per_token, codes.data(), scales.data());
+  // The values lie in the source file's mapping, which another process may shrink meanwhile.
+  if (!guard_mapped_reads([&] {
+        quantize_fp8(states.data, src_dtype, tokens, per_token, codes.data(), scales.data());
+      })) {
+    throw Error(ErrorKind::kIo, sample.path() +
+                                    ": the file shrank while its hidden states were read "
+                                    "(truncated by another process: SIGBUS on the mapping)");
+  }
 
   const TensorView& ids = sample.token_ids;
   const std::vector<TensorToWrite> tensors = {

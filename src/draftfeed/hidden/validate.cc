@@ -159,19 +159,28 @@ SampleCheck validate_sample(const HiddenStateSample& sample, const RowIds& ids, 
   }
   std::int64_t at = -1;
   std::int64_t file_id = 0;
+  std::int64_t row_id = 0;
   const bool read = guard_mapped_reads([&] {
     at = ids.first_difference(tokens);
     if (at >= 0) {
       file_id = load_integer(tokens.data, at, dtype_size(tokens.dtype),
                              dtype_is_signed_integer(tokens.dtype));
+      row_id = ids[at];
     }
   });
-  if (!read) return shrank(sample, row, "token ids");
+  if (!read) {
+    // Two mappings were read: the file's token ids and the row's (a dataset shard's).
+    const IntArrayView row_ids = ids.view();
+    if (row_ids.holds(last_guarded_fault_address())) {
+      return fail(SampleProblem::kUnreadable, unreadable_row(row_ids, row, "input_ids").what());
+    }
+    return shrank(sample, row, "token ids");
+  }
   if (at >= 0) {
     return fail(SampleProblem::kTokenMismatch,
                 where(sample, row) + "token_ids differ from the row's input_ids at position " +
                     std::to_string(at) + " of " + std::to_string(ids.size()) + ": file has " +
-                    std::to_string(file_id) + ", row has " + std::to_string(ids[at]));
+                    std::to_string(file_id) + ", row has " + std::to_string(row_id));
   }
 
   const TensorView& states = sample.hidden_states;

@@ -69,19 +69,27 @@ class RowIds {
       : data_(reinterpret_cast<const std::uint8_t*>(ids.data())),
         length_(static_cast<std::int64_t>(ids.size())) {}
   RowIds(const IntArrayView& ids)  // NOLINT(google-explicit-constructor)
-      : data_(ids.data), length_(ids.length), width_(ids.byte_width), signed_(ids.is_signed) {}
+      : data_(ids.data),
+        length_(ids.length),
+        width_(ids.byte_width),
+        signed_(ids.is_signed),
+        shard_(ids.shard) {}
 
   std::int64_t size() const { return length_; }
+  // A dataset's ids lie in its mapped shard: read them under a fault guard (IntArrayView).
   std::int64_t operator[](std::int64_t i) const;
   // The first index where `ids` (a token_ids tensor's elements) differs, or -1 when equal.
   // `ids` must have size() elements.
   std::int64_t first_difference(const TensorView& ids) const;
+  // The ids as a view (for unreadable_row and holds).
+  IntArrayView view() const { return {data_, length_, width_, signed_, shard_}; }
 
  private:
   const std::uint8_t* data_;
   std::int64_t length_;
   std::uint8_t width_ = 8;
   bool signed_ = true;
+  const std::string* shard_ = nullptr;
 };
 
 // Validates `sample` against the row. `row` (>= 0) is named in messages; pass -1 when unknown.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <utility>
 
 #include "draftfeed/common/enum_names.h"
@@ -249,6 +250,47 @@ void Loader::plan_read_ahead(std::int64_t epoch,
   options_.source->will_need(plan);
 }
 
+namespace {
+
+std::string value_text(std::uint64_t value) { return std::to_string(value); }
+std::string value_text(std::int64_t value) { return std::to_string(value); }
+std::string value_text(int value) { return std::to_string(value); }
+std::string value_text(bool value) { return value ? "true" : "false"; }
+std::string value_text(const std::string& value) { return "'" + value + "'"; }
+std::string value_text(double value) {
+  // The shortest text that reads back as the value: 0.9, not 0.900000.
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return {text, result.ptr};
+}
+
+// Why a state saved as `saved` records positions of another plan than this loader's (`mine`), or
+// nothing: the first key recorded in both whose values differ, the split's first.
+std::optional<std::string> plan_difference(const LoaderState& saved, const LoaderState& mine,
+                                           const StateKeyNames& names) {
+  std::optional<std::string> why;
+  auto check = [&](const char* key, const auto& was, const auto& is) {
+    if (why || !was || !is || *was == *is) return;
+    const auto named = names.find(key);
+    const std::string name = named != names.end() ? named->second : std::string(key);
+    why = "state_dict was saved with " + name + "=" + value_text(*was) + ", this loader has " +
+          name + "=" + value_text(*is) +
+          ": its batch positions are another plan's (a state resumes only the plan it was saved "
+          "from)";
+  };
+  check("split", saved.split, mine.split);
+  check("dataset_rows", saved.dataset_rows, mine.dataset_rows);
+  check("train_ratio", saved.train_ratio, mine.train_ratio);
+  check("world_size", saved.world_size, mine.world_size);
+  check("rank", saved.rank, mine.rank);
+  check("total_seq_len", saved.total_seq_len, mine.total_seq_len);
+  check("seed", saved.seed, mine.seed);
+  check("truncate", saved.truncate, mine.truncate);
+  return why;
+}
+
+}  // namespace
+
 LoaderState Loader::state() {
   LoaderState out;
   std::optional<std::int64_t> plan_epoch;
@@ -266,23 +308,27 @@ LoaderState Loader::state() {
     }
   }
   if (plan_epoch) out.num_batches = plan(*plan_epoch).num_batches();
+  record_plan_keys(out);
+  return out;
+}
+
+void Loader::record_plan_keys(LoaderState& out) const {
   out.seed = options_.batch.noise.seed;
   out.world_size = options_.plan.world_size;
   out.rank = options_.rank;
   out.total_seq_len = options_.batch.max_len;
-  return out;
+  out.split = split_name(options_.split);
+  if (options_.split != Split::kAll) out.train_ratio = options_.train_ratio;
+  out.dataset_rows = split_.dataset->num_rows();
+  out.truncate = options_.plan.truncate;
 }
 
-void Loader::restore(const LoaderState& state) {
-  auto check = [](const char* key, const auto& saved, const auto& mine) {
-    require(!saved || *saved == mine, ErrorKind::kInvalidArgument,
-            std::string("state_dict was saved with ") + key + "=" +
-                std::to_string(saved.value_or(mine)) + ", this loader has " + std::to_string(mine));
-  };
-  check("seed", state.seed, options_.batch.noise.seed);
-  check("world_size", state.world_size, options_.plan.world_size);
-  check("rank", state.rank, options_.rank);
-  check("total_seq_len", state.total_seq_len, options_.batch.max_len);
+void Loader::restore(const LoaderState& state, const StateKeyNames& names) {
+  LoaderState mine;
+  record_plan_keys(mine);
+  if (std::optional<std::string> why = plan_difference(state, mine, names)) {
+    throw Error(ErrorKind::kInvalidArgument, *why);
+  }
   set_epoch(state.epoch);
   LoaderState kept = state;
   std::sort(kept.delivered.begin(), kept.delivered.end());

@@ -67,7 +67,9 @@ struct LoaderOptions {
 
 // Which batches of which epoch a loader delivered: positions in the epoch's batch list (the plan,
 // or the list begin_epoch was given), whatever order they came in. What the positions depend on
-// is recorded beside them; restore() refuses a state saved with other values (those set).
+// (everything that makes the plan differ: the split and the dataset's rows, the ranks, the batch
+// length, the seed, the long-sample rule) is recorded beside them; restore() refuses a state
+// saved with other values (those set: a state saved before a key was recorded still loads).
 struct LoaderState {
   std::int64_t epoch = 0;
   std::vector<std::int64_t> delivered;  // ascending
@@ -76,7 +78,15 @@ struct LoaderState {
   std::optional<int> world_size;
   std::optional<int> rank;
   std::optional<std::int64_t> total_seq_len;
+  std::optional<std::string> split;          // "train", "val" or "all"
+  std::optional<double> train_ratio;         // unless split is "all"
+  std::optional<std::int64_t> dataset_rows;  // the whole dataset's
+  std::optional<bool> truncate;              // long samples clipped (true) or dropped
 };
+
+// The names the user wrote for a state's keys where they differ (the drop-in's reference names:
+// train_ratio is its train_data_ratio), for restore()'s messages.
+using StateKeyNames = std::map<std::string, std::string, std::less<>>;
 
 class Loader {
  public:
@@ -129,8 +139,9 @@ class Loader {
   LoaderState state();
   // The next begin_epoch of `state.epoch` delivers exactly the batches not in state.delivered;
   // sets the epoch. kInvalidArgument naming the first recorded value that differs from this
-  // loader's.
-  void restore(const LoaderState& state);
+  // loader's, and both values ("state_dict was saved with train_ratio=0.9, this loader has
+  // train_ratio=0.8: ..."), the key as `names` spells it.
+  void restore(const LoaderState& state, const StateKeyNames& names = {});
 
   // With the device stage: where its device buffers' memory comes from from the next start() on
   // (null: the CUDA runtime's cudaMalloc, the default). Throws without the device stage.
@@ -147,6 +158,8 @@ class Loader {
   std::size_t pool_bytes() const { return pipeline_->pool_bytes(); }
 
  private:
+  // Sets the keys of `out` that say which plan its positions belong to (see LoaderState).
+  void record_plan_keys(LoaderState& out) const;
   // The source's plan for this epoch (and the next, when it asks), before the pipeline starts.
   void plan_read_ahead(std::int64_t epoch,
                        const std::shared_ptr<const std::vector<PlannedBatch>>& batches);

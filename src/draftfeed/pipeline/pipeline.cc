@@ -376,7 +376,18 @@ void Pipeline::finish_step(const std::shared_ptr<Job>& job) {
     place_and_copy_step(job);
     return;
   }
-  finish_batch(*job->layout, job->memory, job->placement, job->ids, job->masks);
+  if (const std::optional<UnreadableSample> unreadable =
+          finish_batch(*job->layout, job->memory, job->placement, job->ids, job->masks)) {
+    // The dataset shard of a row shrank under the epoch: the row is dropped and counted, the
+    // batch packed again without it (as a sample whose cache file shrank).
+    const std::size_t i = job->placement.samples[unreadable->placed].sample;
+    job->usable[i] = 0;
+    job->outcomes[i] = FetchOutcome::dropped(
+        DropReason::kInvalid,
+        unreadable_row(job->ids[i], job->plan.rows[i], unreadable->column).what());
+    place_and_copy_step(job);
+    return;
+  }
 
   auto lease = std::make_shared<BatchLease>();
   lease->layout = job->layout;

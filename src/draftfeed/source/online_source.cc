@@ -108,6 +108,8 @@ void OnlineSourceOptions::validate() const {
                 "), where draftfeed never removes files it did not write: give the servers a "
                 "folder of their own");
   }
+  require(max_abandoned_files >= 0, ErrorKind::kInvalidArgument,
+          "max_abandoned_files must be >= 0, got " + std::to_string(max_abandoned_files));
   require(generation_validation_retries >= 0, ErrorKind::kInvalidArgument,
           "generation_validation_retries must be >= 0, got " +
               std::to_string(generation_validation_retries));
@@ -377,7 +379,14 @@ Result<std::optional<std::string>> OnlineSampleSource::chat_messages(std::int64_
 
 FetchOutcome OnlineSampleSource::generate_row(std::int64_t row, const IntArrayView& input_ids) {
   std::vector<std::int64_t> ids(static_cast<std::size_t>(input_ids.size()));
-  input_ids.copy_to(ids.data());
+  if (!input_ids.guarded_copy_to(ids.data())) {
+    // The dataset shard shrank under the epoch: the row cannot be asked for; dropped, counted by
+    // the pipeline, no request and no failure streak.
+    std::string message = unreadable_row(input_ids, row, "input_ids").what();
+    log_.warn(message);
+    return FetchOutcome::dropped(DropReason::kInvalid, std::move(message),
+                                 options_.fail_on_hidden_state_error);
+  }
   sweep_abandoned();
   Result<std::optional<std::string>> messages = chat_messages(row);
   if (!messages.ok()) {
@@ -592,9 +601,24 @@ void OnlineSampleSource::discard_failed(const GeneratedFile& file,
   }
   if (file.problem == FileProblem::kLockTimeout && file.folder) {
     // Its writer still holds it: removed by a later sweep, once the lock is free, if it may go.
-    std::lock_guard lock(mutex_);
-    abandoned_.push_back({file.held, file.folder, file.name, request_sent});
-    stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
+    // The files so held are bounded (their descriptors): past the bound the oldest is let go of.
+    std::optional<AbandonedFile> let_go;
+    {
+      std::lock_guard lock(mutex_);
+      abandoned_.push_back({file.held, file.folder, file.name, request_sent});
+      if (static_cast<std::int64_t>(abandoned_.size()) > options_.max_abandoned_files) {
+        let_go = std::move(abandoned_.front());
+        abandoned_.erase(abandoned_.begin());
+        ++stats_.left_in_place;
+      }
+      stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
+    }
+    if (let_go) {
+      warn_left_in_place(let_go->name.folder + "/" + let_go->name.name,
+                         "its writer still holds its lock, and " +
+                             std::to_string(options_.max_abandoned_files) +
+                             " failed files held so are the most kept open (max_abandoned_files)");
+    }
     return;
   }
   if (!file.held) return;  // nothing was opened: nothing to remove

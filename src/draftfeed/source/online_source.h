@@ -85,6 +85,11 @@ struct OnlineSourceOptions {
   int max_consecutive_generation_failures = 20;
   bool fail_on_hidden_state_error = false;
   std::uint64_t max_file_bytes = std::uint64_t{64} << 30;
+  // Failed generated files whose writer still held their lock, kept open (a few descriptors each)
+  // to be removed by a later sweep once it lets go: at most this many. A server that never lets
+  // go would otherwise pile descriptors up until the process has none left; past the bound the
+  // oldest is let go of (closed, left in place, counted and said).
+  int max_abandoned_files = 64;
   // on_generate = cache: store a generated bf16/f16/f32 file as hs-connectors' FP8 file
   // (fp8_quantize.h, written atomically) and remove the server's file, instead of moving it.
   bool cache_fp8 = false;
