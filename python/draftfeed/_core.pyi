@@ -43,7 +43,9 @@ class TokenDataset:
         """
 
     def row(self, i: int) -> dict:
-        """The row's input_ids and loss_mask as read-only zero-copy arrays."""
+        """
+        The row's input_ids and loss_mask as read-only arrays of their stored dtype (copies: OSError naming the shard when it shrank under the reader).
+        """
 
     def __getitem__(self, arg: int, /) -> dict: ...
 
@@ -522,12 +524,12 @@ class Loader:
 
     def state(self) -> dict:
         """
-        the resume state: {epoch, delivered, num_batches, seed, world_size, rank, total_seq_len}
+        the resume state: {epoch, delivered, num_batches, seed, world_size, rank, total_seq_len, split, train_ratio (unless split is 'all'), dataset_rows, truncate}
         """
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, names: Mapping[str, str] = {}) -> None:
         """
-        the next begin_epoch of state['epoch'] delivers exactly the other batches
+        the next begin_epoch of state['epoch'] delivers exactly the other batches; ValueError naming both values when the state was saved by a loader of another plan (another split, dataset, ranks, total_seq_len, seed or truncate rule), the key as `names` spells it
         """
 
     def next(self, consumer_stream: int = 0) -> Batch | None:
@@ -777,6 +779,15 @@ class OnlineSourceOptions:
 
     @max_file_bytes.setter
     def max_file_bytes(self, arg: int, /) -> None: ...
+
+    @property
+    def max_abandoned_files(self) -> int:
+        """
+        failed generated files still locked by their writer kept open for a later sweep, at most (the oldest past it is left in place)
+        """
+
+    @max_abandoned_files.setter
+    def max_abandoned_files(self, arg: int, /) -> None: ...
 
     @property
     def rest_after_failures(self) -> int:

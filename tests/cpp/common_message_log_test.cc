@@ -63,5 +63,19 @@ TEST(CommonMessageLog, LosesNothingUnderConcurrentWriters) {
   EXPECT_EQ(seen + dropped, 1000);
 }
 
+TEST(CommonMessageLog, KeepsEachMessageOneLineOfPrintableText) {
+  // A server's handle is text from outside: a newline would forge a log line, an escape sequence
+  // would move the terminal's cursor, a right-to-left override would show the name reversed.
+  MessageLog log(/*echo=*/false);
+  log.warn(
+      "/srv/a\nb\x1b[2J\xe2\x80\xae"
+      "c\xff\\d \xe4\xb8\xad.safetensors: left in place");
+  const MessageLog::Drained drained = log.drain();
+  ASSERT_EQ(drained.messages.size(), 1U);
+  EXPECT_EQ(
+      drained.messages[0],
+      "/srv/a\\x0ab\\x1b[2J\\xe2\\x80\\xaec\\xff\\\\d \xe4\xb8\xad.safetensors: left in place");
+}
+
 }  // namespace
 }  // namespace draftfeed

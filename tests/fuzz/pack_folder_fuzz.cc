@@ -21,14 +21,15 @@
 
 namespace {
 
+// Never destroyed: the exit handler that removes the folder runs after static destructors would.
 const std::string& folder() {
-  static const std::string path = [] {
-    std::string dir = "/tmp/draftfeed_pack_folder_fuzz_" + std::to_string(::getpid());
-    std::filesystem::create_directories(dir);
+  static const std::string* const path = [] {
+    auto* dir = new std::string("/tmp/draftfeed_pack_folder_fuzz_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(*dir);
     std::atexit([] { std::filesystem::remove_all(folder()); });
     return dir;
   }();
-  return path;
+  return *path;
 }
 
 void write_file(const std::string& path, std::span<const std::uint8_t> bytes) {

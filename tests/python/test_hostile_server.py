@@ -391,3 +391,29 @@ def test_the_files_of_a_server_that_never_releases_its_locks_hold_bounded_descri
         for fd in locks:
             os.close(fd)
     assert sorted(p.name for p in server_dir.iterdir() if p.suffix == ".safetensors")[:1] == ["req_0.safetensors"]
+
+
+# -- a handle that would forge log lines --
+
+
+def test_a_handle_with_control_characters_is_logged_escaped(tmp_path, ids, cache):
+    """The server's handle goes into the warnings a person reads: a newline in it would forge a log
+    line, an escape sequence would clear their terminal, a right-to-left override would show the name
+    reversed. Each is written as \\xNN; UTF-8 text stays as it is."""
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    forged = "req\ndraftfeed: warning: all good\x1b[2J\u202e\u4e2d.safetensors"
+
+    def choose(_row_ids, _n):
+        return str(server_dir / forged)
+
+    with HostileServer(choose) as server:
+        source = source_for(server, cache, server_dir=server_dir, generation_validation_retries=0)
+        assert not fetch_within(source, 6, ids[6])["ok"]
+        messages = source.take_messages()[0]
+    named = [m for m in messages if "req" in m]
+    assert named, messages
+    for message in messages:
+        assert "\n" not in message and "\x1b" not in message and "\u202e" not in message, message
+    assert any("req\\x0adraftfeed: warning: all good\\x1b[2J\\xe2\\x80\\xae\u4e2d.safetensors" in m
+               for m in named), named

@@ -3,12 +3,16 @@
 #include <cstdio>
 #include <utility>
 
+#include "draftfeed/common/printable.h"
+
 namespace draftfeed {
 
 MessageLog::MessageLog(bool echo, std::size_t capacity)
     : echo_(echo), capacity_(capacity == 0 ? 1 : capacity) {}
 
 void MessageLog::warn(std::string message) {
+  // One line each, whatever a server's handle or a file's name carried into it.
+  message = printable(message);
   if (echo_) std::fprintf(stderr, "draftfeed: warning: %s\n", message.c_str());
   std::lock_guard lock(mutex_);
   if (unread_.size() == capacity_) {

@@ -21,6 +21,7 @@ class MessageLog {
   // `echo`: also print each message to stderr as "draftfeed: warning: ..." when it is logged.
   explicit MessageLog(bool echo, std::size_t capacity = 512);
 
+  // Kept (and echoed) as printable(message): one line, no control characters.
   void warn(std::string message);
   // The unread messages, oldest first, and how many were dropped unread since the last call.
   struct Drained {
