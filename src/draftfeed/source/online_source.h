@@ -172,8 +172,9 @@ class OnlineSampleSource : public SampleSource {
   FetchOutcome fetch_not_stored(std::int64_t global_row, const IntArrayView& input_ids) override {
     return generate_row(global_row, input_ids);
   }
-  // Every request in flight holds its fetch: the client's bound on them.
-  int blocking_fetches() const override { return options_.client.fetch_threads; }
+  // Every request in flight holds its fetch: the client's bound on them; plus the loads a
+  // transfer runs beside the requests (HiddenStatesTransfer::loads_beside_requests).
+  int blocking_fetches() const override;
 
   // The round trip alone (no cache lookup), with the failure policy: for `draftfeed generate`.
   FetchOutcome generate_row(std::int64_t global_row, const IntArrayView& input_ids);
