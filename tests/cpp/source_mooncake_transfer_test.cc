@@ -63,7 +63,9 @@ class MemoryStore : public MooncakeStoreClient, public MooncakeStoreCalls {
         appear_after.erase(later);
       }
       const auto found = objects.find(keys[i]);
-      if (found == objects.end()) {
+      if (being_written(keys[i])) {
+        out.push_back(kMooncakeNotReady);
+      } else if (found == objects.end()) {
         out.push_back(kMooncakeObjectNotFound);
       } else if (!registered_range(buffers[i], sizes[i])) {
         out.push_back(-1);
@@ -90,6 +92,8 @@ class MemoryStore : public MooncakeStoreClient, public MooncakeStoreCalls {
     for (const auto& key : keys) {
       if (refuse_remove) {
         out.push_back(-800);
+      } else if (being_written(key)) {
+        out.push_back(kMooncakeNotReady);
       } else {
         out.push_back(objects.erase(key) ? 0 : kMooncakeObjectNotFound);
       }
@@ -101,6 +105,13 @@ class MemoryStore : public MooncakeStoreClient, public MooncakeStoreCalls {
     return 0;
   }
 
+  // A put under way: -703 for `writing[key]` more looks.
+  bool being_written(const std::string& key) {
+    const auto found = writing.find(key);
+    if (found == writing.end()) return false;
+    if (--found->second <= 0) writing.erase(found);
+    return true;
+  }
   bool registered_range(const std::uint8_t* p, std::uint64_t size) const {
     for (const auto& [base, length] : registered) {
       if (p >= base && p + size <= base + length) return true;
@@ -126,6 +137,7 @@ class MemoryStore : public MooncakeStoreClient, public MooncakeStoreCalls {
   bool refuse_remove = false;
   std::map<std::string, std::string> objects;
   std::map<std::string, std::pair<int, std::string>> appear_after;
+  std::map<std::string, int> writing;
   std::vector<std::pair<std::uint8_t*, std::uint64_t>> registered;
   std::vector<int> keys_per_read;
 };
@@ -286,6 +298,25 @@ TEST(MooncakeTransfer, PollsAKeyThatComesLaterAndTimesOutOneThatNeverComes) {
   EXPECT_GT(waiting.stats().polls, 3);
 }
 
+TEST(MooncakeTransfer, AKeyBeingWrittenIsReadAndRemovedOnceItsPutCompletes) {
+  auto store = std::make_shared<MemoryStore>();
+  const Sample s = sample_for("w", kIds);
+  store->objects["w"] = s.object;
+  store->writing["w"] = 2;
+  MooncakeTransfer transfer(store, quick(5.0));
+  Result<FetchedSample> got = transfer.get_generated(s.manifest, "w", 1, kIds);
+  ASSERT_TRUE(got.ok()) << got.error().what();
+  EXPECT_EQ(transfer.stats().polls, 2);
+  {
+    std::lock_guard lock(store->mutex);
+    store->writing["w"] = 2;
+  }
+  transfer.remove("w");  // refused twice while "written", then removed
+  std::lock_guard lock(store->mutex);
+  EXPECT_EQ(store->objects.count("w"), 0u);
+  EXPECT_EQ(transfer.stats().remove_errors, 0);
+}
+
 TEST(MooncakeTransfer, TheProducersErrorMarkerFailsTheReadEvenBesideTheData) {
   auto store = std::make_shared<MemoryStore>();
   const Sample s = sample_for("bad", kIds);
@@ -419,11 +450,22 @@ TEST(MooncakeTransfer, CancelEndsAWaitForAKeyAtOnceAndResumeReadsAgain) {
   EXPECT_LT(std::chrono::steady_clock::now() - cancelled_at, 30s);  // hang guard: the wait is 60 s
   EXPECT_FALSE(transfer.get_generated(s.manifest, "late", 1, kIds).ok());
   transfer.resume();
+  // The producer puts the cancelled read's object after all: it is removed once it is there.
+  const Sample next = sample_for("next", kIds);
   {
     std::lock_guard lock(store->mutex);
     store->objects["late"] = s.object;
+    store->objects["next"] = next.object;
   }
-  EXPECT_TRUE(transfer.get_generated(s.manifest, "late", 1, kIds).ok());
+  EXPECT_TRUE(transfer.get_generated(next.manifest, "next", 1, kIds).ok());
+  const auto removed_by = std::chrono::steady_clock::now() + 10s;
+  while (transfer.stats().removed < 1 && std::chrono::steady_clock::now() < removed_by) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(transfer.stats().orphans, 1);
+  std::lock_guard lock(store->mutex);
+  EXPECT_EQ(store->objects.count("late"), 0u);
+  EXPECT_EQ(store->objects.count("next"), 1u);
 }
 
 TEST(MooncakeManifest, RefusesWhatHsConnectorsRefuses) {

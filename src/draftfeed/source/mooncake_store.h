@@ -21,6 +21,9 @@ namespace draftfeed {
 
 inline constexpr std::int64_t kMooncakeObjectNotFound = -704;  // Mooncake's OBJECT_NOT_FOUND
 inline constexpr std::int64_t kMooncakeInvalidParams = -600;   // INVALID_PARAMS (buffer too small)
+// The key exists but its put has not completed (a producer writing it now): neither readable nor
+// removable yet.
+inline constexpr std::int64_t kMooncakeNotReady = -703;
 
 // One round's calls. Valid only inside MooncakeStoreClient::round's callback.
 class MooncakeStoreCalls {

@@ -46,12 +46,17 @@ struct MooncakeTransfer::Read {
   Clock::time_point due;  // the next look
   Seconds delay = kFirstPoll;
   bool done = false;
-  bool abandoned = false;  // its caller went (cancelled): dropped at its next round
+  // Its caller went (cancelled) before the object came: still looked for until the deadline, and
+  // removed once it is there, so that a producer's late put leaves nothing in the store.
+  bool abandoned = false;
   std::optional<Error> error;
 };
 
 struct MooncakeTransfer::Removal {
   std::string handle;
+  // A key being written cannot be removed yet: tried again until the deadline.
+  Clock::time_point due;
+  Clock::time_point deadline;
   bool done = false;
   std::optional<Error> error;
 };
@@ -196,6 +201,8 @@ Result<FetchedSample> MooncakeTransfer::checked(const Read& read, std::int64_t /
 void MooncakeTransfer::remove(const std::string& handle) {
   auto removal = std::make_shared<Removal>();
   removal->handle = handle;
+  removal->due = Clock::now();
+  removal->deadline = removal->due + ticks(options_.key_wait);
   std::unique_lock lock(mutex_);
   if (stopping_) throw Error(ErrorKind::kRuntime, "Mooncake remove of " + handle + ": stopped");
   removals_.push_back(removal);
@@ -227,9 +234,7 @@ void MooncakeTransfer::run() {
     auto next = Clock::time_point::max();
     const auto limit = static_cast<std::size_t>(options_.max_keys_per_round);
     for (auto it = reads_.begin(); it != reads_.end();) {
-      if ((*it)->abandoned) {
-        it = reads_.erase(it);
-      } else if ((*it)->due <= now && due.size() < limit) {
+      if ((*it)->due <= now && due.size() < limit) {
         due.push_back(*it);
         it = reads_.erase(it);
       } else {
@@ -237,8 +242,16 @@ void MooncakeTransfer::run() {
         ++it;
       }
     }
-    std::vector<std::shared_ptr<Removal>> removals(removals_.begin(), removals_.end());
-    removals_.clear();
+    std::vector<std::shared_ptr<Removal>> removals;
+    for (auto it = removals_.begin(); it != removals_.end();) {
+      if ((*it)->due <= now) {
+        removals.push_back(*it);
+        it = removals_.erase(it);
+      } else {
+        next = std::min(next, (*it)->due);
+        ++it;
+      }
+    }
     if (due.empty() && removals.empty()) {
       if (next == Clock::time_point::max()) {
         work_.wait(lock);
@@ -320,6 +333,16 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
   stats_.store_seconds += Seconds(now - start).count();
   for (std::size_t r = 0; r < removals.size(); ++r) {
     Removal& removal = *removals[r];
+    const bool being_written =
+        !failure && std::any_of(removed.begin() + static_cast<std::ptrdiff_t>(2 * r),
+                                removed.begin() + static_cast<std::ptrdiff_t>(
+                                                      std::min(removed.size(), 2 * r + 2)),
+                                [](std::int64_t status) { return status == kMooncakeNotReady; });
+    if (being_written && now < removal.deadline) {
+      removal.due = now + ticks(options_.poll_interval);
+      removals_.push_back(removals[r]);
+      continue;
+    }
     removal.done = true;
     if (failure) {
       removal.error = *failure;
@@ -352,7 +375,10 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
   for (std::size_t i = 0; i < reads.size(); ++i) {
     Read& read = *reads[i];
     const std::int64_t status = i < exist.size() ? exist[i] : kMooncakeInvalidParams;
-    if (status == 1) {
+    if (read.abandoned && status == 1) {
+      remove_later(read.manifest.handle);
+      read.done = true;
+    } else if (status == 1) {
       ++stats_.error_markers;
       read.error =
           Error(ErrorKind::kRuntime, mooncake_error_marker_text(markers[i], marker_bytes[i]));
@@ -375,6 +401,18 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
   // Lock held.
   const std::string& key = read->manifest.handle;
   const auto expected = static_cast<std::int64_t>(read->manifest.total_bytes);
+  // A key whose put has not completed reads as not there yet (hs-connectors' is_exist says 0).
+  if (status == kMooncakeNotReady) status = kMooncakeObjectNotFound;
+  if (read->abandoned) {
+    if (status == kMooncakeObjectNotFound && now < read->deadline) {
+      read->due = std::min(now + ticks(options_.poll_interval), read->deadline);
+      reads_.push_back(read);
+    } else if (status != kMooncakeObjectNotFound) {
+      remove_later(key);
+    }
+    read->done = true;
+    return;
+  }
   if (status == expected) {
     ++stats_.reads;
     stats_.bytes_read += read->manifest.total_bytes;
@@ -409,6 +447,16 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
   read->error = Error(ErrorKind::kRuntime, "Mooncake batch_get_into failed for key=" + key +
                                                " with " + status_text(status));
   read->done = true;
+}
+
+void MooncakeTransfer::remove_later(const std::string& handle) {
+  // Lock held. Nobody waits for it: the next round removes it.
+  auto removal = std::make_shared<Removal>();
+  removal->handle = handle;
+  removal->due = Clock::now();
+  removal->deadline = removal->due + ticks(options_.key_wait);
+  removals_.push_back(std::move(removal));
+  ++stats_.orphans;
 }
 
 MooncakeTransferStats MooncakeTransfer::stats() const {

@@ -21,7 +21,10 @@
 // batch.
 //
 // remove(handle) queues the key's removal (and its marker's) and waits for its round, so that a
-// row's key is gone from the store when its fetch returns, as the reference's delete is.
+// row's key is gone from the store when its fetch returns, as the reference's delete is. A read
+// cancelled before its object came (a hedged fetch that lost, a stop) is looked for still, until
+// its deadline, and its key removed once it is there: a producer that puts after answering would
+// otherwise leave it in the store.
 // cache() cannot cache (hs-connectors' MooncakeTransfer has no cache): the online source removes.
 //
 // Requests and store reads overlap: loads_beside_requests() asks the online source for one more
@@ -78,6 +81,7 @@ struct MooncakeTransferStats {
   std::int64_t bad_samples = 0;    // objects read whose tensors did not match the row
   std::int64_t removed = 0;        // keys removed (a marker or a missing key not counted)
   std::int64_t remove_errors = 0;
+  std::int64_t orphans = 0;  // keys of cancelled reads removed once they came
   double store_seconds = 0;  // time inside rounds
   StagingStats staging;
 };
@@ -97,6 +101,7 @@ void for_each_stat(const MooncakeTransferStats& s, Visit&& visit) {
   visit("bad_samples", s.bad_samples);
   visit("removed", s.removed);
   visit("remove_errors", s.remove_errors);
+  visit("orphans", s.orphans);
   visit("store_seconds", s.store_seconds);
   visit("staging", s.staging);
 }
@@ -136,6 +141,7 @@ class MooncakeTransfer : public HiddenStatesTransfer {
   void run();
   void serve(std::vector<std::shared_ptr<Read>>& reads,
              std::vector<std::shared_ptr<Removal>>& removals);
+  void remove_later(const std::string& handle);
   void settle(const std::shared_ptr<Read>& read, std::int64_t status, std::int64_t size,
               std::chrono::steady_clock::time_point now);
   Result<FetchedSample> checked(const Read& read, std::int64_t row,
