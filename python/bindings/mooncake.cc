@@ -11,8 +11,6 @@
 //     hs-connectors' MooncakeStoreConfig fields (the trainer's store settings); the client is
 //     made and set up at the transfer's setup(), as hs-connectors' store does.
 //   .stats()  its counts ("mooncake" of an OnlineSource's report)
-#include "native_transfer.h"
-
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -26,6 +24,7 @@
 #include "bindings.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/source/mooncake_store.h"
+#include "native_transfer.h"
 #include "python_transfer.h"
 #include "stats_dict.h"
 
@@ -133,9 +132,9 @@ class PythonMooncakeClient : public MooncakeStoreClient {
           settings_.local_buffer_size, settings_.protocol, settings_.device_name,
           settings_.master_server_address));
       if (status != 0) {
-        throw Error(ErrorKind::kRuntime, "Mooncake setup failed for key=" +
-                                             settings_.local_hostname + " with status=" +
-                                             std::to_string(status) + " (" + description() + ")");
+        throw Error(ErrorKind::kRuntime,
+                    "Mooncake setup failed for key=" + settings_.local_hostname +
+                        " with status=" + std::to_string(status) + " (" + description() + ")");
       }
       store_ = std::move(store);
     } catch (const nb::python_error& error) {

@@ -34,8 +34,8 @@
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
-#include "options_init.h"
 #include "native_transfer.h"
+#include "options_init.h"
 #include "sample_source.h"
 #include "stats_dict.h"
 

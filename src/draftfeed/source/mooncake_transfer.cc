@@ -54,6 +54,7 @@ struct MooncakeTransfer::Read {
 
 struct MooncakeTransfer::Removal {
   std::string handle;
+  bool waited = false;  // remove()'s; else the transfer's own (a cancelled or failed read's key)
   // A key being written cannot be removed yet: tried again until the deadline.
   Clock::time_point due;
   Clock::time_point deadline;
@@ -201,6 +202,7 @@ Result<FetchedSample> MooncakeTransfer::checked(const Read& read, std::int64_t /
 void MooncakeTransfer::remove(const std::string& handle) {
   auto removal = std::make_shared<Removal>();
   removal->handle = handle;
+  removal->waited = true;
   removal->due = Clock::now();
   removal->deadline = removal->due + ticks(options_.key_wait);
   std::unique_lock lock(mutex_);
@@ -333,40 +335,43 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
   stats_.store_seconds += Seconds(now - start).count();
   for (std::size_t r = 0; r < removals.size(); ++r) {
     Removal& removal = *removals[r];
-    const bool being_written =
-        !failure && std::any_of(removed.begin() + static_cast<std::ptrdiff_t>(2 * r),
-                                removed.begin() + static_cast<std::ptrdiff_t>(
-                                                      std::min(removed.size(), 2 * r + 2)),
-                                [](std::int64_t status) { return status == kMooncakeNotReady; });
-    if (being_written && now < removal.deadline) {
+    std::optional<Error> error = failure;
+    bool only_being_written = !failure;
+    for (std::size_t k = 2 * r; !failure && k < 2 * r + 2; ++k) {
+      const std::int64_t status = k < removed.size() ? removed[k] : kMooncakeInvalidParams;
+      if (status == kMooncakeObjectNotFound) continue;
+      if (status >= 0) {
+        if (k % 2 == 0) ++stats_.removed;
+        continue;
+      }
+      only_being_written = only_being_written && status == kMooncakeNotReady;
+      if (!error) {
+        error = Error(ErrorKind::kRuntime, "Mooncake remove failed for key=" + remove_keys[k] +
+                                               " with " + status_text(status));
+      }
+    }
+    if (!error) {
+      removal.done = true;
+      continue;
+    }
+    const bool retry = now < removal.deadline;
+    if (retry && (only_being_written || !removal.waited)) {
+      // A put under way (its caller waits for it), or nobody waits: tried again.
       removal.due = now + ticks(options_.poll_interval);
       removals_.push_back(removals[r]);
       continue;
     }
+    // Its caller hears of the failure now; the key is tried again until the deadline, so that a
+    // store that comes back (a restarted master) is left empty.
+    ++stats_.remove_errors;
+    removal.error = std::move(error);
     removal.done = true;
-    if (failure) {
-      removal.error = *failure;
-      ++stats_.remove_errors;
-      continue;
-    }
-    for (std::size_t k = 2 * r; k < 2 * r + 2; ++k) {
-      const std::int64_t status = k < removed.size() ? removed[k] : kMooncakeInvalidParams;
-      if (status == kMooncakeObjectNotFound) continue;
-      if (status < 0) {
-        if (!removal.error) {
-          removal.error =
-              Error(ErrorKind::kRuntime, "Mooncake remove failed for key=" + remove_keys[k] +
-                                             " with " + status_text(status));
-        }
-        ++stats_.remove_errors;
-      } else if (k % 2 == 0) {
-        ++stats_.removed;
-      }
-    }
+    if (retry) remove_later(removal.handle, removal.deadline);
   }
   if (failure) {
     for (const auto& read : reads) {
-      ++stats_.store_errors;
+      if (!read->abandoned) ++stats_.store_errors;
+      keep_watching(read, now);
       read->error = *failure;
       read->done = true;
     }
@@ -376,7 +381,8 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
     Read& read = *reads[i];
     const std::int64_t status = i < exist.size() ? exist[i] : kMooncakeInvalidParams;
     if (read.abandoned && status == 1) {
-      remove_later(read.manifest.handle);
+      ++stats_.orphans;
+      remove_later(read.manifest.handle, now + ticks(options_.key_wait));
       read.done = true;
     } else if (status == 1) {
       ++stats_.error_markers;
@@ -384,7 +390,8 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
           Error(ErrorKind::kRuntime, mooncake_error_marker_text(markers[i], marker_bytes[i]));
       read.done = true;
     } else if (status != 0) {
-      ++stats_.store_errors;
+      if (!read.abandoned) ++stats_.store_errors;
+      keep_watching(reads[i], now);
       read.error = Error(ErrorKind::kRuntime, "Mooncake is_exist failed for key=" + markers[i] +
                                                   " with " + status_text(status));
       read.done = true;
@@ -408,7 +415,8 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
       read->due = std::min(now + ticks(options_.poll_interval), read->deadline);
       reads_.push_back(read);
     } else if (status != kMooncakeObjectNotFound) {
-      remove_later(key);
+      ++stats_.orphans;
+      remove_later(key, now + ticks(options_.key_wait));
     }
     read->done = true;
     return;
@@ -422,6 +430,7 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
   if (status == kMooncakeObjectNotFound) {
     if (now >= read->deadline) {
       ++stats_.timed_out;
+      watch(*read, now);
       read->error =
           Error(ErrorKind::kNotFound, "Timed out waiting for Mooncake key: " + key + " (" +
                                           std::to_string(options_.key_wait.count()) + " s)");
@@ -444,19 +453,41 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
     return;
   }
   ++stats_.store_errors;
+  watch(*read, now);
   read->error = Error(ErrorKind::kRuntime, "Mooncake batch_get_into failed for key=" + key +
                                                " with " + status_text(status));
   read->done = true;
 }
 
-void MooncakeTransfer::remove_later(const std::string& handle) {
-  // Lock held. Nobody waits for it: the next round removes it.
+void MooncakeTransfer::remove_later(const std::string& handle, Clock::time_point deadline) {
+  // Lock held. Nobody waits for it: the next round removes it, or tries again until the deadline.
   auto removal = std::make_shared<Removal>();
   removal->handle = handle;
   removal->due = Clock::now();
-  removal->deadline = removal->due + ticks(options_.key_wait);
+  removal->deadline = deadline;
   removals_.push_back(std::move(removal));
-  ++stats_.orphans;
+}
+
+void MooncakeTransfer::keep_watching(const std::shared_ptr<Read>& read, Clock::time_point now) {
+  // Lock held. A read the store failed: a watcher for a live one, another look for a watcher.
+  if (!read->abandoned) {
+    watch(*read, now);
+  } else if (now < read->deadline) {
+    read->due = now + ticks(options_.poll_interval);
+    reads_.push_back(read);
+  }
+}
+
+void MooncakeTransfer::watch(const Read& failed, Clock::time_point now) {
+  // Lock held. A read that failed without its object (the key did not come in time, the store
+  // failed) leaves a watcher: a producer's put that lands later is removed when it comes.
+  auto watcher = std::make_shared<Read>();
+  watcher->manifest = failed.manifest;
+  watcher->region = failed.region;
+  watcher->abandoned = true;
+  watcher->due = now + ticks(options_.poll_interval);
+  watcher->deadline = now + ticks(options_.key_wait);
+  reads_.push_back(std::move(watcher));
 }
 
 MooncakeTransferStats MooncakeTransfer::stats() const {

@@ -24,7 +24,10 @@
 // row's key is gone from the store when its fetch returns, as the reference's delete is. A read
 // cancelled before its object came (a hedged fetch that lost, a stop) is looked for still, until
 // its deadline, and its key removed once it is there: a producer that puts after answering would
-// otherwise leave it in the store.
+// otherwise leave it in the store. So is the key of a read that failed without its object (not
+// there within key_wait, a store error: a master restarting), for another key_wait; and a removal
+// the store refused is tried again until key_wait has passed (its caller hears of the failure at
+// once).
 // cache() cannot cache (hs-connectors' MooncakeTransfer has no cache): the online source removes.
 //
 // Requests and store reads overlap: loads_beside_requests() asks the online source for one more
@@ -81,7 +84,7 @@ struct MooncakeTransferStats {
   std::int64_t bad_samples = 0;    // objects read whose tensors did not match the row
   std::int64_t removed = 0;        // keys removed (a marker or a missing key not counted)
   std::int64_t remove_errors = 0;
-  std::int64_t orphans = 0;  // keys of cancelled reads removed once they came
+  std::int64_t orphans = 0;  // keys of cancelled or failed reads removed once they came
   double store_seconds = 0;  // time inside rounds
   StagingStats staging;
 };
@@ -141,7 +144,9 @@ class MooncakeTransfer : public HiddenStatesTransfer {
   void run();
   void serve(std::vector<std::shared_ptr<Read>>& reads,
              std::vector<std::shared_ptr<Removal>>& removals);
-  void remove_later(const std::string& handle);
+  void remove_later(const std::string& handle, std::chrono::steady_clock::time_point deadline);
+  void watch(const Read& failed, std::chrono::steady_clock::time_point now);
+  void keep_watching(const std::shared_ptr<Read>& read, std::chrono::steady_clock::time_point now);
   void settle(const std::shared_ptr<Read>& read, std::int64_t status, std::int64_t size,
               std::chrono::steady_clock::time_point now);
   Result<FetchedSample> checked(const Read& read, std::int64_t row,
