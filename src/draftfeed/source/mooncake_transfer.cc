@@ -18,6 +18,8 @@ using Seconds = std::chrono::duration<double>;
 
 // hs-connectors' first poll interval (_MIN_POLL_INTERVAL), doubled up to poll_interval.
 constexpr Seconds kFirstPoll{0.001};
+// A round takes the reads due this soon too (see run()).
+constexpr auto kCoalesce = std::chrono::milliseconds(4);
 // How often a caller waiting for its read looks at its cancel flags (a hedge's is not notified).
 constexpr auto kCancelCheck = std::chrono::milliseconds(20);
 
@@ -128,12 +130,11 @@ Result<FetchedSample> MooncakeTransfer::get_generated(const std::string& transfe
   }
   {
     std::unique_lock lock(mutex_);
-    if (cancelled_ || stopping_) {
-      return Error(ErrorKind::kRuntime, where + "the Mooncake read was cancelled");
-    }
+    if (stopping_) return Error(ErrorKind::kRuntime, where + "the Mooncake transfer stopped");
     const auto now = Clock::now();
     read->due = now;
     read->deadline = now + ticks(options_.key_wait);
+    // Queued even when cancelled: abandoned at once below, it still removes the key if it comes.
     reads_.push_back(read);
     work_.notify_one();
     while (!read->done) {
@@ -236,7 +237,9 @@ void MooncakeTransfer::run() {
     auto next = Clock::time_point::max();
     const auto limit = static_cast<std::size_t>(options_.max_keys_per_round);
     for (auto it = reads_.begin(); it != reads_.end();) {
-      if ((*it)->due <= now && due.size() < limit) {
+      // Reads due within kCoalesce join this round: fewer rounds (each a GIL hold and a master
+      // round trip), each look at most kCoalesce early.
+      if ((*it)->due <= now + kCoalesce && due.size() < limit) {
         due.push_back(*it);
         it = reads_.erase(it);
       } else {
