@@ -20,17 +20,27 @@ from typing import Any
 from . import _core
 
 # hs-connectors' MooncakeStoreConfig fields that MooncakeDistributedStore.setup takes.
-STORE_SETTINGS = ("local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
-                  "protocol", "device_name", "master_server_address")
+STORE_SETTINGS = (
+    "local_hostname",
+    "metadata_server",
+    "global_segment_size",
+    "local_buffer_size",
+    "protocol",
+    "device_name",
+    "master_server_address",
+)
 
 
 def is_hs_connectors_mooncake(transfer: Any) -> bool:
     """`transfer` is exactly hs-connectors' MooncakeTransfer over its MooncakeHiddenStatesStore."""
     cls = type(transfer)
     store = getattr(transfer, "store", None)
-    return (cls.__name__ == "MooncakeTransfer" and cls.__module__.split(".")[0] == "hs_connectors"
-            and type(store).__name__ == "MooncakeHiddenStatesStore"
-            and hasattr(store, "config"))
+    return (
+        cls.__name__ == "MooncakeTransfer"
+        and cls.__module__.split(".")[0] == "hs_connectors"
+        and type(store).__name__ == "MooncakeHiddenStatesStore"
+        and hasattr(store, "config")
+    )
 
 
 def key_wait(store: Any) -> tuple[float, float]:
@@ -52,8 +62,8 @@ def online_transfer(transfer: Any) -> Any:
     config = transfer.store.config
     timeout, poll = key_wait(transfer.store)
     return _core.MooncakeTransfer(
-        **{name: getattr(config, name) for name in STORE_SETTINGS}, key_wait=timeout,
-        poll_interval=poll)
+        **{name: getattr(config, name) for name in STORE_SETTINGS}, key_wait=timeout, poll_interval=poll
+    )
 
 
 __all__ = ["is_hs_connectors_mooncake", "key_wait", "online_transfer"]

@@ -58,19 +58,39 @@ def run_module_in_private_network(request, tmp_path_factory, here: Path, timeout
     reason = private_network_unavailable()
     if reason is not None:
         if "not permitted" in reason or "Permission denied" in reason:
-            pytest.skip(f"network namespaces are not allowed here, and Mooncake's store clients "
-                        f"listen on every interface: {reason}")
+            pytest.skip(
+                f"network namespaces are not allowed here, and Mooncake's store clients "
+                f"listen on every interface: {reason}"
+            )
         pytest.fail(f"could not make a private network namespace: {reason}")
     selected = [item.name for item in request.session.items if Path(item.path) == here]
     report = tmp_path_factory.mktemp("mooncake_inside") / "report.xml"
     # Logging goes to stderr, not to pytest's capture: a captured record keeps the exception it
     # formats alive, and with it the store client it came from (past its master's lifetime).
-    command = private_network_command([
-        sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:logging",
-        f"--junitxml={report}", *(f"{here}::{name}" for name in selected)])
+    command = private_network_command(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:logging",
+            f"--junitxml={report}",
+            *(f"{here}::{name}" for name in selected),
+        ]
+    )
     start = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, cwd=here.parents[2], start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=here.parents[2],
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -83,10 +103,10 @@ def run_module_in_private_network(request, tmp_path_factory, here: Path, timeout
             problems = [child for child in case if child.tag in ("failure", "error", "skipped")]
             outcomes[case.get("name")] = (
                 problems[0].tag if problems else "passed",
-                (problems[0].get("message", "") + "\n" + (problems[0].text or "")) if problems
-                else "", float(case.get("time", 0)))
-    return dict(outcomes=outcomes, output=output, code=process.returncode,
-                seconds=time.monotonic() - start)
+                (problems[0].get("message", "") + "\n" + (problems[0].text or "")) if problems else "",
+                float(case.get("time", 0)),
+            )
+    return dict(outcomes=outcomes, output=output, code=process.returncode, seconds=time.monotonic() - start)
 
 
 def ran_in_private_network(request) -> bool:
@@ -97,14 +117,18 @@ def ran_in_private_network(request) -> bool:
     run = request.getfixturevalue("private_run")
     outcome, detail, seconds = run["outcomes"].get(request.node.name, ("not run", "", 0.0))
     if outcome != "passed":
-        pytest.fail(f"inside the private network namespace: {outcome} (pytest exited "
-                    f"{run['code']}):\n{detail}\n--- output ---\n{run['output'][-20000:]}")
-    print(f"passed inside a private network namespace in {seconds:.1f} s "
-          f"(all selected: {run['seconds']:.1f} s)")
+        pytest.fail(
+            f"inside the private network namespace: {outcome} (pytest exited "
+            f"{run['code']}):\n{detail}\n--- output ---\n{run['output'][-20000:]}"
+        )
+    print(
+        f"passed inside a private network namespace in {seconds:.1f} s (all selected: {run['seconds']:.1f} s)"
+    )
     return True
 
 
 # -- fixtures (inside the namespace) --
+
 
 @pytest.fixture(scope="module")
 def network():
@@ -130,21 +154,40 @@ def trainer_transfer(master: MooncakeMasterProcess, data_path: str):
     backend = HiddenStatesBackend.registry["mooncake"]
     parser = argparse.ArgumentParser()
     backend.add_train_args(parser)
-    args = parser.parse_args(["--mooncake-master", master.address,
-                              "--mooncake-global-segment-gib", "0.125",
-                              "--mooncake-local-buffer-gib", "0.0625"])
+    args = parser.parse_args(
+        [
+            "--mooncake-master",
+            master.address,
+            "--mooncake-global-segment-gib",
+            "0.125",
+            "--mooncake-local-buffer-gib",
+            "0.0625",
+        ]
+    )
     return backend.from_train_args(args, data_path)
 
 
 def online_args(data_path: str, sim, transfer, **overrides):
     """The keywords speculators 0.9.0's trainer passes (dropin_helpers.SPECULATORS_090_CALL)."""
     args = dict(
-        data_path=data_path, total_seq_len=MAX_LEN, hidden_states_dtype=torch.bfloat16,
-        transfer=transfer, vllm_endpoint=sim.url, on_missing="generate",
-        verifier_name_or_path=None, request_timeout=30.0, max_retries=1,
-        generation_validation_retries=1, max_consecutive_generation_failures=20,
-        hidden_size=HIDDEN, num_target_layers=LAYERS - 1, num_workers=0, prefetch_factor=4,
-        preprocess=None, train_data_ratio=0.8, seed=42,
+        data_path=data_path,
+        total_seq_len=MAX_LEN,
+        hidden_states_dtype=torch.bfloat16,
+        transfer=transfer,
+        vllm_endpoint=sim.url,
+        on_missing="generate",
+        verifier_name_or_path=None,
+        request_timeout=30.0,
+        max_retries=1,
+        generation_validation_retries=1,
+        max_consecutive_generation_failures=20,
+        hidden_size=HIDDEN,
+        num_target_layers=LAYERS - 1,
+        num_workers=0,
+        prefetch_factor=4,
+        preprocess=None,
+        train_data_ratio=0.8,
+        seed=42,
     )
     args.update(overrides)
     return args
@@ -155,8 +198,9 @@ def post_completion(sim, ids: list[int]) -> dict:
     import urllib.request
 
     body = {"model": sim.model, "prompt": ids, "max_tokens": 1, "return_token_ids": True}
-    request = urllib.request.Request(sim.url + "/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        sim.url + "/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -181,12 +225,17 @@ def one_epoch(make, data_path: str, sim, master: MooncakeMasterProcess, **overri
     batches = iterate(train)
     val.batch_sampler.set_epoch(0)
     batches += iterate(val)
-    result = dict(batches=batches, stats=sim.stats(), seconds=time.monotonic() - start,
-                  keys=master.key_count(), left=master.keys(),
-                  planned=sum(len(b) for b in train.batch_sampler._generate_batches(0))
-                  + sum(len(b) for b in val.batch_sampler._generate_batches(0)),
-                  # draftfeed's: the source's counts (shared by both loaders), the transfer's too
-                  metrics=train.metrics() if hasattr(train, "metrics") else None)
+    result = dict(
+        batches=batches,
+        stats=sim.stats(),
+        seconds=time.monotonic() - start,
+        keys=master.key_count(),
+        left=master.keys(),
+        planned=sum(len(b) for b in train.batch_sampler._generate_batches(0))
+        + sum(len(b) for b in val.batch_sampler._generate_batches(0)),
+        # draftfeed's: the source's counts (shared by both loaders), the transfer's too
+        metrics=train.metrics() if hasattr(train, "metrics") else None,
+    )
     # Leave the store now, while its master is up (a client left to the garbage collector after
     # the master stopped retries its unmount for seconds).
     del train, val, transfer

@@ -50,8 +50,7 @@ pytestmark = pytest.mark.timeout(OUTER_TIMEOUT + 60 if not INSIDE else 240)
 
 @pytest.fixture(scope="module")
 def private_run(request, tmp_path_factory):
-    return run_module_in_private_network(request, tmp_path_factory, Path(__file__).resolve(),
-                                         OUTER_TIMEOUT)
+    return run_module_in_private_network(request, tmp_path_factory, Path(__file__).resolve(), OUTER_TIMEOUT)
 
 
 def mooncake_stats(result: dict) -> dict | None:
@@ -77,18 +76,25 @@ def sides(request, monkeypatch, fx, sim, master, faults, names=("reference", "py
         sim.reset()
         results[side] = one_epoch(make, fx.path, sim, master, num_workers=workers)
         assert results[side]["keys"] == 0, (
-            f"{side}: keys left in the store after the epoch: {results[side]['left']}")
+            f"{side}: keys left in the store after the epoch: {results[side]['left']}"
+        )
     return results
 
 
-def test_native_batches_are_the_python_transfers_and_the_references(request, tmp_path,
-                                                                    monkeypatch):
+def test_native_batches_are_the_python_transfers_and_the_references(request, tmp_path, monkeypatch):
     if ran_in_private_network(request):
         return
     request.getfixturevalue("network")
     request.getfixturevalue("short_key_wait")
-    fx = write_fixture(str(tmp_path / "data"), rows=60, max_len=MAX_LEN, hidden_size=HIDDEN,
-                       layers=LAYERS, missing=tuple(range(60)), long_rows=(12, 40))
+    fx = write_fixture(
+        str(tmp_path / "data"),
+        rows=60,
+        max_len=MAX_LEN,
+        hidden_size=HIDDEN,
+        layers=LAYERS,
+        missing=tuple(range(60)),
+        long_rows=(12, 40),
+    )
     ids = first_ids(fx.path)
 
     def rows(*indices):
@@ -96,15 +102,25 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
 
     # Training rows are 0-47, validation rows 48-59.
     faults = {
-        "nan": {"match": rows(4, 50)},                # the connector's error marker, every attempt
+        "nan": {"match": rows(4, 50)},  # the connector's error marker, every attempt
         "put_fail": {"match": rows(17), "times": 1},  # the marker once, then recovered
         "missing_key": {"match": rows(30, 52), "times": 1},  # never written once: waited for
         "corrupt_object": {"match": rows(21), "mode": "short"},  # every object short: dropped
     }
-    with MooncakeMasterProcess() as master, SimServerProcess(
-            tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write="async",
-            mooncake_master=master.address, mooncake_segment_mib=64,
-            mooncake_buffer_mib=16, startup_timeout=90) as sim:
+    with (
+        MooncakeMasterProcess() as master,
+        SimServerProcess(
+            tmp_path / "server",
+            layers=LAYERS,
+            hidden=HIDDEN,
+            seed=5,
+            write="async",
+            mooncake_master=master.address,
+            mooncake_segment_mib=64,
+            mooncake_buffer_mib=16,
+            startup_timeout=90,
+        ) as sim,
+    ):
         assert_only_loopback_listeners()
         results = sides(request, monkeypatch, fx, sim, master, faults)
     ref, python, native = results["reference"], results["python"], results["native"]
@@ -143,20 +159,37 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
 
 @pytest.mark.parametrize("mode", ["short", "token_ids", "nan"])
 def test_an_object_that_is_not_what_its_manifest_says_is_treated_as_the_reference_treats_it(
-        request, tmp_path, monkeypatch, mode):
+    request, tmp_path, monkeypatch, mode
+):
     if ran_in_private_network(request):
         return
     request.getfixturevalue("network")
     request.getfixturevalue("short_key_wait")
-    fx = write_fixture(str(tmp_path / "data"), rows=20, max_len=MAX_LEN, hidden_size=HIDDEN,
-                       layers=LAYERS, missing=tuple(range(20)))
+    fx = write_fixture(
+        str(tmp_path / "data"),
+        rows=20,
+        max_len=MAX_LEN,
+        hidden_size=HIDDEN,
+        layers=LAYERS,
+        missing=tuple(range(20)),
+    )
     ids = first_ids(fx.path)
     # Row 3 damaged on both attempts (dropped); the others as they are.
     faults = {"corrupt_object": {"match": [ids[3]], "mode": mode}}
-    with MooncakeMasterProcess() as master, SimServerProcess(
-            tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write="sync",
-            mooncake_master=master.address, mooncake_segment_mib=64,
-            mooncake_buffer_mib=16, startup_timeout=90) as sim:
+    with (
+        MooncakeMasterProcess() as master,
+        SimServerProcess(
+            tmp_path / "server",
+            layers=LAYERS,
+            hidden=HIDDEN,
+            seed=5,
+            write="sync",
+            mooncake_master=master.address,
+            mooncake_segment_mib=64,
+            mooncake_buffer_mib=16,
+            startup_timeout=90,
+        ) as sim,
+    ):
         results = sides(request, monkeypatch, fx, sim, master, faults, ("reference", "native"))
     ref, native = results["reference"], results["native"]
     assert len(native["batches"]) == len(ref["batches"]) > 0
@@ -184,20 +217,41 @@ def test_a_master_restarted_mid_epoch_costs_retries_not_rows(request, tmp_path):
     request.getfixturevalue("short_key_wait")
     import gc
 
-    fx = write_fixture(str(tmp_path / "data"), rows=160, max_len=MAX_LEN, hidden_size=HIDDEN,
-                       layers=LAYERS, missing=tuple(range(160)))
+    fx = write_fixture(
+        str(tmp_path / "data"),
+        rows=160,
+        max_len=MAX_LEN,
+        hidden_size=HIDDEN,
+        layers=LAYERS,
+        missing=tuple(range(160)),
+    )
     master = MooncakeMasterProcess()
     try:
         with SimServerProcess(
-                tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write="async",
-                mooncake_master=master.address, mooncake_segment_mib=64,
-                mooncake_buffer_mib=16, startup_timeout=90) as sim:
+            tmp_path / "server",
+            layers=LAYERS,
+            hidden=HIDDEN,
+            seed=5,
+            write="async",
+            mooncake_master=master.address,
+            mooncake_segment_mib=64,
+            mooncake_buffer_mib=16,
+            startup_timeout=90,
+        ) as sim:
             sim.set_faults({"latency": {"median": 0.05, "p99": 0.05}})
             transfer = trainer_transfer(master, fx.path)
             # Retries enough to outlast the restart, and no circuit breaker: the run must go on.
-            train, _ = our_loaders(online_args(
-                fx.path, sim, transfer, num_workers=2, max_retries=2,
-                generation_validation_retries=3, max_consecutive_generation_failures=1000))
+            train, _ = our_loaders(
+                online_args(
+                    fx.path,
+                    sim,
+                    transfer,
+                    num_workers=2,
+                    max_retries=2,
+                    generation_validation_retries=3,
+                    max_consecutive_generation_failures=1000,
+                )
+            )
             train.batch_sampler.set_epoch(0)
             steps, seen, restarted = len(train), [], None
             with warnings.catch_warnings():
@@ -220,8 +274,10 @@ def test_a_master_restarted_mid_epoch_costs_retries_not_rows(request, tmp_path):
     finally:
         master.stop()
     stats = metrics["mooncake"]
-    print(f"restarted after step 3 of {steps}; the epoch ended {ended:.1f} s later; "
-          f"{sum(metrics['file_failures'].values())} round trips failed; {stats}")
+    print(
+        f"restarted after step 3 of {steps}; the epoch ended {ended:.1f} s later; "
+        f"{sum(metrics['file_failures'].values())} round trips failed; {stats}"
+    )
     assert len(seen) == steps > 10
     assert sum(seen) == 0 and metrics["generated"] == planned, (seen, metrics)
     assert sum(metrics["file_failures"].values()) >= 1, "the restart was not felt"
