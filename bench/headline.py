@@ -208,6 +208,28 @@ def online_pack(results: dict) -> list[Row]:
              f"{full['epochs'][0]['bytes_on_disk'] / per_sample:.2f}x the reference's cache folder")]
 
 
+def mooncake_native(results: dict) -> list[Row]:
+    """bench_mooncake.py: the drop-in's native Mooncake transfer against its ideal and against the
+    reference at the reference's defaults."""
+    m = results["mooncake"]
+    if m.get("status") != "done" or "goals" not in m:
+        return []
+    goals = m["goals"]
+    eight, defaults = goals["eight"], goals["defaults"]
+    native = m["runs"][f"native/{eight}"]
+    rows = [(f"Mooncake Store, native transfer, {eight} requests in flight, epoch "
+             f"{each(list(range(len(native))), '{}')}", each([e["seconds"] for e in native], "{:.2f}") + " s",
+             "the requests' service times and the store's own batch_get_into rate",
+             each([e["seconds"] / e["ideal"] for e in native], "{:.2f}x") + " the ideal")]
+    speedups = goals["native_vs_reference_at_defaults"]
+    ours = m["runs"][f"native/{defaults}"]
+    rows.append((f"Mooncake Store, the drop-in at the reference's defaults ({defaults} in flight), epoch "
+                 f"{each(list(range(len(ours))), '{}')}", each([e["seconds"] for e in ours], "{:.2f}") + " s",
+                 "the reference, " + each([e["seconds"] for e in m["runs"][f"reference/{defaults}"]], "{:.1f}")
+                 + " s", each(speedups, "{:.1f}x") + " faster"))
+    return rows
+
+
 # Each row builder with the sections it reads, in the table's order: the bounds first.
 ROWS: tuple[tuple[tuple[str, ...], Callable[[dict], list[Row]]], ...] = (
     (("copy_bound",), warm_read_bound),
@@ -218,6 +240,7 @@ ROWS: tuple[tuple[tuple[str, ...], Callable[[dict], list[Row]]], ...] = (
     (("memory",), memory_added),
     (("cold",), fp8_speedups),
     (("online_defaults",), online_defaults),
+    (("mooncake",), mooncake_native),
     (("pack",), packed_caches),
     (("online_pack",), online_pack),
 )

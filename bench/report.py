@@ -395,6 +395,8 @@ def mooncake_table(results: dict) -> list[dict]:
     if (why := unfinished(title, m)) is not None:
         return why
     a, runs = m["args"], m["runs"]
+    if "reference" not in runs:
+        return mooncake_sides_table(m, title)
     rows = []
     for epoch, (r, d) in enumerate(zip(runs["reference"], runs["draftfeed"])):
         for name, x in (("reference", r), ("draftfeed", d)):
@@ -411,6 +413,43 @@ def mooncake_table(results: dict) -> list[dict]:
         "each sample with hs-connectors' connector code; both loaders read it with `MooncakeTransfer` built as "
         "speculators 0.9.0's trainer builds it and delete it (the master's key count is checked to be 0 after each "
         "side); both sides called with 0.9.0's arguments. The producer shares the 2 cores with the loader.")]
+
+
+def mooncake_sides_table(m: dict, title: str) -> list[dict]:
+    """bench_mooncake.py's three sides (reference, the drop-in with the Python transfer, native) at
+    each number of requests in flight, each epoch against its ideal."""
+    a, runs, goals = m["args"], m["runs"], m["goals"]
+    rows = []
+    for key, epochs in runs.items():
+        side, in_flight = key.split("/")
+        ref = runs[f"reference/{in_flight}"]
+        for e, r in enumerate(epochs):
+            rows.append((in_flight, side, e, f"{r['seconds']:.2f}", f"{r['first_batch']:.2f}",
+                         f"{r['tokens'] / r['seconds']:,.0f}",
+                         f"{r['ideal']:.2f} ({r['requests_ideal']:.2f} / {r['store_ideal']:.2f})",
+                         f"{r['seconds'] / r['ideal']:.2f}", f"{ref[e]['seconds'] / r['seconds']:.2f}x",
+                         str(r.get("same_batches", "-")), r["keys_left"]))
+    rates = ", ".join(f"{r['rate'] / 1e9:.2f} GB/s ({c} keys a call)" for c, r in m["store"].items())
+    return [table(
+        f"{title}: {a['rows']} rows of {a['min_len']}-{a['max_len_row']} tokens, H={a['hidden_size']}, 4 layers "
+        f"bf16, total_seq_len {a['max_len']}, service time median {a['median']} s, p99 {a['p99']} s",
+        ("in flight", "run", "epoch", "epoch s", "first batch s", "tokens/s", "ideal s (requests / store)",
+         "x ideal", "vs reference", "same batches", "keys left"), rows,
+        "`bench/bench_mooncake.py`: master on 127.0.0.1 in a private network namespace; the simulated server puts "
+        "each sample with hs-connectors' connector code after answering; every side reads it with `MooncakeTransfer` "
+        "built as speculators 0.9.0's trainer builds it (python: the drop-in calling it back per sample; native: "
+        "the drop-in's batched reads into registered memory) and deletes it; num_workers = the requests in flight. "
+        f"The ideal: the longer of the requests' service times over the requests in flight and the epoch's bytes at "
+        f"the store's own batch_get_into rate ({rates}). Goals: native at the reference's defaults "
+        + ", ".join(f"{x:.2f}x" for x in goals["native_vs_reference_at_defaults"]) + " the reference (>= 5x); with "
+        f"{goals['eight']} in flight " + ", ".join(f"{x:.2f}x" for x in x_ideal(goals, goals["eight"]))
+        + " its ideal (<= 1.1x).")]
+
+
+def x_ideal(goals: dict, in_flight: int) -> list[float]:
+    """bench_mooncake.py's epoch / ideal ratios of the native runs at `in_flight` (JSON keys are text)."""
+    ratios = goals["native_x_ideal"]
+    return ratios.get(str(in_flight), ratios.get(in_flight, []))
 
 
 def cold_table(results: dict) -> list[dict]:

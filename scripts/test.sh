@@ -129,7 +129,7 @@ stage "ctest: C++ tests under ASan+UBSan" cpp_tests build/asan
 # still take seconds; the races it finds are in the code's order of events, not its optimisation.
 stage "build: C++ tests (TSan)" configure_and_build build/tsan -DCMAKE_BUILD_TYPE=Debug \
   -DDRAFTFEED_SANITIZE=thread
-stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent|Lookahead|ReadAhead" --no-tests=ignore
+stage "ctest: concurrent tests under TSan" cpp_tests build/tsan -R "Pipeline|Concurrent|Lookahead|ReadAhead|MooncakeTransfer" --no-tests=ignore
 stage "fuzz: every parser for ${fuzz_seconds}s" run_fuzzers
 stage "wheel: build, install without a toolchain, run" with_ccache wheel_test
 stage "static: stubs, mypy, ruff" types_check

@@ -27,6 +27,10 @@ Faults (the producer errors the connector can produce; names as in sim_vllm_serv
   corrupt_manifest  the sample is put, but the answered manifest is damaged ("mode": "size"
                     (default: total_aligned_bytes + 64), "offset" (a tensor's offset past the
                     object), "version" (an unknown manifest version) or "dtype" (an unknown dtype))
+  corrupt_object    the manifest is right, but the object put is not what it says ("mode":
+                    "short" (default: its last 64 bytes missing), "token_ids" (the first token id
+                    + 1) or "nan" (a NaN as the first hidden-state value, after the connector's
+                    finiteness check: damage in transit or in the store))
 """
 
 from __future__ import annotations
@@ -43,8 +47,12 @@ from typing import Any
 import numpy as np
 import vllm_stand_in
 
-FAULTS = ("nan", "inf", "put_fail", "missing_key", "corrupt_manifest")
+FAULTS = ("nan", "inf", "put_fail", "missing_key", "corrupt_manifest", "corrupt_object")
 CORRUPTIONS = ("size", "offset", "version", "dtype")
+OBJECT_CORRUPTIONS = ("short", "token_ids", "nan")
+# A quiet NaN's bits per hidden-state dtype.
+_NAN_BITS = {"torch.bfloat16": (0x7FC0, 2), "torch.float16": (0x7E00, 2),
+             "torch.float32": (0x7FC00000, 4)}
 BLOCK_SIZE = 16
 
 logger = logging.getLogger("sim_mooncake")
@@ -59,6 +67,36 @@ class _RefusingClient:
 
     def put_from(self, key: str, address: int, size: int) -> int:
         return self._status
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class _CorruptingClient:
+    """The Mooncake client with `put_from` putting damaged bytes (corrupt_object's modes): the
+    staging buffer is changed in place before the put, or fewer bytes are put."""
+
+    def __init__(self, client: Any, manifest: dict, mode: str):
+        if mode not in OBJECT_CORRUPTIONS:
+            raise ValueError(f"unknown corrupt_object mode {mode!r}; known: "
+                             f"{', '.join(OBJECT_CORRUPTIONS)}")
+        self._client, self._manifest, self._mode = client, manifest, mode
+
+    def put_from(self, key: str, address: int, size: int) -> int:
+        import ctypes
+
+        tensors = self._manifest["tensors"]
+        if self._mode == "short":
+            return self._client.put_from(key, address, size - 64)
+        if self._mode == "token_ids":
+            where = address + tensors["token_ids"]["offset"]
+            value = ctypes.c_int64.from_address(where)
+            value.value += 1
+        else:
+            bits, width = _NAN_BITS[tensors["hidden_states"]["dtype"]]
+            ctypes.memmove(address + tensors["hidden_states"]["offset"],
+                           bits.to_bytes(width, "little"), width)
+        return self._client.put_from(key, address, size)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -135,6 +173,11 @@ class MooncakeProducer:
         if fault is not None and fault.name == "put_fail":
             store = copy.copy(self.store)
             store._store = _RefusingClient(self.store._store, int(fault.params.get("status", -600)))
+            connector._store = store
+        elif fault is not None and fault.name == "corrupt_object":
+            store = copy.copy(self.store)
+            store._store = _CorruptingClient(self.store._store, pending.transfer_manifest,
+                                             fault.params.get("mode", "short"))
             connector._store = store
         try:
             connector._write_sample(pending, None)

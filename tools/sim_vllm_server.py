@@ -62,7 +62,7 @@ Faults are tried in the order below; a request gets at most one.
                 (default 3600): a server that never closes the connection
 In mooncake mode (below) the file faults (outside, missing_file, fixed_handle, lock_hold) are refused
 and these producer errors are added (tools/sim_mooncake.py describes them): put_fail, missing_key,
-corrupt_manifest; nan and inf go through the connector's own non-finite check.
+corrupt_manifest, corrupt_object; nan and inf go through the connector's own non-finite check.
 The service time, slept before each generation answer, follows one of two models:
   "latency" ({"median": s, "p99": s}): lognormal with that median and 99th percentile (constant
       when p99 <= median). With "keyed": true the draw is a function of (seed, prompt ids), so a
@@ -139,9 +139,10 @@ FAULT_ORDER = [
     "put_fail",
     "missing_key",
     "corrupt_manifest",
+    "corrupt_object",
 ]
 FILE_FAULTS = ("outside", "missing_file", "fixed_handle", "lock_hold")
-MOONCAKE_FAULTS = ("put_fail", "missing_key", "corrupt_manifest")
+MOONCAKE_FAULTS = ("put_fail", "missing_key", "corrupt_manifest", "corrupt_object")
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 

@@ -48,6 +48,7 @@ NB_MODULE(_core, m) {
   py::init_hidden(m);
   py::init_engine(m);
   py::init_transfer_source(m);
+  py::init_mooncake(m);
   py::init_online(m);
   py::init_sampler(m);
   py::init_pack(m);

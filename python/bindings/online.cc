@@ -36,8 +36,8 @@
 #include "draftfeed/source/cache_source.h"
 #include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
+#include "native_transfer.h"
 #include "options_init.h"
-#include "python_transfer.h"
 #include "sample_source.h"
 #include "stats_dict.h"
 
@@ -345,9 +345,7 @@ void init_online(nb::module_& m) {
             // twice, and past any logging configuration.
             const bool log_failures = options.log_failures;
             options.log_failures = false;
-            if (!transfer.is_none()) {
-              options.transfer = make_python_transfer(std::move(transfer), /*generating=*/true);
-            }
+            if (!transfer.is_none()) options.transfer = transfer_of(std::move(transfer));
             if (data_path) {
               // The rows' messages (chat request for multimodal rows), the lookahead's token ids,
               // and the cache folder's default.
@@ -370,6 +368,11 @@ void init_online(nb::module_& m) {
       .def("stats",
            [](const PyOnlineSource& s) {
              StatsTree tree = stats_tree(s.online->stats());
+             if (const auto& transfer = s.online->options().transfer) {
+               for (StatsTree::Group& group : transfer->stats_report().groups) {
+                 tree.add_group(std::move(group.name), std::move(group.tree));
+               }
+             }
              if (s.lookahead) tree.add_group("lookahead", stats_tree(s.lookahead->stats()));
              if (const auto kept = s.online->kept_stats())
                tree.add_group("kept", stats_tree(*kept));

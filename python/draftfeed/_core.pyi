@@ -618,6 +618,21 @@ def python_transfer_source(transfer: object, on_missing: str = 'skip') -> Sample
     A SampleSource calling transfer.get_cached(file_idx) (hs-connectors interface) per sample.
     """
 
+class MooncakeTransfer:
+    """
+    hs-connectors' Mooncake transfer read natively: batch_get_into rounds into registered memory (source/mooncake_transfer.h). Pass it as OnlineSource(..., transfer=...).
+    """
+
+    def __init__(self, *, local_hostname: str, metadata_server: str, global_segment_size: int, local_buffer_size: int, protocol: str, device_name: str, master_server_address: str, key_wait: float = 120.0, poll_interval: float = 0.05, staging_chunk_bytes: int = 67108864) -> None:
+        """
+        the store settings of hs-connectors' MooncakeStoreConfig; key_wait and poll_interval as its get_sample's timeout and poll_interval
+        """
+
+    def stats(self) -> dict: ...
+
+    @property
+    def description(self) -> str: ...
+
 class OnlineSourceOptions:
     """
     Options of the online source (C++ OnlineSourceOptions and its client's), under draftfeed.online.OnlineSource's names; OnlineSourceOptions(name=value, ...) sets them by name, the others keep C++'s defaults. validate() checks them.

@@ -70,8 +70,10 @@ def OnlineSource(
         have won more often than lost. The first answer is used, the other request is cancelled
         (its connection closed). A server's slow request is often slow for the request's sake
         (queued, preempted), not the prompt's. 0: never. Defaults 2.0 and 1.0 s.
-    transfer: None (the native file store) or an object with the hs-connectors interface (a
-        Mooncake transfer, a custom one): `get_cached(idx)`, `get_generated(kv_transfer_params)`,
+    transfer: None (the native file store), a `_core.MooncakeTransfer` (the native Mooncake
+        transfer: draftfeed.mooncake.online_transfer makes it from hs-connectors' MooncakeTransfer),
+        or an object with the hs-connectors interface (a custom one): `get_cached(idx)`,
+        `get_generated(kv_transfer_params)`,
         `delete(handle)`, optional `setup()` (called once before the first load) and
         `cache(handle, idx)` (used by on_generate="cache"; without it a generated sample is
         deleted). Called back from C++ with the GIL held per call: slower than the native store.

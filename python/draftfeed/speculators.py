@@ -23,8 +23,10 @@ How the reference's arguments map:
   noised (views of the engine's buffer), and the engine packs what it returns (`_core.pack_samples`).
 - `transfer`: None, an hs-connectors `FileTransfer` or `FP8Transfer` use the native cache store (its
   folder): FP8 files (F8_E4M3 + per-token scales, alone or mixed with bf16 files) are dequantized inside
-  the batch copy exactly as `FP8Transfer` does, in its `dequantize_dtype` (bf16, f16 or f32). Any other
-  object with the transfer interface (a Mooncake transfer, a custom one) is called back
+  the batch copy exactly as `FP8Transfer` does, in its `dequantize_dtype` (bf16, f16 or f32).
+  hs-connectors' `MooncakeTransfer` with `on_missing="generate"` is read natively (`draftfeed.mooncake`:
+  its store settings, batched reads into registered memory; docs/multi_host.md). Any other
+  object with the transfer interface (a custom one) is called back
   from C++ per sample (slower: it holds the GIL per call): `get_cached` offline, and with
   `on_missing="generate"` also `setup`, `get_generated` after each request, then `cache` (when it has one
   and on_generate="cache") or `delete`.
@@ -55,6 +57,7 @@ from typing import Any, ClassVar, Literal, cast
 from . import _core
 from ._reference_arguments import check_reference_arguments
 from .loader import Loader, Topology
+from .mooncake import online_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +290,10 @@ def create_train_val_loaders(
     source: _core.SampleSource | None = None
     if on_missing == "generate":
         # data_path enables the lookahead: the epoch's rows are fetched ahead of the buffers.
-        source = _core.OnlineSource(online, data_path=data_path, transfer=python_transfer)
+        # hs-connectors' MooncakeTransfer is read natively (draftfeed.mooncake), any other
+        # transfer called back per sample.
+        source = _core.OnlineSource(online, data_path=data_path,
+                                    transfer=online_transfer(python_transfer))
     elif python_transfer is not None:
         source = _core.python_transfer_source(python_transfer, on_missing)
 

@@ -27,6 +27,10 @@ files in practice:
   pack_folder_fuzz/    a manifest and its one shard together (u32 manifest length, manifest, shard)
   pack_shard_fuzz/     the shard files of the same packs (samples of bf16 and FP8 files, plain and
                        planes-zstd), and a bare planes-zstd blob
+  mooncake_manifest_fuzz/  transfer manifests as hs-connectors' MooncakeHiddenStatesConnector makes them
+                       (its packed_layout; bf16, f16 and f32 hidden states, an empty prompt), the
+                       damaged ones tools/sim_mooncake.py answers (corrupt_manifest's modes), and
+                       error markers as its put_error writes them
   vllm_response_fuzz/  bodies tools/sim_vllm_server.py answers (completions, chat, /models, its
                        error bodies and injected faults), for the prompt [1, 2, 3] the fuzz target
                        checks against, plus `messages` arrays (has_multimodal_content)
@@ -268,6 +272,32 @@ def safetensors_seeds() -> dict[str, bytes]:
 # vLLM responses
 
 
+def mooncake_manifest_seeds() -> dict[str, bytes]:
+    import torch
+    from hs_connectors.mooncake_store import VERSION, packed_layout
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sim_mooncake
+
+    seeds: dict[str, bytes] = {}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for tokens in (0, 3):
+            specs, total = packed_layout({"hidden_states": ([tokens, 4, 8], dtype),
+                                          "token_ids": ([tokens], torch.int64)})
+            manifest = {"handle": "cmpl-1-0", "version": VERSION, "tensors": specs,
+                        "metadata": {"num_tokens": tokens, "total_aligned_bytes": total,
+                                     "extract_mode": "prompt_only"}}
+            name = f"{str(dtype).removeprefix('torch.')}_{tokens}"
+            seeds[f"manifest_{name}.json"] = json.dumps(manifest).encode()
+            if tokens and dtype == torch.bfloat16:
+                for mode in sim_mooncake.CORRUPTIONS:
+                    damaged = sim_mooncake.corrupt(manifest, mode)
+                    seeds[f"corrupt_{mode}.json"] = json.dumps(damaged).encode()
+    # The producer's error marker (MooncakeHiddenStatesStore.put_error's JSON).
+    seeds["error_marker.json"] = json.dumps({"error": "Non-finite producer tensor"}).encode()
+    return seeds
+
+
 def vllm_seeds() -> dict[str, bytes]:
     sys.path.insert(0, str(ROOT / "tools"))
     from sim_vllm_process import SimServerProcess
@@ -442,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         "arrow_ipc_fuzz": arrow_seeds,
         "safetensors_fuzz": safetensors_seeds,
         "vllm_response_fuzz": vllm_seeds,
+        "mooncake_manifest_fuzz": mooncake_manifest_seeds,
         "dataset_state_fuzz": dataset_state_seeds,
         "pack_manifest_fuzz": pack_manifest_seeds,
         "pack_shard_fuzz": pack_shard_seeds,

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/source/sample_source.h"
 
@@ -45,6 +46,18 @@ class HiddenStatesTransfer {
   // Cleans up a generated sample (a loaded one with on_generate = delete, or a failed one).
   // Throws Error on failure (logged and counted, never fatal).
   virtual void remove(const std::string& handle) = 0;
+
+  // How many loads may run beside `requests` requests in flight without holding a request slot:
+  // the online source lets that many more fetches block, so a load overlaps the next request (a
+  // transfer whose loads queue for a batched read: mooncake_transfer.h). 0: a load holds its
+  // fetch's turn, as the reference's worker does.
+  virtual int loads_beside_requests(int /*requests*/) const { return 0; }
+  // The online source's cancel() and resume(): loads waiting for long end now (failed), later
+  // ones fail at once until resume().
+  virtual void cancel() {}
+  virtual void resume() {}
+  // What the transfer has to report (a group), carried in the online source's report.
+  virtual StatsTree stats_report() const { return {}; }
 };
 
 }  // namespace draftfeed

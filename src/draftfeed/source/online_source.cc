@@ -284,11 +284,21 @@ void OnlineSampleSource::sweep_abandoned() {
   stats_.abandoned = static_cast<std::int64_t>(abandoned_.size());
 }
 
-void OnlineSampleSource::cancel() { client_.cancel(); }
+int OnlineSampleSource::blocking_fetches() const {
+  const int requests = options_.client.fetch_threads;
+  return requests + (options_.transfer ? options_.transfer->loads_beside_requests(requests) : 0);
+}
+
+void OnlineSampleSource::cancel() {
+  client_.cancel();
+  if (options_.transfer) options_.transfer->cancel();
+}
 
 void OnlineSampleSource::resume() {
   std::lock_guard lock(mutex_);
-  if (!stats_.fatal) client_.resume();  // after a fatal outcome the run is over
+  if (stats_.fatal) return;  // after a fatal outcome the run is over
+  client_.resume();
+  if (options_.transfer) options_.transfer->resume();
 }
 
 FetchOutcome OnlineSampleSource::fetch(std::int64_t row, const IntArrayView& input_ids) {
@@ -720,7 +730,13 @@ void OnlineSampleSource::remove_through_transfer(const std::string& handle) {
 
 StatsTree OnlineSampleSource::stats_report() const {
   StatsTree out;
-  out.add_group("online", stats_tree(stats()));
+  StatsTree online = stats_tree(stats());
+  if (options_.transfer) {
+    for (StatsTree::Group& group : options_.transfer->stats_report().groups) {
+      online.add_group(std::move(group.name), std::move(group.tree));
+    }
+  }
+  out.add_group("online", std::move(online));
   if (appender_ != nullptr) out.add_group("kept", stats_tree(appender_->stats()));
   return out;
 }

@@ -189,8 +189,9 @@ class OnlineSampleSource : public SampleSource {
   std::optional<FetchOutcome> fetch_stored(std::int64_t global_row,
                                            const IntArrayView& input_ids) override;
   FetchOutcome fetch_not_stored(std::int64_t global_row, const IntArrayView& input_ids) override;
-  // Every request in flight holds its fetch: the client's bound on them.
-  int blocking_fetches() const override { return options_.client.fetch_threads; }
+  // Every request in flight holds its fetch: the client's bound on them; plus the loads a
+  // transfer runs beside the requests (HiddenStatesTransfer::loads_beside_requests).
+  int blocking_fetches() const override;
 
   // An epoch starts: with on_generate = pack, the rows kept in the epoch before are committed
   // (waited for) and this epoch's rows watched (the last one fetched commits their shard); the
