@@ -249,3 +249,12 @@ def save_results(out: str, name: str, results: dict, print_json: bool) -> None:
     Path(out, name).write_text(json.dumps(results, indent=2))
     if print_json:
         print(json.dumps(results))
+
+
+METADATA_CALLS = ("open", "lookup", "getattr", "readdir", "opendir")
+
+
+def metadata_calls(calls: dict) -> dict:
+    """slowfs's count of each metadata operation an epoch made (those it made), and their total."""
+    return {k: int(calls.get(k, 0)) for k in METADATA_CALLS if k in calls} | {
+        "total": int(sum(calls.get(k, 0) for k in METADATA_CALLS))}

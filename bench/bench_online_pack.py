@@ -38,7 +38,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tools"))
-from bench_common import machine, time_epoch  # noqa: E402
+from bench_common import machine, metadata_calls, time_epoch  # noqa: E402
 from sim_vllm_process import SimServerProcess  # noqa: E402
 from slowfs_process import SlowFs, slowfs_unavailable  # noqa: E402
 
@@ -140,9 +140,7 @@ def metadata_ops(args, sim, data: Path, cache: Path, mode: str, mount: Path) -> 
             calls = fs.stats()["calls"]
         finally:
             loader.close()
-    kinds = ("open", "lookup", "getattr", "readdir", "opendir")
-    return {k: int(calls.get(k, 0)) for k in kinds if k in calls} | {
-        "total": int(sum(calls.get(k, 0) for k in kinds))}
+    return metadata_calls(calls)
 
 
 def main() -> None:

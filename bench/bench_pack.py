@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_common import cli_path  # noqa: E402
+from bench_common import cli_path, metadata_calls  # noqa: E402
 from slowfs_process import SlowFs, slowfs_unavailable  # noqa: E402
 
 MAX_LEN = 2048
@@ -76,9 +76,7 @@ def metadata_ops(data: Path, cache: Path, hidden: int, mount: Path) -> dict:
             calls = fs.stats()["calls"]
         finally:
             loader.close()
-    kinds = ("open", "lookup", "getattr", "readdir", "opendir")
-    return {k: int(calls.get(k, 0)) for k in kinds if k in calls} | {
-        "total": int(sum(calls.get(k, 0) for k in kinds))}
+    return metadata_calls(calls)
 
 
 def cold_epoch(data: Path, cache: Path, hidden: int, mount: Path, bandwidth_mbps: float) -> dict:
