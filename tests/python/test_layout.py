@@ -32,3 +32,15 @@ def test_no_folder_includes_a_later_one():
                 if match and rank[match.group(1)] > rank[folder]:
                     upward.append(f"{path.relative_to(ROOT)}:{line_number} includes {match.group(1)}/")
     assert not upward, "\n".join(upward)
+
+
+def test_source_and_batch_stand_side_by_side():
+    """The sources and the copy share the sample vocabulary (sample/) and nothing of each other:
+    pipeline/ joins them."""
+    crossing = []
+    for folder, other in (("batch", "source"), ("source", "batch")):
+        for path in sorted((SOURCES / folder).iterdir()):
+            for line_number, line in enumerate(path.read_text().splitlines(), 1):
+                if line.startswith(f'#include "draftfeed/{other}/'):
+                    crossing.append(f"{path.relative_to(ROOT)}:{line_number} includes {other}/")
+    assert not crossing, "\n".join(crossing)

@@ -20,7 +20,7 @@
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/batch/hidden_copy.h"
 #include "draftfeed/dataset/token_dataset.h"
-#include "draftfeed/source/sample_source.h"
+#include "draftfeed/sample/fetched_sample.h"
 
 namespace draftfeed {
 

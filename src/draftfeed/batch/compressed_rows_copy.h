@@ -16,7 +16,7 @@
 #include "draftfeed/batch/assemble.h"
 #include "draftfeed/batch/batch_spec.h"
 #include "draftfeed/pack/plane_codec.h"
-#include "draftfeed/source/sample_source.h"
+#include "draftfeed/sample/fetched_sample.h"
 
 namespace draftfeed {
 

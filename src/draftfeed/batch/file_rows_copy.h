@@ -22,7 +22,7 @@
 
 #include "draftfeed/batch/assemble.h"
 #include "draftfeed/batch/batch_spec.h"
-#include "draftfeed/source/sample_source.h"
+#include "draftfeed/sample/fetched_sample.h"
 
 namespace draftfeed {
 

@@ -1,111 +1,18 @@
-// One sample on its way into a batch: the hidden states a source fetched for a row, or why it could
-// not.
-//
-// A `SampleSource` is the interface between the store/online stages and assembly: the pipeline asks
-// it for a global row, gets either a view of validated hidden states `[T, L, H]` (still in the
-// mapped file: nothing copied yet) or a drop reason. Assembly copies from the view straight into
-// the batch.
+// The interface between the sample sources (a cache, online generation, a transfer object, a
+// lookahead over any of them) and the pipeline: the pipeline asks a source for a global row and
+// gets a `FetchOutcome` (sample/fetched_sample.h), and tells it the epoch's plan
+// (sample/read_ahead_plan.h) so that it can read ahead.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
-#include <span>
-#include <string>
-#include <vector>
 
-#include "draftfeed/common/dtype.h"
-#include "draftfeed/common/mapped_file.h"
 #include "draftfeed/common/stats_tree.h"
 #include "draftfeed/dataset/token_dataset.h"
-#include "draftfeed/pack/plane_codec.h"
+#include "draftfeed/sample/fetched_sample.h"
+#include "draftfeed/sample/read_ahead_plan.h"
 
 namespace draftfeed {
-
-// Why a sample was dropped from its batch. Counted per reason by the pipeline.
-enum class DropReason : std::uint8_t {
-  kMissing,           // no cached file (on_missing = skip or warn)
-  kMismatch,          // the file's token ids differ from the row's
-  kInvalid,           // unreadable, corrupt, or wrong shape/dtype
-  kNonFinite,         // NaN or Inf in the hidden states (found while copying)
-  kGenerationFailed,  // online generation exhausted its attempts
-  kCount,
-};
-const char* drop_reason_name(DropReason reason);
-
-// Hidden states `[tokens, layers, hidden]`, row-major and contiguous, in a file's own dtype.
-struct HiddenStatesView {
-  const std::uint8_t* data = nullptr;
-  DType dtype = DType::kBF16;
-  std::int64_t tokens = 0;
-  std::int64_t layers = 0;
-  std::int64_t hidden = 0;
-  // F8 E4M3 only (hs-connectors' FP8 files): one float32 scale per token (`tokens` of them,
-  // little-endian, any alignment), and the dtype FP8Transfer dequantizes in (bf16, f16 or f32):
-  // value = round_D(D(fp8) x D(scale)). Null for other dtypes.
-  const std::uint8_t* scales = nullptr;
-  DType dequantize = DType::kBF16;
-};
-
-struct FetchedSample {
-  std::shared_ptr<const void> owner;  // keeps `hidden.data` mapped until the copy is done
-  HiddenStatesView hidden;
-  // The mapped file `hidden.data` points into, when it is one (null for memory a transfer gave):
-  // the copy reads it under a fault guard and checks afterwards that the file did not change.
-  std::shared_ptr<const MappedFile> file;
-  // The copy (batch/sample_copy.h) reads the rows through `file`'s descriptor when it has one
-  // (batch/file_rows_copy.h); false: from the mapping, as for a file without a descriptor (the
-  // cache sources' default: source/cache_source.h's CacheCopy).
-  bool read_rows = true;
-  // Hidden states stored compressed in a packed cache's shard (`file`), which the copy decodes,
-  // only the codec chunks of the rows it copies (batch/compressed_rows_copy.h): `hidden` has no
-  // data then (its dtype, shape and scales are the decoded tensor's). Null otherwise.
-  std::shared_ptr<const CompressedPlanes> compressed;
-};
-
-struct FetchOutcome {
-  std::optional<FetchedSample> sample;  // set on success
-  DropReason reason = DropReason::kMissing;
-  std::string message;  // names the row/file and the reason, for logs and the drop examples
-  bool fatal = false;   // the run must stop (on_missing = raise, fail_on_hidden_state_error, ...)
-
-  static FetchOutcome ok(FetchedSample sample) {
-    FetchOutcome outcome;
-    outcome.sample = std::move(sample);
-    return outcome;
-  }
-  static FetchOutcome dropped(DropReason reason, std::string message, bool fatal = false) {
-    FetchOutcome outcome;
-    outcome.reason = reason;
-    outcome.message = std::move(message);
-    outcome.fatal = fatal;
-    return outcome;
-  }
-};
-
-// One batch of an epoch's plan: its position in the full plan (what resume records) and its samples
-// as global dataset rows, in packing order.
-struct PlannedBatch {
-  std::int64_t index = 0;
-  std::vector<std::int64_t> rows;
-};
-
-// What a loader will fetch, told to its source as each epoch starts, before its first fetch
-// (SampleSource::will_need). The loader makes it (loader/loader.h): the plan is the epoch driver's,
-// the source only reads ahead of it.
-struct ReadAheadPlan {
-  // The loader's own: loaders sharing a source (a training and a validation loader) each have one,
-  // and a new plan replaces only that loader's.
-  int stream = 0;
-  // This epoch's batches still to deliver, in delivery order. The loader does not change them
-  // until the epoch ends; the source may keep the pointer.
-  std::shared_ptr<const std::vector<PlannedBatch>> batches;
-  // The next epoch's batches, when the source asked for them (plans_next_epoch) and the loader
-  // trains (a validation pass has training after it, and would hold what it fetched all that time).
-  std::vector<PlannedBatch> next;
-  // The loader's batch buffers' bytes: a read-ahead's budget is given in them by default.
-  std::uint64_t batch_memory_bytes = 0;
-};
 
 // Fetches the hidden states of rows. Called concurrently from the pipeline's threads.
 class SampleSource {
@@ -128,10 +35,10 @@ class SampleSource {
     return fetch(global_row, input_ids);
   }
 
-  // The epoch's plan (above): a source whose reads can start early (cache files opened and read
-  // ahead, requests started ahead) starts them, at its own pace and within its own budgets,
-  // however far ahead of the batch buffers. Must be cheap and must not block. Called from the
-  // loader's thread, concurrently with fetch().
+  // The epoch's plan (sample/read_ahead_plan.h): a source whose reads can start early (cache files
+  // opened and read ahead, requests started ahead) starts them, at its own pace and within its own
+  // budgets, however far ahead of the batch buffers. Must be cheap and must not block. Called from
+  // the loader's thread, concurrently with fetch().
   virtual void will_need(const ReadAheadPlan& /*plan*/) {}
   // Whether will_need wants the next epoch's batches too (ReadAheadPlan::next).
   virtual bool plans_next_epoch() const { return false; }

@@ -1,7 +1,8 @@
+#include "draftfeed/sample/drop_reason.h"
+
 #include <array>
 
 #include "draftfeed/common/enum_names.h"
-#include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
 
