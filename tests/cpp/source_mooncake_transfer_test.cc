@@ -423,6 +423,31 @@ TEST(MooncakeTransfer, RemovesTheKeyAndItsMarkerAndAMissingKeyIsNoError) {
   EXPECT_TRUE(store->objects.empty());
 }
 
+TEST(MooncakeTransfer, AKeyRemovedBeforeItsPutIsRemovedWhenItComes) {
+  // A hedged request's loser answers, is removed through the transfer, and its producer puts the
+  // object a moment later (hs-connectors' producer puts after answering): it must not stay.
+  auto store = std::make_shared<MemoryStore>();
+  MooncakeTransfer transfer(store, quick(60.0));
+  const auto asked = std::chrono::steady_clock::now();
+  transfer.remove("loser");
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, 30s);  // hang guard: key_wait is 60 s
+  const auto polled_by = std::chrono::steady_clock::now() + 10s;
+  {
+    // Looked for again a few times (the put comes later), then the put.
+    std::unique_lock lock(store->mutex);
+    store->entered.wait_until(lock, polled_by, [&] { return store->rounds >= 3; });
+    store->objects["loser"] = "late";
+  }
+  const auto removed_by = std::chrono::steady_clock::now() + 10s;
+  while (transfer.stats().orphans < 1 && std::chrono::steady_clock::now() < removed_by) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(transfer.stats().orphans, 1);
+  EXPECT_EQ(transfer.stats().removed, 1);
+  std::lock_guard lock(store->mutex);
+  EXPECT_TRUE(store->objects.empty());
+}
+
 TEST(MooncakeTransfer, AStoreErrorFailsTheRoundsReadsAndTheNextRoundReadsAgain) {
   auto store = std::make_shared<MemoryStore>();
   const Sample s = sample_for("k", kIds);

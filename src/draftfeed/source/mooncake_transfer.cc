@@ -57,6 +57,9 @@ struct MooncakeTransfer::Read {
 struct MooncakeTransfer::Removal {
   std::string handle;
   bool waited = false;  // remove()'s; else the transfer's own (a cancelled or failed read's key)
+  // The key was not there when it was to go (a hedged request's loser, answered before its
+  // producer's put): looked for again until the deadline and removed once it comes.
+  bool until_found = false;
   // A key being written cannot be removed yet: tried again until the deadline.
   Clock::time_point due;
   Clock::time_point deadline;
@@ -340,11 +343,16 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
     Removal& removal = *removals[r];
     std::optional<Error> error = failure;
     bool only_being_written = !failure;
+    bool key_not_there = false;
     for (std::size_t k = 2 * r; !failure && k < 2 * r + 2; ++k) {
       const std::int64_t status = k < removed.size() ? removed[k] : kMooncakeInvalidParams;
-      if (status == kMooncakeObjectNotFound) continue;
+      if (status == kMooncakeObjectNotFound) {
+        key_not_there = key_not_there || k % 2 == 0;
+        continue;
+      }
       if (status >= 0) {
         if (k % 2 == 0) ++stats_.removed;
+        if (k % 2 == 0 && removal.until_found) ++stats_.orphans;
         continue;
       }
       only_being_written = only_being_written && status == kMooncakeNotReady;
@@ -354,6 +362,16 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
       }
     }
     if (!error) {
+      // A producer may put its object after its answer: a key not there yet is watched for (its
+      // caller does not wait for that), so that it does not stay in the store once it comes.
+      if (key_not_there && now < removal.deadline) {
+        if (removal.until_found) {
+          removal.due = now + ticks(options_.poll_interval);
+          removals_.push_back(removals[r]);
+          continue;
+        }
+        remove_later(removal.handle, removal.deadline)->until_found = true;
+      }
       removal.done = true;
       continue;
     }
@@ -462,13 +480,15 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
   read->done = true;
 }
 
-void MooncakeTransfer::remove_later(const std::string& handle, Clock::time_point deadline) {
+std::shared_ptr<MooncakeTransfer::Removal> MooncakeTransfer::remove_later(
+    const std::string& handle, Clock::time_point deadline) {
   // Lock held. Nobody waits for it: the next round removes it, or tries again until the deadline.
   auto removal = std::make_shared<Removal>();
   removal->handle = handle;
   removal->due = Clock::now();
   removal->deadline = deadline;
-  removals_.push_back(std::move(removal));
+  removals_.push_back(removal);
+  return removal;
 }
 
 void MooncakeTransfer::keep_watching(const std::shared_ptr<Read>& read, Clock::time_point now) {

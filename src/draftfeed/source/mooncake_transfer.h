@@ -21,7 +21,9 @@
 // batch.
 //
 // remove(handle) queues the key's removal (and its marker's) and waits for its round, so that a
-// row's key is gone from the store when its fetch returns, as the reference's delete is. A read
+// row's key is gone from the store when its fetch returns, as the reference's delete is. A key
+// not there yet (a hedged request's loser, answered before its producer put the object) is
+// looked for again until key_wait has passed and removed when it comes; the caller does not wait. A read
 // cancelled before its object came (a hedged fetch that lost, a stop) is looked for still, until
 // its deadline, and its key removed once it is there: a producer that puts after answering would
 // otherwise leave it in the store. So is the key of a read that failed without its object (not
@@ -84,7 +86,8 @@ struct MooncakeTransferStats {
   std::int64_t bad_samples = 0;    // objects read whose tensors did not match the row
   std::int64_t removed = 0;        // keys removed (a marker or a missing key not counted)
   std::int64_t remove_errors = 0;
-  std::int64_t orphans = 0;  // keys of cancelled or failed reads removed once they came
+  // Keys removed once they came: of cancelled or failed reads, of removals asked before the put.
+  std::int64_t orphans = 0;
   double store_seconds = 0;  // time inside rounds
   StagingStats staging;
 };
@@ -144,7 +147,8 @@ class MooncakeTransfer : public HiddenStatesTransfer {
   void run();
   void serve(std::vector<std::shared_ptr<Read>>& reads,
              std::vector<std::shared_ptr<Removal>>& removals);
-  void remove_later(const std::string& handle, std::chrono::steady_clock::time_point deadline);
+  std::shared_ptr<Removal> remove_later(const std::string& handle,
+                                        std::chrono::steady_clock::time_point deadline);
   void watch(const Read& failed, std::chrono::steady_clock::time_point now);
   void keep_watching(const std::shared_ptr<Read>& read, std::chrono::steady_clock::time_point now);
   void settle(const std::shared_ptr<Read>& read, std::int64_t status, std::int64_t size,
