@@ -23,14 +23,14 @@
 // remove(handle) queues the key's removal (and its marker's) and waits for its round, so that a
 // row's key is gone from the store when its fetch returns, as the reference's delete is. A key
 // not there yet (a hedged request's loser, answered before its producer put the object) is
-// looked for again until key_wait has passed and removed when it comes; the caller does not wait. A read
-// cancelled before its object came (a hedged fetch that lost, a stop) is looked for still, until
-// its deadline, and its key removed once it is there: a producer that puts after answering would
-// otherwise leave it in the store. So is the key of a read that failed without its object (not
-// there within key_wait, a store error: a master restarting), for another key_wait; and a removal
-// the store refused is tried again until key_wait has passed (its caller hears of the failure at
-// once).
-// cache() cannot cache (hs-connectors' MooncakeTransfer has no cache): the online source removes.
+// looked for again until key_wait has passed and removed when it comes; the caller does not
+// wait. A read cancelled before its object came (a hedged fetch that lost, a stop) is looked for
+// still, until its deadline, and its key removed once it is there: a producer that puts after
+// answering would otherwise leave it in the store. So is the key of a read that failed without its
+// object (not there within key_wait, a store error: a master restarting), for another key_wait; and
+// a removal the store refused is tried again until key_wait has passed (its caller hears of the
+// failure at once). cache() cannot cache (hs-connectors' MooncakeTransfer has no cache): the online
+// source removes.
 //
 // Requests and store reads overlap: loads_beside_requests() asks the online source for one more
 // fetch per request in flight, so while one fetch waits for its read (or its removal) another
