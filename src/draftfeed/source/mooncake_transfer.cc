@@ -60,6 +60,9 @@ struct MooncakeTransfer::Removal {
   // The key was not there when it was to go (a hedged request's loser, answered before its
   // producer's put): looked for again until the deadline and removed once it comes.
   bool until_found = false;
+  // The key of a cancelled or failed read, or one removed before its put: counted in `orphans`
+  // when this removal is the one that removes it (two watchers of one key count it once).
+  bool orphan = false;
   // A key being written cannot be removed yet: tried again until the deadline.
   Clock::time_point due;
   Clock::time_point deadline;
@@ -352,7 +355,7 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
       }
       if (status >= 0) {
         if (k % 2 == 0) ++stats_.removed;
-        if (k % 2 == 0 && removal.until_found) ++stats_.orphans;
+        if (k % 2 == 0 && removal.orphan) ++stats_.orphans;
         continue;
       }
       only_being_written = only_being_written && status == kMooncakeNotReady;
@@ -364,13 +367,16 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
     if (!error) {
       // A producer may put its object after its answer: a key not there yet is watched for (its
       // caller does not wait for that), so that it does not stay in the store once it comes.
-      if (key_not_there && now < removal.deadline) {
+      // (The transfer's own removals follow a read that found the object: not there, it is gone.)
+      if (key_not_there && (removal.waited || removal.until_found) && now < removal.deadline) {
         if (removal.until_found) {
           removal.due = now + ticks(options_.poll_interval);
           removals_.push_back(removals[r]);
           continue;
         }
-        remove_later(removal.handle, removal.deadline)->until_found = true;
+        const auto later = remove_later(removal.handle, removal.deadline);
+        later->until_found = true;
+        later->orphan = true;
       }
       removal.done = true;
       continue;
@@ -402,8 +408,7 @@ void MooncakeTransfer::serve(std::vector<std::shared_ptr<Read>>& reads,
     Read& read = *reads[i];
     const std::int64_t status = i < exist.size() ? exist[i] : kMooncakeInvalidParams;
     if (read.abandoned && status == 1) {
-      ++stats_.orphans;
-      remove_later(read.manifest.handle, now + ticks(options_.key_wait));
+      remove_later(read.manifest.handle, now + ticks(options_.key_wait))->orphan = true;
       read.done = true;
     } else if (status == 1) {
       ++stats_.error_markers;
@@ -436,8 +441,7 @@ void MooncakeTransfer::settle(const std::shared_ptr<Read>& read, std::int64_t st
       read->due = std::min(now + ticks(options_.poll_interval), read->deadline);
       reads_.push_back(read);
     } else if (status != kMooncakeObjectNotFound) {
-      ++stats_.orphans;
-      remove_later(key, now + ticks(options_.key_wait));
+      remove_later(key, now + ticks(options_.key_wait))->orphan = true;
     }
     read->done = true;
     return;
