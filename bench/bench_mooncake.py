@@ -152,6 +152,8 @@ def run_side(side: str, in_flight: int, args, data: str, sim, master, store_rate
             requests_ideal=requests_ideal(stats["timeline"], in_flight),
             store_ideal=result["hidden_bytes"] / store_rate,
             keys_left=keys_after(master))
+        if result["keys_left"]:
+            result["keys"] = master.keys()[:20]  # what was left, to tell a leak from a late put
         result["ideal"] = max(result["requests_ideal"], result["store_ideal"])
         if side != "reference":
             metrics = train.metrics()
@@ -161,7 +163,8 @@ def run_side(side: str, in_flight: int, args, data: str, sim, master, store_rate
         results.append(result)
         print(f"  {side}, {in_flight} in flight, epoch {epoch}: {result['seconds']:.2f} s "
               f"(ideal {result['ideal']:.2f} s), {result['tokens']} tokens, "
-              f"{result['keys_left']} keys left", flush=True)
+              f"{result['keys_left']} keys left" + (f" {result['keys']}" if result["keys_left"] else ""),
+              flush=True)
     # Leave the store while the master is up (workers and clients unmount their segments).
     if hasattr(train, "close"):
         train.close()

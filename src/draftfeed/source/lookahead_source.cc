@@ -205,8 +205,12 @@ void LookaheadSource::run_attempt(std::unique_lock<std::mutex>& lock,
   const bool decides = !entry->decided && (outcome.sample || outcome.fatal || entry->attempts == 0);
   if (decides) {
     entry->decided = true;
-    // The other fetch, if any, lost: its request ends.
-    if (entry->attempts > 0) entry->cancel[static_cast<std::size_t>(1 - attempt)] = true;
+    // The other fetch, if any, lost: its request ends, unless ending it would leave its sample
+    // where nothing finds it again (a Mooncake key named only in the answer): then it runs on and
+    // its sample is discarded (and removed by the source) when it comes.
+    if (entry->attempts > 0 && !inner_->cancelled_fetches_leave_data()) {
+      entry->cancel[static_cast<std::size_t>(1 - attempt)] = true;
+    }
     if (outcome.sample && entry->hedged) ++(attempt == 1 ? stats_.hedges_won : stats_.hedges_lost);
     if (outcome.sample) {
       observe(item, seconds);

@@ -167,6 +167,9 @@ class LookaheadSource : public SampleSource {
   FetchOutcome fetch(std::int64_t global_row, const IntArrayView& input_ids) override;
   // A claim waits for the inner source's fetch: as many may block as there.
   int blocking_fetches() const override { return inner_->blocking_fetches(); }
+  bool cancelled_fetches_leave_data() const override {
+    return inner_->cancelled_fetches_leave_data();
+  }
 
   // Replaces `stream`'s plan: `batches` (global rows, in delivery order) and `next`, the plan that
   // follows (started once no row of the active plan waits). `budget_bytes` > 0 sets the budget

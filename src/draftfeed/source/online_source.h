@@ -192,6 +192,9 @@ class OnlineSampleSource : public SampleSource {
   // Every request in flight holds its fetch: the client's bound on them; plus the loads a
   // transfer runs beside the requests (HiddenStatesTransfer::loads_beside_requests).
   int blocking_fetches() const override;
+  // With a transfer: a request cancelled before its answer leaves the server's sample in the
+  // store under a key only the answer names.
+  bool cancelled_fetches_leave_data() const override { return options_.transfer != nullptr; }
 
   // An epoch starts: with on_generate = pack, the rows kept in the epoch before are committed
   // (waited for) and this epoch's rows watched (the last one fetched commits their shard); the

@@ -64,6 +64,11 @@ class SampleSource {
   // own, so blocked fetches never hold back the copies; 0 (the default) for sources whose fetches
   // are short (a file read).
   virtual int blocking_fetches() const { return 0; }
+
+  // Whether a fetch cancelled before its answer came leaves data behind that this source cannot
+  // find again (a transfer's store, keyed by what the server answers): a hedged fetch's loser is
+  // then let run to its end (its data removed as any fetch's) instead of being cancelled.
+  virtual bool cancelled_fetches_leave_data() const { return false; }
 };
 
 }  // namespace draftfeed
