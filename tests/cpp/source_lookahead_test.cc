@@ -336,7 +336,9 @@ class StallingSource : public SampleSource {
     return fetch(row, ids);
   }
   int blocking_fetches() const override { return 2; }
+  bool cancelled_fetches_leave_data() const override { return leaves_data; }
 
+  bool leaves_data = false;
   std::int64_t slow_row = 3;
   std::vector<int> stall_calls{0};
   std::chrono::steady_clock::duration stall_for = 20s;
@@ -412,6 +414,31 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
   EXPECT_EQ(stats.hedges_lost, 1);
   std::lock_guard lock(fake->mutex);
   EXPECT_EQ(fake->cancelled_calls, std::vector<int>{1});
+}
+
+TEST_F(OnlineLookaheadTest, ALoserWhoseCancelWouldLeaveDataRunsToItsEnd) {
+  // A Mooncake transfer: a request cancelled as its answer comes leaves the sample in the store
+  // under a key only that answer names. The loser runs on, so the source reads and removes it.
+  auto fake = std::make_shared<StallingSource>();
+  fake->leaves_data = true;
+  fake->stall_for = 1s;  // the first fetch is slow enough to be hedged, and ends by itself
+  LookaheadSource ahead(
+      fake, dataset_,
+      {.window = 16, .hedge = {.factor = 2, .min_wait = std::chrono::duration<double>(0.05)}});
+  plan_and_claim_all_but(ahead, *dataset_, fake->slow_row);
+  FetchOutcome outcome;
+  EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);
+  ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
+  EXPECT_EQ(outcome.sample->hidden.layers, 101) << "the hedge's sample";
+  LookaheadStats stats = ahead.stats();
+  for (int i = 0; i < 1000 && stats.running > 0; ++i) {  // the loser's second, at most 10 s
+    std::this_thread::sleep_for(10ms);
+    stats = ahead.stats();
+  }
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.hedges_won, 1);
+  std::lock_guard lock(fake->mutex);
+  EXPECT_TRUE(fake->cancelled_calls.empty()) << "the loser was cancelled";
 }
 
 TEST_F(OnlineLookaheadTest, NoHedgeWhenTheFactorIsZero) {
