@@ -133,7 +133,13 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
     assert injected == {"nan": 4, "put_fail": 1, "missing_key": 2, "corrupt_object": 2}, injected
     for side in (python, native):
         assert {n: side["stats"]["injected"][n] for n in faults} == injected
-        assert side["stats"]["completions"] == ref["stats"]["completions"]
+        # A hedge is one request more (or one in place of a retry), answered: with a transfer a
+        # hedged request's loser runs to its end (its key is named only in its answer; cut off as
+        # it comes, the sample would stay in the store).
+        hedges = side["metrics"]["lookahead"]["hedges"]
+        completions = side["stats"]["completions"]
+        assert ref["stats"]["completions"] <= completions <= ref["stats"]["completions"] + hedges, hedges
+        assert side["stats"]["abandoned"] == 0, "a request was cut off: its key could stay"
     assert sum(b["error_records"] for b in ref["batches"]) == 3, "rows 4, 21, 50 are dropped"
 
     # Only the native side read natively; it read every good object whole, in rounds, into
@@ -144,11 +150,11 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
     online = native["metrics"]["online"]
     assert stats["reads"] == online["generated"] + stats["bad_samples"] > 0, (stats, online)
     assert stats["error_markers"] == 4 + 1, stats  # nan x 4 attempts, put_fail once
-    # A key never written is waited for until hs-connectors' timeout, unless the lookahead asked
-    # again meanwhile (a hedge: the slow fetch's read is cancelled, its key removed if it comes):
-    # no other fetch here is slow enough to be hedged.
-    hedges = native["metrics"]["lookahead"]["hedges_won"]
-    assert stats["timed_out"] + hedges == 2, (stats, native["metrics"]["lookahead"])
+    # A key never written is waited for until hs-connectors' timeout, even when the lookahead asked
+    # again meanwhile (a hedge): the slow fetch is not cancelled, and its read times out unless the
+    # epoch ended first (the loader's stop ends it; its key is watched for).
+    hedges = native["metrics"]["lookahead"]["hedges"]
+    assert stats["timed_out"] <= 2 <= stats["timed_out"] + hedges, (stats, native["metrics"]["lookahead"])
     assert online["file_failures"]["missing file"] == stats["timed_out"]
     assert stats["wrong_size"] == 2, stats  # row 21's two attempts
     assert stats["removed"] == online["generated"] + stats["wrong_size"], stats
@@ -266,6 +272,7 @@ def test_a_master_restarted_mid_epoch_costs_retries_not_rows(request, tmp_path):
                         restarted = time.monotonic()
             ended = time.monotonic() - restarted
             keys = keys_left_after(master, within=20.0)
+            hedges = train.metrics()["lookahead"]["hedges"]
             metrics = train.metrics()["online"]
             planned = sum(len(b) for b in train.batch_sampler._generate_batches(0))
             train.close()
@@ -279,8 +286,9 @@ def test_a_master_restarted_mid_epoch_costs_retries_not_rows(request, tmp_path):
         f"{sum(metrics['file_failures'].values())} round trips failed; {stats}"
     )
     assert len(seen) == steps > 10
-    assert sum(seen) == 0 and metrics["generated"] == planned, (seen, metrics)
+    # A hedged request's loser runs to its end with a transfer: its sample is generated and read too.
+    assert sum(seen) == 0 and planned <= metrics["generated"] <= planned + hedges, (seen, hedges, metrics)
     assert sum(metrics["file_failures"].values()) >= 1, "the restart was not felt"
     assert not metrics["fatal"]
-    assert stats["reads"] == planned
+    assert planned <= stats["reads"] <= planned + hedges
     assert keys == [], f"keys left in the restarted master's store: {keys}, {stats}"
