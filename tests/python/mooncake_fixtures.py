@@ -49,6 +49,16 @@ KEY_WAIT = 3.0
 MAX_LEN, LAYERS, HIDDEN = 96, 4, 16
 
 
+def mooncake_sim(folder: Path, master: MooncakeMasterProcess, write: str = "async"):
+    """The simulated vLLM server putting each sample into `master`'s store with hs-connectors' own
+    connector code (tools/sim_mooncake.py): after answering (write="async", as vLLM may) or before."""
+    from sim_vllm_process import SimServerProcess
+
+    return SimServerProcess(folder, layers=LAYERS, hidden=HIDDEN, seed=5, write=write,
+                            mooncake_master=master.address, mooncake_segment_mib=64,
+                            mooncake_buffer_mib=16, startup_timeout=90)
+
+
 def run_module_in_private_network(request, tmp_path_factory, here: Path, timeout: float) -> dict:
     """Outside the namespace: the selected tests of the module `here`, run once inside a new
     private network namespace (bounded in time), with their outcomes from pytest's JUnit report.

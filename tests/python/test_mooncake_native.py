@@ -32,6 +32,7 @@ from mooncake_fixtures import (  # noqa: F401  (network, short_key_wait: fixture
     MooncakeMasterProcess,
     assert_only_loopback_listeners,
     keys_left_after,
+    mooncake_sim,
     network,
     one_epoch,
     online_args,
@@ -41,7 +42,6 @@ from mooncake_fixtures import (  # noqa: F401  (network, short_key_wait: fixture
     trainer_transfer,
 )
 from reference_fixtures import write_fixture
-from sim_vllm_process import SimServerProcess
 
 OUTER_TIMEOUT = 540.0  # seconds for every selected test, run inside the namespace
 
@@ -109,17 +109,7 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
     }
     with (
         MooncakeMasterProcess() as master,
-        SimServerProcess(
-            tmp_path / "server",
-            layers=LAYERS,
-            hidden=HIDDEN,
-            seed=5,
-            write="async",
-            mooncake_master=master.address,
-            mooncake_segment_mib=64,
-            mooncake_buffer_mib=16,
-            startup_timeout=90,
-        ) as sim,
+        mooncake_sim(tmp_path / "server", master, write="async") as sim,
     ):
         assert_only_loopback_listeners()
         results = sides(request, monkeypatch, fx, sim, master, faults)
@@ -184,17 +174,7 @@ def test_an_object_that_is_not_what_its_manifest_says_is_treated_as_the_referenc
     faults = {"corrupt_object": {"match": [ids[3]], "mode": mode}}
     with (
         MooncakeMasterProcess() as master,
-        SimServerProcess(
-            tmp_path / "server",
-            layers=LAYERS,
-            hidden=HIDDEN,
-            seed=5,
-            write="sync",
-            mooncake_master=master.address,
-            mooncake_segment_mib=64,
-            mooncake_buffer_mib=16,
-            startup_timeout=90,
-        ) as sim,
+        mooncake_sim(tmp_path / "server", master, write="sync") as sim,
     ):
         results = sides(request, monkeypatch, fx, sim, master, faults, ("reference", "native"))
     ref, native = results["reference"], results["native"]
@@ -233,17 +213,7 @@ def test_a_master_restarted_mid_epoch_costs_retries_not_rows(request, tmp_path):
     )
     master = MooncakeMasterProcess()
     try:
-        with SimServerProcess(
-            tmp_path / "server",
-            layers=LAYERS,
-            hidden=HIDDEN,
-            seed=5,
-            write="async",
-            mooncake_master=master.address,
-            mooncake_segment_mib=64,
-            mooncake_buffer_mib=16,
-            startup_timeout=90,
-        ) as sim:
+        with mooncake_sim(tmp_path / "server", master, write="async") as sim:
             sim.set_faults({"latency": {"median": 0.05, "p99": 0.05}})
             transfer = trainer_transfer(master, fx.path)
             # Retries enough to outlast the restart, and no circuit breaker: the run must go on.

@@ -42,6 +42,7 @@ from mooncake_fixtures import (  # noqa: F401  (network, short_key_wait: fixture
     MAX_LEN,
     MooncakeMasterProcess,
     assert_only_loopback_listeners,
+    mooncake_sim,
     network,
     one_epoch,
     online_args,
@@ -52,7 +53,6 @@ from mooncake_fixtures import (  # noqa: F401  (network, short_key_wait: fixture
     trainer_transfer,
 )
 from reference_fixtures import write_fixture
-from sim_vllm_process import SimServerProcess
 
 OUTER_TIMEOUT = 420.0  # seconds for every selected test, run inside the namespace
 
@@ -93,10 +93,7 @@ def test_mooncake_transfer_gives_the_reference_batches_with_producer_errors(
         "missing_key": {"match": rows(30), "times": 1},         # the first key is never written
         "corrupt_manifest": {"match": rows(21), "mode": "size"},  # every answer damaged: dropped
     }
-    with MooncakeMasterProcess() as master, SimServerProcess(
-            tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write=write,
-            mooncake_master=master.address, mooncake_segment_mib=64,
-            mooncake_buffer_mib=16, startup_timeout=90) as sim:
+    with MooncakeMasterProcess() as master, mooncake_sim(tmp_path / "server", master, write=write) as sim:
         assert_only_loopback_listeners()
         results = {}
         for side, make, workers in (("reference", reference_loaders, 0),
@@ -149,10 +146,7 @@ def test_a_master_that_dies_mid_epoch_gives_the_failure_policy_not_a_hang(reques
     bound = 90.0  # seconds from the kill to the run stopped
     # The server answers before its put (as vLLM may): with the master gone, every store call of
     # the server's and of the trainer's takes seconds, and the trainer's are the ones under test.
-    with MooncakeMasterProcess() as master, SimServerProcess(
-            tmp_path / "server", layers=LAYERS, hidden=HIDDEN, seed=5, write="async",
-            mooncake_master=master.address, mooncake_segment_mib=64,
-            mooncake_buffer_mib=16, startup_timeout=90) as sim:
+    with MooncakeMasterProcess() as master, mooncake_sim(tmp_path / "server", master, write="async") as sim:
         assert_only_loopback_listeners()
         sim.set_faults({"latency": {"median": 0.05, "p99": 0.05}})
         transfer = trainer_transfer(master, fx.path)
