@@ -60,7 +60,8 @@ options:
          std::to_string(VllmClientOptions().fetch_threads) + R"()
   --on-generate M     what the online epoch keeps of what it generated: cache (per-sample files,
                       the default), pack (compressed, in the folder's pack) or delete
-  --cache-budget SIZE with --on-generate pack: the pack's bytes at most, e.g. 200MB)";
+  --cache-budget SIZE
+                      with --on-generate pack: the pack's bytes at most, e.g. 200MB)";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

@@ -10,9 +10,17 @@ namespace {
 
 using seconds = std::chrono::duration<double>;
 
+// "  --flag ARG   its help": the help at column width + 2, or on a line of its own below a flag
+// too long for the column (two spaces at least between them, so that neither runs into the other).
 std::string line(int width, const std::string& flag, const std::string& help) {
+  const auto column = static_cast<std::size_t>(width) + 2;
   std::string text = "  " + flag;
-  text.resize(static_cast<std::size_t>(width) + 2, ' ');
+  if (text.size() + 2 > column) {
+    text += "\n";
+    text.append(column, ' ');
+  } else {
+    text.resize(column, ' ');
+  }
   return text + help + "\n";
 }
 
