@@ -52,6 +52,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSuccess = 0;
 constexpr int kInvalidValue = 1;
 constexpr int kInvalidDevice = 101;
+constexpr int kNoDevice = 100;
 constexpr int kInvalidResourceHandle = 400;
 constexpr int kNotReady = 600;
 
@@ -287,10 +288,12 @@ extern "C" {
 
 int cudaGetDeviceCount(int* count) {
   *count = state().devices;
-  return kSuccess;
+  return state().devices == 0 ? kNoDevice : kSuccess;
 }
 
 int cudaGetDevice(int* device) {
+  // As the real runtime where it sees no device (FAKE_CUDA_DEVICES=0): every call fails.
+  if (state().devices == 0) return kNoDevice;
   *device = t_current;
   return kSuccess;
 }

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import cli_path
 from reference_fixtures import write_fixture
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,3 +67,20 @@ def test_pin_memory_false_never_touches_the_runtime(data, fake_cudart, tmp_path)
 def test_without_a_usable_gpu_batches_stay_in_ordinary_memory(data):
     out = run(data, True, {"DRAFTFEED_CUDART": "/nonexistent/libcudart.so"})
     assert out["pinned"] is False and out["batches"] > 0
+
+
+def test_a_runtime_that_sees_no_device_is_said_in_one_short_line(data, fake_cudart, run_cli):
+    """torch's CUDA build on a CPU machine: the runtime loads, and every call fails (error 35, the
+    driver is too old or absent). The engine line says there is no CUDA device and that batches stay
+    in host memory, not the failed call's long message."""
+    env = {**os.environ, "DRAFTFEED_CUDART": fake_cudart, "FAKE_CUDA_DEVICES": "0"}
+    proc = subprocess.run([cli_path(), "bench", data, "--epochs", "1", "--no-progress"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    engine = next(line for line in proc.stdout.splitlines() if line.startswith("engine"))
+    assert engine.endswith("pageable memory (no CUDA device: batches stay in host memory)"), engine
+    # A device that is there but not this one is still named with the runtime's reason.
+    proc = subprocess.run([cli_path(), "bench", data, "--epochs", "1", "--no-progress"], capture_output=True,
+                          text=True, timeout=120, env={**env, "FAKE_CUDA_DEVICES": "1", "LOCAL_RANK": "3"})
+    engine = next(line for line in proc.stdout.splitlines() if line.startswith("engine"))
+    assert "cuda:3" in engine and "invalid device ordinal" in engine, engine

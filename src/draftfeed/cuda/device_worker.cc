@@ -7,6 +7,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,20 @@ struct DeviceWorker::State {
   bool stop = false;
   bool busy = false;  // tasks taken out of the lists are being run
 };
+
+namespace {
+
+// When the runtime sees no device at all (a CPU machine with torch's CUDA build, whose runtime
+// then fails every call with "driver version is insufficient", error 35, or "no CUDA-capable
+// device", error 100): what to say instead of the failed call's long message.
+std::optional<std::string> no_device_text(const CudaRuntime& rt) {
+  int count = 0;
+  const int code = rt.get_device_count != nullptr ? rt.get_device_count(&count) : kCudaSuccess;
+  if (code == kCudaSuccess && count > 0) return std::nullopt;
+  return std::string("no CUDA device: batches stay in host memory");
+}
+
+}  // namespace
 
 DeviceWorker::DeviceWorker(int device) : device_(device), state_(std::make_shared<State>()) {}
 
@@ -49,7 +64,7 @@ std::shared_ptr<DeviceWorker> DeviceWorker::start(int device, std::string* why) 
   const std::string failure = result.get();
   if (!failure.empty()) {
     thread.join();
-    if (why != nullptr) *why = failure;
+    if (why != nullptr) *why = no_device_text(rt).value_or(failure);
     return nullptr;
   }
   // The thread owns its state; it ends once the last owner of this object is gone (see ~).
