@@ -430,11 +430,7 @@ TEST_F(OnlineLookaheadTest, ALoserWhoseCancelWouldLeaveDataRunsToItsEnd) {
   EXPECT_LT(seconds_to_claim(ahead, *dataset_, fake->slow_row, outcome), 10.0);
   ASSERT_TRUE(outcome.sample.has_value()) << outcome.message;
   EXPECT_EQ(outcome.sample->hidden.layers, 101) << "the hedge's sample";
-  LookaheadStats stats = ahead.stats();
-  for (int i = 0; i < 1000 && stats.running > 0; ++i) {  // the loser's second, at most 10 s
-    std::this_thread::sleep_for(10ms);
-    stats = ahead.stats();
-  }
+  const LookaheadStats stats = stats_once_idle(ahead);  // the loser ends by itself after 1 s
   EXPECT_EQ(stats.running, 0);
   EXPECT_EQ(stats.hedges_won, 1);
   std::lock_guard lock(fake->mutex);
