@@ -120,7 +120,7 @@ TEST(HiddenSafetensorsTest, NonJsonAndNonObjectHeadersAreRefused) {
 TEST(HiddenSafetensorsTest, DeepNestingIsRefusedWithoutRecursion) {
   std::string header = R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0],"x":)";
   header += std::string(100000, '[') + std::string(100000, ']') + "}}";
-  EXPECT_CONTAINS(parse_error(file_bytes(header, 0)), "header nests deeper than 64 levels");
+  EXPECT_CONTAINS(parse_error(file_bytes(header, 0)), "header JSON nested deeper than 64 levels");
 }
 
 TEST(HiddenSafetensorsTest, UnknownDtypeIsRefused) {

@@ -148,12 +148,8 @@ TEST(OnlineProtocolTest, HugeIdsDoNotWrapAround) {
 
 TEST(OnlineProtocolTest, DeepNestingIsRefusedBeforeParsing) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  EXPECT_FALSE(json_depth_within(deep, kMaxResponseDepth));
   EXPECT_EQ(parse_generation_response(deep, RequestKind::kCompletions, kIds).problem,
             ResponseProblem::kMalformedJson);
-  // Brackets inside strings do not count, escaped quotes do not end a string.
-  EXPECT_TRUE(json_depth_within(R"({"a": "[[[[[[\"[[[[", "b": [1]})", 2));
-  EXPECT_FALSE(json_depth_within("[[[", 2));
 }
 
 TEST(OnlineProtocolTest, ModelsResponseGivesTheFirstId) {

@@ -1,21 +1,17 @@
 #include "draftfeed/dataset/dataset_state.h"
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/json_depth.h"
 
 namespace draftfeed {
 
 using Json = nlohmann::ordered_json;
 
 Json parse_dataset_json(std::string_view text, const std::string& where) {
-  const Json::parser_callback_t bounded = [&where](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxDatasetJsonDepth) {
-      throw Error(ErrorKind::kFormat, where + ": JSON nested deeper than " +
-                                          std::to_string(kMaxDatasetJsonDepth) + " levels");
-    }
-    return true;
-  };
+  if (!json_depth_within(text))
+    throw Error(ErrorKind::kFormat, where + ": " + json_too_deep_text());
   try {
-    return Json::parse(text, bounded);
+    return Json::parse(text);
   } catch (const nlohmann::json::exception& error) {
     throw Error(ErrorKind::kFormat, where + ": not valid JSON: " + error.what());
   }

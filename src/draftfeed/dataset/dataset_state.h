@@ -1,7 +1,7 @@
 // The JSON files of a Hugging Face `datasets` folder (state.json, dataset_info.json,
 // dataset_dict.json), parsed from their text with bounded nesting, and state.json's shard list.
 // A dataset folder may come from anywhere: nothing recursive (printing, copying) ever meets a
-// value nested deeper than kMaxDatasetJsonDepth, and messages name an entry by its place and type,
+// value nested deeper than kMaxJsonDepth (common/json_depth.h), and messages name an entry by its place and type,
 // never by printing it. Pure functions: the fuzz target (tests/fuzz/dataset_state_fuzz.cc) calls
 // them directly. Thread safety: reentrant.
 #pragma once
@@ -13,12 +13,8 @@
 
 namespace draftfeed {
 
-// Deeper than any datasets-written file (state.json nests 3 levels, dataset_info.json's features
-// a few more).
-inline constexpr int kMaxDatasetJsonDepth = 64;
-
 // Parses `text` (from the file `where`, for messages) keeping its key order. Error kFormat naming
-// `where`: not JSON, or nested deeper than kMaxDatasetJsonDepth.
+// `where`: not JSON, or nested deeper than kMaxJsonDepth.
 nlohmann::ordered_json parse_dataset_json(std::string_view text, const std::string& where);
 
 // `state.json["_data_files"][i]["filename"]`, in row order: plain file names in the folder (no

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "draftfeed/common/fault_guard.h"
+#include "draftfeed/common/json_depth.h"
 #include "draftfeed/common/printable.h"
 
 namespace draftfeed {
@@ -15,8 +16,6 @@ namespace draftfeed {
 namespace {
 
 using json = nlohmann::json;
-
-constexpr std::size_t kMaxDepth = 64;
 
 // A tensor entry as the header states it, before its offsets are checked against the buffer.
 struct TensorEntry {
@@ -88,7 +87,6 @@ class HeaderHandler : public nlohmann::json_sax<json> {
   }
 
   bool start_object(std::size_t /*elements*/) override {
-    if (!enter()) return false;
     if (skipping_container()) return true;
     switch (state_) {
       case State::kStart:
@@ -140,7 +138,6 @@ class HeaderHandler : public nlohmann::json_sax<json> {
   }
 
   bool end_object() override {
-    --depth_;
     if (skip_depth_ > 0) {
       if (--skip_depth_ == 0) state_ = State::kTensor;
       return true;
@@ -158,7 +155,6 @@ class HeaderHandler : public nlohmann::json_sax<json> {
   }
 
   bool start_array(std::size_t /*elements*/) override {
-    if (!enter()) return false;
     if (skipping_container()) return true;
     if (state_ == State::kTensorValue && pending_key_ == "shape") {
       current().shape.emplace();
@@ -174,7 +170,6 @@ class HeaderHandler : public nlohmann::json_sax<json> {
   }
 
   bool end_array() override {
-    --depth_;
     if (skip_depth_ > 0) {
       if (--skip_depth_ == 0) state_ = State::kTensor;
       return true;
@@ -212,14 +207,6 @@ class HeaderHandler : public nlohmann::json_sax<json> {
   bool fail(std::string message) {
     if (error.empty()) error = std::move(message);
     return false;
-  }
-
-  // Every object or array goes one level deeper, capped so a hostile header cannot nest forever.
-  bool enter() {
-    if (++depth_ > kMaxDepth) {
-      return fail("header nests deeper than " + std::to_string(kMaxDepth) + " levels");
-    }
-    return true;
   }
 
   // Starts or continues skipping an ignored field's value when it is an object or array.
@@ -279,7 +266,6 @@ class HeaderHandler : public nlohmann::json_sax<json> {
   }
 
   State state_ = State::kStart;
-  std::size_t depth_ = 0;
   std::size_t skip_depth_ = 0;  // > 0 while inside an ignored field's object or array
   bool skip_next_ = false;      // the next value belongs to an ignored field
   std::string pending_key_;
@@ -353,6 +339,10 @@ Result<SafetensorsLayout> parse_layout(std::span<const std::uint8_t> head, std::
   if (const void* nul = std::memchr(header_begin, 0, header_size)) {
     return format_error(name, "header is not valid JSON: a NUL byte at offset " +
                                   std::to_string(static_cast<const char*>(nul) - header_begin));
+  }
+  // The SAX parser keeps a stack per level: depth is bounded before it runs.
+  if (!json_depth_within(std::string_view(header_begin, header_size))) {
+    return format_error(name, "header " + json_too_deep_text());
   }
   HeaderHandler handler;
   const bool parsed = json::sax_parse(header_begin, header_begin + header_size, &handler,

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "draftfeed/common/enum_names.h"
+#include "draftfeed/common/json_depth.h"
 
 namespace draftfeed {
 
@@ -15,7 +16,7 @@ using Json = nlohmann::json;
 
 // Parses `body` without exceptions; a discarded value means malformed (or too deep).
 Json parse_bounded(std::string_view body) {
-  if (!json_depth_within(body, kMaxResponseDepth)) return Json(Json::value_t::discarded);
+  if (!json_depth_within(body)) return Json(Json::value_t::discarded);
   return Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
 }
 
@@ -95,30 +96,6 @@ static_assert(kResponseProblemNames.size() == static_cast<std::size_t>(ResponseP
 
 const char* response_problem_name(ResponseProblem problem) {
   return enum_name(problem, kResponseProblemNames);
-}
-
-bool json_depth_within(std::string_view body, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character cannot end the string
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 std::string completions_request_body(std::string_view model, std::span<const std::int64_t> ids) {

@@ -18,9 +18,6 @@
 
 namespace draftfeed {
 
-// Deepest array/object nesting accepted in a response (vLLM's responses nest 4 levels).
-inline constexpr int kMaxResponseDepth = 64;
-
 enum class RequestKind : std::uint8_t {
   kCompletions,  // POST {endpoint}/completions, ids as the prompt (text rows)
   kChat,         // POST {endpoint}/chat/completions, the row's messages (multimodal rows)
@@ -29,7 +26,7 @@ enum class RequestKind : std::uint8_t {
 // Why a response was refused.
 enum class ResponseProblem : std::uint8_t {
   kNone,
-  kMalformedJson,          // not JSON, truncated, or nested deeper than kMaxResponseDepth
+  kMalformedJson,          // not JSON, truncated, or nested deeper than kMaxJsonDepth
   kNotAnObject,            // valid JSON, but not an object where one is needed
   kMissingPromptIds,       // no choices[0].prompt_token_ids (completions) / prompt_token_ids (chat)
   kBadPromptIds,           // prompt ids present but not an array of integers
@@ -89,9 +86,5 @@ GenerationResponse parse_generation_response(std::string_view body, RequestKind 
 
 // Checks a `GET {endpoint}/models` response and takes data[0].id.
 ModelsResponse parse_models_response(std::string_view body);
-
-// True when `body`'s brackets nest no deeper than `max_depth` (strings and escapes skipped). Not a
-// JSON validator: a cheap guard run before the parser.
-bool json_depth_within(std::string_view body, int max_depth);
 
 }  // namespace draftfeed

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "draftfeed/common/json_depth.h"
 #include "draftfeed/common/xxh64.h"
-#include "draftfeed/online/vllm_protocol.h"
 #include "draftfeed/pack/durable_file.h"
 #include "draftfeed/pack/plane_codec.h"
 
@@ -21,7 +21,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int kMaxDepth = 8;  // the manifest nests 3 deep; JSON deeper than this is refused
 constexpr std::int64_t kMaxRow = std::int64_t{1} << 53;
 constexpr std::uint64_t kMaxShardBytes = std::uint64_t{1} << 50;
 constexpr const char* kSampleFields[] = {"row",      "shard",      "offset", "length",
@@ -100,9 +99,9 @@ Result<PackManifest> parse_pack_manifest(std::span<const std::uint8_t> text,
                          std::to_string(kMaxManifestBytes) + " a manifest may have");
   }
   // The JSON parser recurses per level: depth is bounded before it runs.
-  if (!json_depth_within(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
-                         kMaxDepth)) {
-    return bad(name, "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels");
+  if (!json_depth_within(
+          std::string_view(reinterpret_cast<const char*>(text.data()), text.size()))) {
+    return bad(name, json_too_deep_text());
   }
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad(name, "not valid JSON");
