@@ -8,7 +8,7 @@ The engine's loader (`_core.Loader`, src/draftfeed/loader/) is the epoch driver:
 the source what to read ahead, with the multipack planner (identical to the reference sampler),
 and keeps the resume state (`state_dict()` records which batches of
 the epoch were delivered, whatever the delivery order; `load_state_dict()` makes the next iteration
-yield exactly the others). This module is the iterator over it, and torch's side of CUDA.
+yield exactly the others). This module is the iterator over it (torch's side of CUDA: cuda.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,8 +24,8 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from . import _core
-from .reporting import Reporter
+from . import _core, cuda
+from .reporting import Reporter, report_drops, report_source_messages
 
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
 _L = TypeVar("_L", bound="Loader")
@@ -123,90 +122,6 @@ class BatchPlanner:
         return len(self._generate_batches(self.epoch))
 
 
-def _cuda_device_index(device: Any) -> int:
-    """The CUDA device index a `device` argument names: "cuda:N", "cuda" (the rank's: LOCAL_RANK),
-    an int, or a torch.device of type cuda."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        index = device
-    else:
-        text = str(device)
-        kind, _, number = text.partition(":")
-        if kind != "cuda":
-            raise ValueError(f"device must be a CUDA device ('cuda:N'), got {device!r}")
-        index = int(number) if number else int(os.environ.get("LOCAL_RANK", "0"))
-    if index < 0:
-        raise ValueError(f"device index must be >= 0, got {device!r}")
-    return index
-
-
-def _torch_cuda_device() -> int:
-    """The device torch made current in this process, when torch has initialised CUDA; else -1
-    (the engine then takes LOCAL_RANK, as torchrun sets it, else 0)."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_available() or not cuda.is_initialized():
-        return -1
-    return int(cuda.current_device())
-
-
-def _import_torch_for_cuda() -> None:
-    """Imports torch (when installed) before the engine looks for the CUDA runtime, so that the
-    runtime it finds is the one torch loaded (one runtime in the process, torch's allocator for the
-    device stage's memory), not one from the library path beside it."""
-    if "torch" in sys.modules or os.environ.get("DRAFTFEED_CUDART"):
-        return
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is not None:
-        import torch  # noqa: F401
-
-
-# Device memory given to the engine by loaders that are gone, with the tensors that own it: kept
-# until the engine gave every block back (a batch may outlive its loader, and the device may still
-# read a block when the loader goes).
-_RETIRED_DEVICE_MEMORY: list[tuple[Any, Any]] = []
-
-
-def _retire_device_memory(memory: Any, owners: Any) -> None:
-    _RETIRED_DEVICE_MEMORY.append((memory, owners))
-    _sweep_device_memory()
-
-
-def _sweep_device_memory() -> None:
-    _RETIRED_DEVICE_MEMORY[:] = [(m, o) for m, o in _RETIRED_DEVICE_MEMORY if m.outstanding]
-
-
-def _torch_device_blocks(nbytes: int, count: int, device: int) -> tuple[list[tuple[int, int]], Any] | None:
-    """`count` blocks of `nbytes` on cuda:`device` from torch's caching allocator, as [(address,
-    bytes)] and the tensors that own them; None without torch's CUDA, or when the engine drives
-    another runtime than torch's (DRAFTFEED_CUDART: the tests' stand-in)."""
-    torch: Any = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or os.environ.get("DRAFTFEED_CUDART") or not cuda.is_available():
-        return None
-    tensors = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}") for _ in range(count)]
-    return [(int(t.data_ptr()), nbytes) for t in tensors], tensors
-
-
-def _torch_cuda_usable() -> bool:
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    version = getattr(getattr(torch, "version", None), "cuda", None)
-    return bool(cuda is not None and version is not None and cuda.is_available())
-
-
-def _consumer_stream(device: int) -> int:
-    """The CUDA stream this thread's work on `device` goes to (torch's current stream), as the
-    runtime's handle; 0 (the default stream) when torch has not initialised CUDA here. Copies the
-    consumer makes of a batch (`.to(device, non_blocking=True)`) are queued there: the engine marks
-    their reads on it when the batch is released, and makes it wait for a device batch's copy."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if device < 0 or cuda is None or not cuda.is_available() or not cuda.is_initialized():
-        return 0
-    return int(cuda.current_stream(device).cuda_stream)
-
-
 class Loader:
     """Batches of one split of a dataset, packed, assembled and delivered by the C++ engine.
 
@@ -243,7 +158,7 @@ class Loader:
         None (default): batches in host memory, page-locked when `pin_memory` and CUDA is present."""
         topology = Topology.resolve(rank, world_size, sp_size)
         if device is not None or options.get("pin_memory") is True:
-            _import_torch_for_cuda()
+            cuda.import_torch_first()
         for name in ("data_path", "source", "device_stage", "cuda_device"):
             if name in options:  # set from the arguments above
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
@@ -252,7 +167,7 @@ class Loader:
             preprocess="custom" if callable(preprocess) else preprocess,
             rank=topology.dp_rank, world_size=topology.dp_size, source=source,
             device_stage=device is not None,
-            cuda_device=_torch_cuda_device() if device is None else _cuda_device_index(device),
+            cuda_device=cuda.current_torch_device() if device is None else cuda.device_index(device),
             **options)
         self._setup(core, topology, source, preprocess if callable(preprocess) else None)
         if source is not None and getattr(source, "reads_messages", True) is False and (
@@ -285,11 +200,8 @@ class Loader:
         self._device_memory: Any = None
         if options.device_stage:
             self._give_device_memory()
-        elif options.pin_memory and self.cuda_device < 0 and _torch_cuda_usable():
-            # torch sees a GPU but the engine found no runtime to page-lock with: say so.
-            logging.getLogger("draftfeed").warning(
-                "pin_memory: batch buffers are pageable although torch sees a CUDA device: %s",
-                self._core.pinning)
+        elif options.pin_memory and self.cuda_device < 0:
+            cuda.warn_if_pageable(self._core)
         self.batch_sampler = BatchPlanner(self._core, topology)
         self.last_batch: _core.Batch | None = None
         self._reporter = Reporter(self._emit_report)
@@ -298,21 +210,14 @@ class Loader:
         """The device stage's buffers: `count` blocks of `nbytes` on cuda:`device` and what owns
         them, or None for the engine's own cudaMalloc. Default: torch's caching allocator when
         torch has CUDA (a test's subclass gives its own)."""
-        return _torch_device_blocks(nbytes, count, device)
+        return cuda.torch_device_blocks(nbytes, count, device)
 
     def _give_device_memory(self) -> None:
         """Allocated once per loader, kept while the loader lives (and after, while the engine
-        still holds a block: _RETIRED_DEVICE_MEMORY)."""
-        _sweep_device_memory()
+        still holds a block: cuda.give_device_memory)."""
         made = self._device_memory_blocks(self._core.batch_bytes, self.options.device_buffers,
                                           self.cuda_device)
-        if made is None:
-            return
-        blocks, owners = made
-        memory = _core.DeviceMemory(blocks)
-        self._core.set_device_memory(memory)
-        self._device_memory = memory
-        weakref.finalize(self, _retire_device_memory, memory, owners)
+        self._device_memory = cuda.give_device_memory(self, self._core, made)
 
     def validation(self: _L) -> _L:
         """The validation loader of this training loader, by the engine's rule (one place for the
@@ -343,7 +248,7 @@ class Loader:
         try:
             while True:
                 try:
-                    batch = self._core.next(_consumer_stream(self.cuda_device))
+                    batch = self._core.next(cuda.consumer_stream(self.cuda_device))
                 finally:
                     self._report_source()  # what went wrong reaches the log before any error
                 if batch is None:
@@ -377,24 +282,13 @@ class Loader:
         ]
         return _core.pack_samples(samples, self.options.total_seq_len,
                                   self.options.hidden_states_dtype, self.options.pin_memory,
-                                  _consumer_stream(self.cuda_device), self.cuda_device)
+                                  cuda.consumer_stream(self.cuda_device), self.cuda_device)
 
     # -- what went wrong, said once (rate-limited: see reporting.py) --
     def _report_drops(self, batch: _core.Batch) -> None:
         """The batch's dropped samples, each with its reason. Missing files under on_missing="skip"
         are silent (as in the reference), and generation failures are said by the source."""
-        notes: dict[str, list[str]] = {}
-        for reason, message in batch.drop_messages:
-            notes.setdefault(reason, []).append(message)
-        for reason, count in batch.dropped.items():
-            if count == 0 or reason in self._silent_drops():
-                continue
-            messages = notes.get(reason) or [
-                f"batch {batch.index}: {count} sample(s) dropped ({reason})"
-            ]
-            for i, message in enumerate(messages):
-                extra = count - len(messages) if i == len(messages) - 1 else 0
-                self._reporter.report(reason, message, count=1 + max(0, extra))
+        report_drops(self._reporter, batch, self._silent_drops())
 
     def _silent_drops(self) -> tuple[str, ...]:
         silent: tuple[str, ...] = ("missing",) if self.options.on_missing == "skip" else ()
@@ -403,16 +297,7 @@ class Loader:
         return silent
 
     def _report_source(self) -> None:
-        take = getattr(self._source, "take_messages", None)
-        if take is None or not getattr(self._source, "log_failures", True):
-            return
-        messages, overflowed = take()
-        for message in messages:
-            self._reporter.report("generation", message)
-        if overflowed:
-            self._reporter.report(
-                "generation", f"{overflowed} earlier warning(s) of the online source were lost "
-                "(its queue is bounded)", count=overflowed)
+        report_source_messages(self._reporter, self._source)
 
     def _emit_report(self, kind: str, message: str) -> None:
         logging.getLogger("draftfeed").warning("%s", message)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -72,3 +73,32 @@ class Reporter:
                 f"{self._period:g} s)",
             )
             window.held = 0
+
+
+def report_drops(reporter: Reporter, batch: Any, silent: tuple[str, ...]) -> None:
+    """A batch's dropped samples (`Batch.dropped`, `Batch.drop_messages`), each said with its
+    reason but those of the kinds in `silent`; a drop without a message of its own is counted."""
+    notes: dict[str, list[str]] = {}
+    for reason, message in batch.drop_messages:
+        notes.setdefault(reason, []).append(message)
+    for reason, count in batch.dropped.items():
+        if count == 0 or reason in silent:
+            continue
+        messages = notes.get(reason) or [f"batch {batch.index}: {count} sample(s) dropped ({reason})"]
+        for i, message in enumerate(messages):
+            extra = count - len(messages) if i == len(messages) - 1 else 0
+            reporter.report(reason, message, count=1 + max(0, extra))
+
+
+def report_source_messages(reporter: Reporter, source: Any) -> None:
+    """What an online source kept to say (`take_messages()`), unless it was built not to log."""
+    take = getattr(source, "take_messages", None)
+    if take is None or not getattr(source, "log_failures", True):
+        return
+    messages, overflowed = take()
+    for message in messages:
+        reporter.report("generation", message)
+    if overflowed:
+        reporter.report(
+            "generation", f"{overflowed} earlier warning(s) of the online source were lost "
+            "(its queue is bounded)", count=overflowed)

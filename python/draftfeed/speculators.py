@@ -199,7 +199,7 @@ def _device_stage(native_preprocess: str | None) -> str | None:
         return None
     if not torch.cuda.is_available():
         return None
-    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return "cuda"  # the rank's device: the engine reads LOCAL_RANK (draftfeed/cuda.py)
 
 
 PACK_BUDGET_ENV = "DRAFTFEED_PACK_BUDGET"

@@ -135,7 +135,7 @@ def main() -> None:
         stream = ctypes.c_void_p(None)
         if args.stream == "own":
             assert on_rank_device(cuda.cudaStreamCreateWithFlags, ctypes.byref(stream), 1) == 0
-            draftfeed.loader._consumer_stream = lambda device: stream.value or 0
+            draftfeed.cuda.consumer_stream = lambda device: stream.value or 0
         given: list[tuple[int, int]] = []
         if args.given_memory:
             def make_blocks(nbytes, count, device):
@@ -147,7 +147,7 @@ def main() -> None:
             RawLoader.given_memory = make_blocks
         options = loader_options(args)
         if args.mode == "device":
-            loader = RawLoader(args.data, device=f"cuda:{rank_device}",
+            loader = RawLoader(args.data, device="cuda",
                                device_buffers=args.device_buffers, **options)
         else:
             loader = RawLoader(args.data, pin_memory=True, **options)

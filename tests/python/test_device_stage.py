@@ -256,8 +256,9 @@ def test_the_drop_in_turns_the_device_stage_on_wherever_the_reference_would_pin(
 
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert speculators._device_stage("eagle3") == "cuda:3"
-    assert speculators._device_stage("none") == "cuda:3"
+    # "cuda": the rank's device, which the engine resolves from LOCAL_RANK (one place).
+    assert speculators._device_stage("eagle3") == "cuda"
+    assert speculators._device_stage("none") == "cuda"
     assert speculators._device_stage(None) is None  # a callable the engine does not know
     monkeypatch.setenv("DRAFTFEED_DEVICE_STAGE", "0")
     assert speculators._device_stage("eagle3") is None
