@@ -196,7 +196,8 @@ TEST_F(OnlineGeneratedFileTest, OnlyRegularFilesOfBoundedSizeAreOpened) {
   write_sample(path("server/big.safetensors"), kIdValues);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(read(true, path("server/fifo.safetensors")).problem, FileProblem::kNotRegular);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "a FIFO must not block the reader";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s)  // hang guard
+      << "a FIFO must not block the reader";
   EXPECT_EQ(read(true, path("server/folder.safetensors")).problem, FileProblem::kNotRegular);
   const GeneratedFile big = reader(true, 64).read(path("server/big.safetensors"), kIds, 0, sent());
   EXPECT_EQ(big.problem, FileProblem::kTooLarge);
@@ -350,7 +351,8 @@ TEST_F(OnlineGeneratedFileTest, ALockFileThatIsALinkOrAFifoIsAnErrorNotAWait) {
   const GeneratedFile b = read(true, path("server/b.safetensors"));
   EXPECT_EQ(b.problem, FileProblem::kUnreadable);
   EXPECT_NE(b.message.find("not a regular file"), std::string::npos) << b.message;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "neither may block the reader";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s)  // hang guard
+      << "neither may block the reader";
   EXPECT_TRUE(fs::is_regular_file(path("cache/hs_3.safetensors")));
 }
 

@@ -509,7 +509,7 @@ def test_cancel_ends_a_stalled_request_at_once(sim, dataset, folders):
     start = time.monotonic()
     result = source.fetch(0, ids[0])
     timer.join()
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # hang guard: the stall is 120 s, the timeout 60 s
     assert not result["ok"] and "cancel" in result["message"]
     assert source.stats()["exhausted"] == 0, "a cancelled fetch is not a generation failure"
     # The cancel hung up, and the server's stalled handler ended with it (as a real server aborts

@@ -152,7 +152,8 @@ def test_reads_share_the_bandwidth_cap(source, tmp_path):
     with SlowFs(source, tmp_path / "mnt", bandwidth_mbps=20) as fs:
         seconds, data = timed(lambda: (Path(fs.mountpoint) / "big").read_bytes())
         assert len(data) == 8 << 20
-        assert 0.35 <= seconds < 5.0, f"8 MB at 20 MB/s in {seconds:.2f} s"
+        # The cap holds the read to at least 0.4 s; above, only a hang guard (a loaded machine).
+        assert 0.35 <= seconds < 30, f"8 MB at 20 MB/s in {seconds:.2f} s"
 
 
 def test_unmounted_when_the_process_that_mounted_it_is_killed(source, tmp_path):
