@@ -157,7 +157,7 @@ def run_side(side: str, in_flight: int, args, data: str, sim, master, store_rate
         result["ideal"] = max(result["requests_ideal"], result["store_ideal"])
         if side != "reference":
             metrics = train.metrics()
-            result["lookahead"] = {k: metrics.get("lookahead", {}).get(k) for k in
+            result["lookahead"] = {k: metrics["read_ahead_memory"][k] for k in
                                    ("hedges", "hedges_won", "hedges_lost")}
             result["mooncake"] = metrics.get("online", {}).get("mooncake")
         results.append(result)

@@ -139,9 +139,10 @@ def draftfeed_epoch(args, data: str, url: str, cache: str, server_dir: str, in_o
         results.append(dict(time_epoch(loader), set_at=set_at))
         lookahead_stats = source.stats().get("lookahead")
         if lookahead_stats:
-            results[-1]["hedges"] = lookahead_stats["hedges"]  # so far, over the run's epochs
-            results[-1]["hedges_won"] = lookahead_stats["hedges_won"]
-            results[-1]["hedges_lost"] = lookahead_stats["hedges_lost"]
+            memory = lookahead_stats["memory"]
+            results[-1]["hedges"] = memory["hedges"]  # so far, over the run's epochs
+            results[-1]["hedges_won"] = memory["hedges_won"]
+            results[-1]["hedges_lost"] = memory["hedges_lost"]
         if results[-1]["tokens"] == 0:
             raise SystemExit(f"draftfeed generated nothing: {source.stats()}")
     loader.close()

@@ -338,6 +338,12 @@ void bind_loader_options(nb::module_& m) {
           "prefetch", [](const O& o) { return o.pipeline.buffers; },
           [](O& o, int v) { o.pipeline.buffers = v; }, "batch buffers")
       .def_prop_rw(
+          "read_ahead_bytes", [](const O& o) { return o.read_ahead_bytes; },
+          [](O& o, std::uint64_t v) { o.read_ahead_bytes = v; },
+          "what the source may hold read ahead of the batch buffers, its files read into the page "
+          "cache or an online source's samples fetched (0: 4 x the batch buffers' bytes, at least "
+          "256 MiB); metrics()['read_ahead_memory'] reports what it held")
+      .def_prop_rw(
           "in_order", [](const O& o) { return o.pipeline.in_order; },
           [](O& o, bool v) { o.pipeline.in_order = v; })
       .def_prop_rw(

@@ -268,14 +268,6 @@ void bind_lookahead_options(nb::module_& m) {
           [](O& o, std::optional<int> v) { o.window = v; }, nb::arg("value").none(),
           "rows fetched ahead at most (None: 8 x fetch_threads with data_path, else 0; 0: off)")
       .def_prop_rw(
-          "lookahead_bytes", [](const O& o) { return o.budget_bytes; },
-          [](O& o, std::uint64_t v) { o.budget_bytes = v; },
-          "their bytes at most (0: lookahead_budget_buffers x the loader's batch memory)")
-      .def_prop_rw(
-          "lookahead_budget_buffers", [](const O& o) { return o.budget_buffers; },
-          [](O& o, int v) { o.budget_buffers = v; },
-          "the byte budget's default, in the loader's batch memories")
-      .def_prop_rw(
           "hedge_factor", [](const O& o) { return o.hedge.factor; },
           [](O& o, double v) { o.hedge.factor = v; },
           "ask again for a row whose request ran that many times its predicted time (0: never)")

@@ -406,6 +406,15 @@ class LoaderOptions:
     def prefetch(self, arg: int, /) -> None: ...
 
     @property
+    def read_ahead_bytes(self) -> int:
+        """
+        what the source may hold read ahead of the batch buffers, its files read into the page cache or an online source's samples fetched (0: 4 x the batch buffers' bytes, at least 256 MiB); metrics()['read_ahead_memory'] reports what it held
+        """
+
+    @read_ahead_bytes.setter
+    def read_ahead_bytes(self, arg: int, /) -> None: ...
+
+    @property
     def in_order(self) -> bool: ...
 
     @in_order.setter
@@ -881,22 +890,6 @@ class LookaheadOptions:
 
     @lookahead.setter
     def lookahead(self, value: int | None) -> None: ...
-
-    @property
-    def lookahead_bytes(self) -> int:
-        """
-        their bytes at most (0: lookahead_budget_buffers x the loader's batch memory)
-        """
-
-    @lookahead_bytes.setter
-    def lookahead_bytes(self, arg: int, /) -> None: ...
-
-    @property
-    def lookahead_budget_buffers(self) -> int:
-        """the byte budget's default, in the loader's batch memories"""
-
-    @lookahead_budget_buffers.setter
-    def lookahead_budget_buffers(self, arg: int, /) -> None: ...
 
     @property
     def hedge_factor(self) -> float:

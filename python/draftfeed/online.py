@@ -14,7 +14,7 @@ lookahead (`data_path=` given) its plan: the epoch's batches (and, with `lookahe
 training, the next epoch's).
 The lookahead fetches them ahead of the buffers, long requests first where they are due (the
 prompt's length and the service times it observed predict which), holding at most `lookahead`
-rows and `lookahead_bytes` of fetched samples.
+rows, and of fetched samples at most the Loader's `read_ahead_bytes`.
 
 `sync_failure(flag)` agrees on a failure across data-parallel ranks: call it on **every rank at
 every step** (with False when nothing failed); it returns True on all ranks when any rank failed.
@@ -37,7 +37,6 @@ def OnlineSource(
     *,
     data_path: str | os.PathLike | None = None,
     lookahead: int | None = None,
-    lookahead_bytes: int | None = None,
     lookahead_next_epoch: bool | None = None,
     hedge_factor: float | None = None,
     hedge_min_seconds: float | None = None,
@@ -56,8 +55,8 @@ def OnlineSource(
         coming (each epoch, through the engine's loader: this epoch's batches and the next epoch's) in the
         order they are due, a long request early. Default 8 * fetch_threads with data_path, else
         off (0). Needs `data_path`.
-    lookahead_bytes: the hidden-state bytes of those rows at most. None (the default): four times
-        the loader's batch buffers' bytes (prefetch x batch bytes).
+        Their bytes are bounded by the Loader's `read_ahead_bytes` (one budget for both
+        read-aheads: default 4 x the batch buffers' bytes, at least 256 MiB).
     lookahead_next_epoch: the Loader also hands the lookahead the next epoch's batches, started
         once every row of this epoch has started, so the next epoch's first requests run while this
         epoch's last ones are slow. Off by default: those are requests beyond the epoch (after the
@@ -82,10 +81,13 @@ def OnlineSource(
         has one): its properties say each one's meaning, and its C++ defaults apply to the others.
         An unknown name is a TypeError.
     """
+    if "lookahead_bytes" in options:
+        raise TypeError("OnlineSource() no longer takes lookahead_bytes: the Loader's read_ahead_bytes "
+                        "bounds what both read-aheads hold (Loader(..., read_ahead_bytes=N))")
     if vllm_endpoint is not None:
         options["vllm_endpoint"] = vllm_endpoint
     # Those given; the others keep the engine's defaults (LookaheadOptions).
-    given = {"lookahead_bytes": lookahead_bytes, "lookahead_next_epoch": lookahead_next_epoch,
+    given = {"lookahead_next_epoch": lookahead_next_epoch,
              "hedge_factor": hedge_factor, "hedge_min_seconds": hedge_min_seconds}
     ahead = _core.LookaheadOptions(**{k: v for k, v in given.items() if v is not None})
     ahead.lookahead = lookahead

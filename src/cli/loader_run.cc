@@ -11,6 +11,7 @@
 #include "draftfeed/loader/loader.h"
 #include "draftfeed/loader/online_sources.h"
 #include "draftfeed/pipeline/host_memory.h"
+#include "draftfeed/read_ahead/byte_budget.h"
 #include "stats_json.h"
 #include "stream_report.h"
 
@@ -96,6 +97,20 @@ int run_loader(LoaderOptions options, std::optional<OnlineSourceOptions> online,
                   static_cast<long long>(online_stats.client.requests),
                   static_cast<long long>(online_stats.client.max_in_flight));
     }
+  }
+  // What the read-ahead held ahead of the buffers: the train loader's source, and the validation
+  // loader's when it has its own (an online source is shared).
+  ReadAheadMemory ahead = train_loader.metrics().read_ahead_memory;
+  if (val_loader.options().source != train_loader.options().source) {
+    ahead += val_loader.metrics().read_ahead_memory;
+  }
+  report["read_ahead_memory"] = stats_json(stats_tree(ahead));
+  if (!run.json) {
+    std::printf("read-ahead held %s at most, within %s; %lld hedge(s): %lld won, %lld lost\n",
+                human_bytes(static_cast<double>(ahead.peak_bytes)).c_str(),
+                human_bytes(static_cast<double>(ahead.limit_bytes)).c_str(),
+                static_cast<long long>(ahead.hedges), static_cast<long long>(ahead.hedges_won),
+                static_cast<long long>(ahead.hedges_lost));
   }
   report["peak_rss_bytes"] = peak_rss_bytes();
   report["pool_bytes"] = train_loader.pool_bytes() + val_loader.pool_bytes();

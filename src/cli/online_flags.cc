@@ -119,8 +119,7 @@ OnlineSourceOptions online_options_from(const Args& args) {
 }
 
 const std::set<std::string>& lookahead_value_flags() {
-  static const std::set<std::string> flags = {"lookahead", "lookahead-bytes", "hedge-factor",
-                                              "hedge-min-seconds"};
+  static const std::set<std::string> flags = {"lookahead", "hedge-factor", "hedge-min-seconds"};
   return flags;
 }
 
@@ -133,10 +132,8 @@ std::string lookahead_flags_usage(int width) {
   const LookaheadOptions d;
   return line(width, "--lookahead ROWS",
               "rows fetched ahead of the batch buffers at most (default " +
-                  std::to_string(LookaheadOptions::kRowsPerFetch) + " x --fetch-threads; 0: off)") +
-         line(width, "--lookahead-bytes N",
-              "their bytes at most (default " + std::to_string(d.budget_buffers) +
-                  " x the batch buffers' bytes)") +
+                  std::to_string(LookaheadOptions::kRowsPerFetch) +
+                  " x --fetch-threads; 0: off), their bytes within --read-ahead-bytes") +
          line(width, "--lookahead-next-epoch",
               "fetch the next epoch's first rows while this epoch's last requests run") +
          line(width, "--hedge-factor X",
@@ -151,8 +148,6 @@ LookaheadOptions lookahead_options_from(const Args& args) {
   if (const auto window = args.opt_integer("lookahead", 0)) {
     options.window = static_cast<int>(*window);
   }
-  options.budget_bytes = static_cast<std::uint64_t>(
-      args.integer("lookahead-bytes", static_cast<std::int64_t>(options.budget_bytes), 0));
   options.next_epoch = args.has("lookahead-next-epoch");
   options.hedge.factor = args.real("hedge-factor", options.hedge.factor, 0.0);
   options.hedge.min_wait = std::chrono::duration<double>(

@@ -25,7 +25,7 @@ std::string online_flags_usage(int width);
 OnlineSourceOptions online_options_from(const Args& args);
 
 // The lookahead's flags (the loader runs: `draftfeed bench`), as the three above: --lookahead ROWS,
-// --lookahead-bytes N, --lookahead-next-epoch, --hedge-factor X, --hedge-min-seconds S.
+// --lookahead-next-epoch, --hedge-factor X, --hedge-min-seconds S.
 const std::set<std::string>& lookahead_value_flags();
 const std::set<std::string>& lookahead_switch_flags();
 std::string lookahead_flags_usage(int width);

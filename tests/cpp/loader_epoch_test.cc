@@ -116,8 +116,20 @@ TEST_F(LoaderEpochTest, TheSourceIsToldTheEpochInGlobalRowsBeforeAnyFetch) {
   const ReadAheadPlan& plan = source->plans[0];
   EXPECT_EQ(rows_of(*plan.batches), global_rows(loader, 2));
   EXPECT_TRUE(plan.next.empty()) << "the source did not ask for the next epoch";
-  EXPECT_EQ(plan.batch_memory_bytes, loader.pool_bytes());
+  // The one budget rule (read_ahead/byte_budget.h): 4 x the batch buffers, at least 256 MiB.
+  EXPECT_EQ(plan.budget_bytes, std::max<std::uint64_t>(4 * loader.pool_bytes(), 256U << 20));
   EXPECT_EQ(delivered.size(), plan.batches->size());
+}
+
+TEST_F(LoaderEpochTest, TheReadAheadBytesSettingIsThePlansBudget) {
+  auto source = std::make_shared<PlanRecordingSource>(/*wants_next=*/false);
+  LoaderOptions set = options(source);
+  set.read_ahead_bytes = 12345;
+  Loader loader(set);
+  loader.start_epoch(0);
+  drain(loader);
+  ASSERT_EQ(source->plans.size(), 1u);
+  EXPECT_EQ(source->plans[0].budget_bytes, 12345U);
 }
 
 TEST_F(LoaderEpochTest, TheNextEpochIsPlannedForTrainingOnlyWhenTheSourceAsks) {

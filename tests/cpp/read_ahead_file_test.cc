@@ -19,9 +19,12 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/hidden/cache_store.h"
 #include "draftfeed/read_ahead/file_read_ahead.h"
 #include "draftfeed/read_ahead/page_cache_read.h"
@@ -358,7 +361,7 @@ TEST_F(ConcurrentFileReadAheadTest, AFetchHedgesAnOpenFarSlowerThanTheOthers) {
   if (!taken) taken.emplace(opener()(5));  // the caller's own open: answered at once
   ASSERT_TRUE(taken->ok() && taken->value().has_value());
   EXPECT_LT(waited, std::chrono::seconds(10));  // hang guard: the held open waits 20 s
-  EXPECT_GE(prefetch.stats().hedged, 1);
+  EXPECT_GE(prefetch.stats().memory.hedges, 1);
   release();  // the first open's late answer is dropped
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows; }));
   EXPECT_FALSE(prefetch.take(5).has_value());
@@ -381,12 +384,12 @@ TEST_F(ConcurrentFileReadAheadTest, ASlowFileSystemsTailIsHedgedAhead) {
   options.wanted_hedge.min_wait = std::chrono::seconds(2);
   FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
-  ASSERT_TRUE(eventually([&] { return prefetch.stats().hedged == 1; }));
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().memory.hedges == 1; }));
   for (int row = 0; row < kRows; ++row) {
     auto taken = prefetch.take(row);
     ASSERT_TRUE(taken.has_value() && taken->ok() && taken->value().has_value()) << row;
   }
-  EXPECT_EQ(prefetch.stats().hedged, 1);  // the fetch of row 9 found it ready
+  EXPECT_EQ(prefetch.stats().memory.hedges, 1);  // the fetch of row 9 found it ready
   release();
 }
 
@@ -408,8 +411,12 @@ TEST_F(ConcurrentFileReadAheadTest, AHedgeThatStallsIsAskedAgain) {
   ASSERT_TRUE(taken->ok() && taken->value().has_value());
   EXPECT_LT(waited, std::chrono::seconds(10))  // hang guard: the held asks wait 20 s
       << "the fetch waited for the stalled asks";
-  EXPECT_GE(prefetch.stats().hedged, 3);
-  EXPECT_LE(prefetch.stats().hedged, 3);  // four asks in all (max_asks), no more
+  EXPECT_GE(prefetch.stats().memory.hedges, 3);
+  EXPECT_LE(prefetch.stats().memory.hedges, 3);  // four asks in all (max_asks), no more
+  // The fourth ask answered first (or the caller's own open: then no ask of the read-ahead did).
+  const ReadAheadMemory memory = prefetch.stats().memory;
+  EXPECT_EQ(memory.hedges_lost, 0);
+  EXPECT_LE(memory.hedges_won, 1);
   release();
 }
 
@@ -431,16 +438,19 @@ TEST_F(ConcurrentFileReadAheadTest, StalledOpensOfTheBatchesBeingFetchedAreAsked
   FileReadAhead prefetch(opener(), options);
   prefetch.plan(plan_of(all_rows()));
   ASSERT_TRUE(eventually([&] { return prefetch.stats().opened == kRows - 1; }));
-  EXPECT_EQ(prefetch.stats().hedged, 0);
+  EXPECT_EQ(prefetch.stats().memory.hedges, 0);
   ASSERT_TRUE(prefetch.take(0).has_value());  // batch 0 is being put together
-  ASSERT_TRUE(eventually([&] { return prefetch.stats().hedged == 1; }))
+  ASSERT_TRUE(eventually([&] { return prefetch.stats().memory.hedges == 1; }))
       << "the stalled open for the next batch was not asked again";
   const auto start = std::chrono::steady_clock::now();
   auto taken = prefetch.take(6);
   ASSERT_TRUE(taken.has_value() && taken->ok() && taken->value().has_value());
   // Hang guard: the held open waits 20 s.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_EQ(prefetch.stats().hedged, 1);
+  EXPECT_EQ(prefetch.stats().memory.hedges, 1);
+  // The second ask answered first (the first is held until released): the hedge won.
+  EXPECT_EQ(prefetch.stats().memory.hedges_won, 1);
+  EXPECT_EQ(prefetch.stats().memory.hedges_lost, 0);
   release();
 }
 
@@ -500,7 +510,7 @@ TEST_F(ConcurrentFileReadAheadTest, StaysWithinItsBudgetOfBytesReadAhead) {
   ASSERT_TRUE(prefetch.take(1).has_value());
   ASSERT_TRUE(eventually([&] { return prefetch.stats().read >= 3 && prefetch.settled(); }));
   EXPECT_LE(prefetch.stats().read, 4);
-  EXPECT_LE(prefetch.stats().max_ahead, options.max_ahead_bytes);
+  EXPECT_LE(prefetch.stats().memory.peak_bytes, options.max_ahead_bytes);
 }
 
 TEST_F(ConcurrentFileReadAheadTest, StaysWithinItsBudgetOfOpenFiles) {
@@ -537,21 +547,51 @@ TEST_F(ConcurrentFileReadAheadTest, ClearDropsThePlanAndWhatWasPrepared) {
   EXPECT_TRUE(prefetch.take(7).has_value());
 }
 
-// The statistics' one list (for_each_stat): each field once, under its own name, with its value.
+// The statistics' one list (for_each_stat): each field once, under its own name, with its value;
+// the memory group under its names (byte_budget.h), as the lookahead's.
 TEST(CachePrefetchStatsTest, EachFieldIsVisitedOnceUnderItsName) {
   FileReadAheadStats stats;
   stats.opened = 1;
   stats.wait_seconds = 0.5;
-  stats.max_ahead = 7;
+  stats.memory.peak_bytes = 7;
+  stats.memory.hedges_won = 2;
+  const StatsTree tree = stats_tree(stats);
   std::map<std::string, double> seen;
-  for_each_stat(stats, [&](const char* name, auto value) {
-    EXPECT_TRUE(seen.emplace(name, static_cast<double>(value)).second) << name << " twice";
+  for_each_stat(stats, [&](const char* name, const auto& value) {
+    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(value)>>) {
+      EXPECT_TRUE(seen.emplace(name, static_cast<double>(value)).second) << name << " twice";
+    }
   });
-  EXPECT_EQ(seen.size(), sizeof(FileReadAheadStats) / 8);
+  EXPECT_EQ(seen.size() * 8 + sizeof(ReadAheadMemory), sizeof(FileReadAheadStats));
   EXPECT_EQ(seen["opened"], 1);
   EXPECT_EQ(seen["wait_seconds"], 0.5);
-  EXPECT_EQ(seen["max_ahead_bytes"], 7);
   EXPECT_EQ(seen["read"], 0);
+  const StatsTree* memory = tree.group("memory");
+  ASSERT_NE(memory, nullptr);
+  std::map<std::string, StatsTree::Value> values(memory->values.begin(), memory->values.end());
+  EXPECT_EQ(values.size(), 6U);
+  EXPECT_EQ(std::get<std::uint64_t>(values.at("peak_bytes")), 7U);
+  EXPECT_EQ(std::get<std::int64_t>(values.at("hedges_won")), 2);
+}
+
+// A plan brings the loader's budget (byte_budget.h): the limit from then on, reported with the
+// bytes held; a plan without one keeps it.
+TEST_F(ConcurrentFileReadAheadTest, APlansBudgetIsItsLimitFromThenOn) {
+  FileReadAheadOptions options;
+  options.skip_cached = false;
+  FileReadAhead prefetch(opener(), options);
+  EXPECT_EQ(prefetch.stats().memory.limit_bytes, kMinReadAheadBytes);
+  FileReadAheadPlan plan = plan_of(all_rows());
+  plan.budget_bytes = file_bytes_ + file_bytes_ / 2;  // room for one file
+  prefetch.plan(std::move(plan));
+  ASSERT_TRUE(eventually([&] { return prefetch.settled(); }));
+  const FileReadAheadStats stats = prefetch.stats();
+  EXPECT_EQ(stats.memory.limit_bytes, file_bytes_ + file_bytes_ / 2);
+  EXPECT_EQ(stats.read, 1);
+  EXPECT_EQ(stats.memory.held_bytes, file_bytes_);
+  prefetch.clear();
+  EXPECT_EQ(prefetch.stats().memory.limit_bytes, file_bytes_ + file_bytes_ / 2);
+  EXPECT_EQ(prefetch.stats().memory.held_bytes, 0U);
 }
 
 // The read-ahead's options are checked once, the message naming the field.

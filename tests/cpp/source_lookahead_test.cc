@@ -388,8 +388,8 @@ TEST_F(OnlineLookaheadTest, AStalledFetchIsAskedAgainByAnIdleThreadAndTheLoserIs
   // The first fetch sees its cancel within its poll.
   const LookaheadStats stats = stats_once_idle(ahead);
   EXPECT_EQ(stats.running, 0) << "the stalled first fetch was not cancelled";
-  EXPECT_EQ(stats.hedges, 1);
-  EXPECT_EQ(stats.hedges_won, 1);
+  EXPECT_EQ(stats.memory.hedges, 1);
+  EXPECT_EQ(stats.memory.hedges_won, 1);
   std::lock_guard lock(fake->mutex);
   EXPECT_EQ(fake->slow_calls, 2) << "one hedge per row";
   EXPECT_EQ(fake->cancelled_calls, std::vector<int>{0});
@@ -409,9 +409,9 @@ TEST_F(OnlineLookaheadTest, WhenTheFirstFetchEndsFirstTheHedgeIsCancelled) {
   EXPECT_EQ(outcome.sample->hidden.layers, 100) << "the first fetch's sample";
   const LookaheadStats stats = stats_once_idle(ahead);
   EXPECT_EQ(stats.running, 0) << "the stalled hedge was not cancelled";
-  EXPECT_EQ(stats.hedges, 1);
-  EXPECT_EQ(stats.hedges_won, 0);
-  EXPECT_EQ(stats.hedges_lost, 1);
+  EXPECT_EQ(stats.memory.hedges, 1);
+  EXPECT_EQ(stats.memory.hedges_won, 0);
+  EXPECT_EQ(stats.memory.hedges_lost, 1);
   std::lock_guard lock(fake->mutex);
   EXPECT_EQ(fake->cancelled_calls, std::vector<int>{1});
 }
@@ -432,7 +432,7 @@ TEST_F(OnlineLookaheadTest, ALoserWhoseCancelWouldLeaveDataRunsToItsEnd) {
   EXPECT_EQ(outcome.sample->hidden.layers, 101) << "the hedge's sample";
   const LookaheadStats stats = stats_once_idle(ahead);  // the loser ends by itself after 1 s
   EXPECT_EQ(stats.running, 0);
-  EXPECT_EQ(stats.hedges_won, 1);
+  EXPECT_EQ(stats.memory.hedges_won, 1);
   std::lock_guard lock(fake->mutex);
   EXPECT_TRUE(fake->cancelled_calls.empty()) << "the loser was cancelled";
 }
@@ -444,7 +444,7 @@ TEST_F(OnlineLookaheadTest, NoHedgeWhenTheFactorIsZero) {
       fake, dataset_,
       {.window = 16, .hedge = {.factor = 0, .min_wait = std::chrono::duration<double>(0)}});
   plan_and_claim_all_but(ahead, *dataset_, -1);
-  EXPECT_EQ(ahead.stats().hedges, 0);
+  EXPECT_EQ(ahead.stats().memory.hedges, 0);
   std::lock_guard lock(fake->mutex);
   EXPECT_EQ(fake->slow_calls, 1);
 }

@@ -154,7 +154,7 @@ TEST_P(PackedReadAheadTest, PlannedSamplesAreReadAheadByRangeWithinTheBudget) {
   EXPECT_EQ(stats.ranges_cached, 0);
   EXPECT_EQ(stats.opened, 0);  // no per-sample file looked for
   EXPECT_GE(stats.bytes, entry(0).length + entry(2).length + entry(4).length);
-  EXPECT_LE(stats.max_ahead, budgets.max_ahead_bytes);
+  EXPECT_LE(stats.memory.peak_bytes, budgets.max_ahead_bytes);
 
   // A fetch takes row 0: its bytes leave the budget, and row 6 is read ahead.
   ASSERT_TRUE(source.fetch(0, ids(0)).sample.has_value());

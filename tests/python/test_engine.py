@@ -4,6 +4,7 @@ engine's own guarantees: deterministic noise, exact resume, kept tensors, zero c
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -277,6 +278,29 @@ def test_break_stops_the_threads_and_the_loader_can_start_again(fixture):
 def test_peak_memory_is_the_pool(fixture):
     loader = make_loader(fixture, prefetch=3)
     assert loader.peak_memory_bytes == 3 * loader.metrics()["batch_bytes_each"]
+
+
+def test_read_ahead_memory_is_one_figure_within_one_setting(fixture):
+    """One budget for what the source reads ahead (read_ahead_bytes; default 4 x the batch buffers
+    and at least 256 MiB) and one report of it, whichever read-ahead holds it (a cache's files here,
+    an online source's samples in test_online_loader)."""
+    default = make_loader(fixture)
+    pool = default.peak_memory_bytes
+    list(default)
+    memory = default.metrics()["read_ahead_memory"]
+    assert set(memory) == {"held_bytes", "peak_bytes", "limit_bytes", "hedges", "hedges_won",
+                           "hedges_lost"}
+    assert memory["limit_bytes"] == max(4 * pool, 256 << 20)
+    assert memory == {**default.metrics()["read_ahead"]["memory"]}, "reported once, as the engine's"
+    file_bytes = max(f.stat().st_size for f in (Path(fixture.path) / "hidden_states").iterdir())
+    small = make_loader(fixture, read_ahead_bytes=2 * file_bytes)
+    list(small)
+    memory = small.metrics()["read_ahead_memory"]
+    assert memory["limit_bytes"] == 2 * file_bytes
+    # Files in the page cache are not read again (this fixture was just written): the budget's hold
+    # on reads is the C++ test's (read_ahead_file_test, APlansBudgetIsItsLimitFromThenOn).
+    assert memory["peak_bytes"] <= 2 * file_bytes, memory
+    assert memory["held_bytes"] <= memory["peak_bytes"]
 
 
 def test_bad_arguments_are_clear(fixture):

@@ -126,7 +126,7 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
         # A hedge is one request more (or one in place of a retry), answered: with a transfer a
         # hedged request's loser runs to its end (its key is named only in its answer; cut off as
         # it comes, the sample would stay in the store).
-        hedges = side["metrics"]["lookahead"]["hedges"]
+        hedges = side["metrics"]["read_ahead_memory"]["hedges"]
         completions = side["stats"]["completions"]
         assert ref["stats"]["completions"] <= completions <= ref["stats"]["completions"] + hedges, hedges
         assert side["stats"]["abandoned"] == 0, "a request was cut off: its key could stay"
@@ -143,8 +143,8 @@ def test_native_batches_are_the_python_transfers_and_the_references(request, tmp
     # A key never written is waited for until hs-connectors' timeout, even when the lookahead asked
     # again meanwhile (a hedge): the slow fetch is not cancelled, and its read times out unless the
     # epoch ended first (the loader's stop ends it; its key is watched for).
-    hedges = native["metrics"]["lookahead"]["hedges"]
-    assert stats["timed_out"] <= 2 <= stats["timed_out"] + hedges, (stats, native["metrics"]["lookahead"])
+    hedges = native["metrics"]["read_ahead_memory"]["hedges"]
+    assert stats["timed_out"] <= 2 <= stats["timed_out"] + hedges, (stats, native["metrics"]["read_ahead_memory"])
     assert online["file_failures"]["missing file"] == stats["timed_out"]
     assert stats["wrong_size"] == 2, stats  # row 21's two attempts
     assert stats["removed"] == online["generated"] + stats["wrong_size"], stats
@@ -242,7 +242,7 @@ def test_a_master_restarted_mid_epoch_costs_retries_not_rows(request, tmp_path):
                         restarted = time.monotonic()
             ended = time.monotonic() - restarted
             keys = keys_left_after(master, within=20.0)
-            hedges = train.metrics()["lookahead"]["hedges"]
+            hedges = train.metrics()["read_ahead_memory"]["hedges"]
             metrics = train.metrics()["online"]
             planned = sum(len(b) for b in train.batch_sampler._generate_batches(0))
             train.close()

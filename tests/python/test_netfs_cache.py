@@ -77,12 +77,12 @@ def test_an_epoch_costs_a_few_round_trips_not_one_per_file(data, tmp_path):
         fs.reset_stats()
         _, batches, _ = epoch(remote)
         cold = fs.stats()
-        cold_hedged = remote.metrics()["read_ahead"]["hedged"]
+        cold_hedged = remote.metrics()["read_ahead_memory"]["hedges"]
         with pages_held(cache_files(fs)):  # the machine's own reclaim is not the loader's doing
             fs.reset_stats()
             _, warm, _ = epoch(remote)
             warm_stats = fs.stats()
-        warm_hedged = remote.metrics()["read_ahead"]["hedged"] - cold_hedged
+        warm_hedged = remote.metrics()["read_ahead_memory"]["hedges"] - cold_hedged
         remote.close()
     assert len(batches) == len(expected) == len(warm)
     for ours, ref, again in zip(batches, expected, warm):
@@ -181,12 +181,12 @@ def test_the_copy_asks_the_server_nothing(data, tmp_path, monkeypatch, copy):
     with SlowFs(data / "hidden_states", tmp_path / "mnt", latency_ms=latency, sigma=0, attr_timeout=0) as fs:
         remote = loader(data, Path(fs.mountpoint))
         epoch(remote)  # cold: the files come into the page cache
-        cold_hedged = remote.metrics()["read_ahead"]["hedged"]
+        cold_hedged = remote.metrics()["read_ahead_memory"]["hedges"]
         with pages_held(cache_files(fs)):  # and stay there (see page_cache_hold)
             fs.reset_stats()
             _, warm, _ = epoch(remote)
             stats = fs.stats()
-        hedged = remote.metrics()["read_ahead"]["hedged"] - cold_hedged
+        hedged = remote.metrics()["read_ahead_memory"]["hedges"] - cold_hedged
         remote.close()
     assert len(warm) == len(expected)
     for ours, ref in zip(warm, expected):

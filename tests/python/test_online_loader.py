@@ -264,9 +264,12 @@ def test_bench_command_lookahead_flags(run_cli_json, data, clean_sim, tmp_path):
     off = run_cli_json(*common, "--hidden-states", str(tmp_path / "off"), "--lookahead", "0")
     assert "lookahead" not in off and off["online"]["generated"] > 0
     budget = run_cli_json(*common, "--hidden-states", str(tmp_path / "on"), "--lookahead", "3",
-                          "--lookahead-bytes", "1000000", "--hedge-factor", "0")
-    assert budget["lookahead"]["budget_bytes"] == 1000000
-    assert budget["lookahead"]["hedges"] == 0
+                          "--read-ahead-bytes", "1000000", "--hedge-factor", "0")
+    # One budget for the read-ahead, reported once and as the lookahead's own memory group.
+    assert budget["read_ahead_memory"]["limit_bytes"] == 1000000
+    assert budget["lookahead"]["memory"]["limit_bytes"] == 1000000
+    assert 0 < budget["read_ahead_memory"]["peak_bytes"]
+    assert budget["read_ahead_memory"]["hedges"] == 0
 
 
 def test_lookahead_fetches_ahead_of_the_buffers(run_cli, data, clean_sim, tmp_path):
@@ -345,8 +348,9 @@ def test_a_request_stalled_far_past_its_prediction_is_asked_again(run_cli, data,
     for index, batch in offline.items():
         for key in batch:
             assert torch.equal(batch[key], online[index][key]), (index, key)
-    ahead = source.stats()["lookahead"]
+    ahead = source.stats()["lookahead"]["memory"]
     assert ahead["hedges"] >= 1 and ahead["hedges_won"] >= 1, ahead
+    assert loader.metrics()["read_ahead_memory"]["hedges"] == ahead["hedges"]
     stats = clean_sim.stats()
     assert stats["injected"]["stall"] == 1
     assert stats["completions"] == ROWS + ahead["hedges"]

@@ -9,6 +9,7 @@
 #include "draftfeed/common/enum_names.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/hidden/cache_layout.h"
+#include "draftfeed/read_ahead/byte_budget.h"
 #include "draftfeed/source/cache_source.h"
 
 namespace draftfeed {
@@ -174,6 +175,7 @@ PipelineMetrics Loader::metrics() const {
   PipelineMetrics metrics = pipeline_->metrics();
   if (device_stage_) device_stage_->fill_metrics(metrics);
   metrics.source = options_.source->stats_report();
+  metrics.read_ahead_memory = options_.source->read_ahead_memory();
   return metrics;
 }
 
@@ -242,7 +244,7 @@ void Loader::plan_read_ahead(std::int64_t epoch,
   ReadAheadPlan plan;
   plan.stream = read_ahead_stream_;
   plan.batches = batches;
-  plan.batch_memory_bytes = pool_bytes();
+  plan.budget_bytes = read_ahead_budget_bytes(options_.read_ahead_bytes, pool_bytes());
   if (options_.split != Split::kVal && options_.source->plans_next_epoch()) {
     const auto next = local_batches(this->plan(epoch + 1));
     plan.next = global_batches(next, all_positions(next.size()), split_);

@@ -54,6 +54,10 @@ struct LoaderOptions {
   // <data_path>/hidden_states).
   CacheSourceOptions cache;
   std::shared_ptr<SampleSource> source;  // where hidden states come from; null: the cache folder
+  // What the source may hold read ahead of the batch buffers (files read into the page cache,
+  // samples fetched): the one setting of both read-aheads (read_ahead/byte_budget.h). 0: the
+  // default, 4 x the batch buffers' bytes and at least 256 MiB.
+  std::uint64_t read_ahead_bytes = 0;
 
   // The only check of the loader's own fields, then of its parts' (batch, plan, pipeline; cache
   // when there is no source): Error kInvalidArgument naming the field. train_ratio is checked

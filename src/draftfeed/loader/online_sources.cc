@@ -24,9 +24,6 @@ OnlineSources make_online_sources(const OnlineSourceOptions& options,
     require(dataset != nullptr, ErrorKind::kInvalidArgument,
             "lookahead needs data_path (the lookahead reads the rows' token ids)");
     out.description += ", lookahead " + std::to_string(*ahead.window) + " rows";
-    if (ahead.budget_bytes > 0) {
-      out.description += " or " + std::to_string(ahead.budget_bytes) + " bytes";
-    }
     out.lookahead = std::make_shared<LookaheadSource>(out.online, dataset, ahead);
   }
   out.description += ")";

@@ -41,6 +41,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/pipeline/buffer_pool.h"
 #include "draftfeed/pipeline/host_memory.h"
+#include "draftfeed/read_ahead/byte_budget.h"
 #include "draftfeed/source/sample_source.h"
 
 namespace draftfeed {
@@ -134,8 +135,10 @@ struct PipelineMetrics {
   std::size_t device_bytes = 0;
   std::size_t device_peak_bytes = 0;
   // What the source reports (SampleSource::stats_report: a cache's file read-ahead, an online
-  // source's requests and lookahead), filled by the Loader.
+  // source's requests and lookahead), filled by the Loader; and what its read-ahead holds ahead,
+  // the one figure of read-ahead memory (SampleSource::read_ahead_memory).
   StatsTree source;
+  ReadAheadMemory read_ahead_memory;
 };
 
 // Each statistic under its reported name (common/stats_tree.h): the Python metrics() dict and the
@@ -164,6 +167,7 @@ void for_each_stat(const PipelineMetrics& m, Visit&& visit) {
   visit("device_bytes", m.device_bytes);
   visit("device_peak_bytes", m.device_peak_bytes);
   visit("dropped", named_counts(m.dropped, drop_reason_name));
+  visit("read_ahead_memory", m.read_ahead_memory);
   for (const StatsTree::Group& group : m.source.groups) visit(group.name.c_str(), group.tree);
 }
 

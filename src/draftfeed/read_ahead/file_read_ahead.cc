@@ -103,6 +103,7 @@ void FileReadAhead::plan(FileReadAheadPlan plan) {
   {
     std::lock_guard lock(mutex_);
     plan_ = std::move(plan);
+    if (plan_.budget_bytes > 0) ahead_.set_limit(plan_.budget_bytes);
     batch_ = in_batch_ = 0;
     position_ = 0;
     dropped.swap(entries_);
@@ -128,6 +129,7 @@ FileReadAheadStats FileReadAhead::stats() const {
   std::lock_guard lock(mutex_);
   FileReadAheadStats stats = stats_;
   stats.running = static_cast<std::int64_t>(threads_.size() - ended_.size());
+  ahead_.report(stats.memory);
   return stats;
 }
 
@@ -269,7 +271,7 @@ void FileReadAhead::ask_again(std::int64_t row, Entry& entry) {
   note_ask(entry);
   opens_started_.emplace_back(entry.asked_at, row);  // timed by the pacer, as a first ask
   to_hedge_.push_back(row);
-  ++stats_.hedged;
+  ++stats_.memory.hedges;
   work_.notify_one();
   if (pacer_idle_) paced_.notify_one();  // a thread for it, if every one is in a call
 }
@@ -479,6 +481,8 @@ void FileReadAhead::open_row(std::unique_lock<std::mutex>& lock, std::int64_t ro
     return;
   }
   opening_by_batch_.erase({it->second.batch, row});
+  // Asked again: this answer came first, the hedge's (won) or the first ask's (lost).
+  if (it->second.asks > 1) ++(hedge ? stats_.memory.hedges_won : stats_.memory.hedges_lost);
   if (!range) {
     // The answer that wins is timed from its own ask (a hedge's too): what an open takes. A range
     // is found, not opened (its file opens once for all its rows): not an open's time.
@@ -516,7 +520,6 @@ void FileReadAhead::read_one(std::unique_lock<std::mutex>& lock) {
   ahead_.hold(bytes);
   reading_bytes_ += bytes;
   ++reading_;
-  stats_.max_ahead = ahead_.peak();
   const std::uint64_t generation = generation_;
   lock.unlock();
 

@@ -85,7 +85,8 @@
 namespace draftfeed {
 
 struct FileReadAheadOptions {
-  std::size_t max_ahead_bytes = std::size_t{256} << 20;   // read ahead, not yet fetched
+  // Read ahead, not yet fetched, until a plan brings the loader's budget (byte_budget.h).
+  std::size_t max_ahead_bytes = kMinReadAheadBytes;
   std::size_t max_reading_bytes = std::size_t{32} << 20;  // being read at once (at least 1 file)
   // Files opened ahead and not yet fetched; 0: a quarter of the process's open-file limit
   // (RLIMIT_NOFILE), at most 4096 and at least 16.
@@ -117,7 +118,6 @@ struct FileReadAheadStats {
   std::int64_t waited = 0;          // fetches that waited for their file's open or read under way
   std::int64_t waited_opening = 0;  // of them, for an open (the rest: for a read)
   double wait_seconds = 0;          // how long they waited, in all
-  std::int64_t hedged = 0;          // opens asked for again (see hedge)
   std::int64_t ranges = 0;          // byte ranges of shared files read into the page cache
   std::int64_t ranges_cached = 0;   // byte ranges found in the page cache (not read again)
   std::int64_t overtaken = 0;    // rows a fetch reached before the read-ahead (left to the fetch)
@@ -125,7 +125,9 @@ struct FileReadAheadStats {
   std::int64_t running = 0;      // threads running now (idle ones end: idle_exit_after)
   std::int64_t max_opening = 0;  // the most opens under way at once
   std::int64_t max_open_ahead = 0;  // the most files opened and not yet fetched
-  std::uint64_t max_ahead = 0;      // the most bytes read ahead of the fetches
+  // Bytes read ahead of the fetches (held now, at most, the budget) and opens asked for again
+  // (see hedge): won when a later ask answered first.
+  ReadAheadMemory memory;
 };
 
 // Each statistic under its reported name, in declaration order: the one list of them, from which
@@ -140,7 +142,6 @@ constexpr void for_each_stat(const FileReadAheadStats& s, Visit&& visit) {
   visit("waited", s.waited);
   visit("waited_opening", s.waited_opening);
   visit("wait_seconds", s.wait_seconds);
-  visit("hedged", s.hedged);
   visit("ranges", s.ranges);
   visit("ranges_cached", s.ranges_cached);
   visit("overtaken", s.overtaken);
@@ -148,20 +149,24 @@ constexpr void for_each_stat(const FileReadAheadStats& s, Visit&& visit) {
   visit("running", s.running);
   visit("max_opening", s.max_opening);
   visit("max_open_ahead", s.max_open_ahead);
-  visit("max_ahead_bytes", s.max_ahead);
+  visit("memory", s.memory);
 }
-// Every field is 8 bytes: one added to the struct but not to for_each_stat changes the size.
+// Every field but the memory group is 8 bytes: one added to the struct but not to for_each_stat
+// changes the size.
 static_assert(sizeof(FileReadAheadStats) == 8 * [] {
   std::size_t fields = 0;
   for_each_stat(FileReadAheadStats{}, [&](const char*, auto) { ++fields; });
-  return fields;
-}());
+  return fields - 1;
+}() + sizeof(ReadAheadMemory));
 
 // Batches of rows in fetch order, viewed where they lie (the pipeline's plan): no copy of an
 // epoch's rows.
 struct FileReadAheadPlan {
   std::shared_ptr<const void> owner;  // keeps the rows viewed alive
   std::vector<std::span<const std::int64_t>> batches;
+  // The bytes read ahead of the fetches at most from now on (the loader's budget,
+  // byte_budget.h); 0: as before (at first, the options' max_ahead_bytes).
+  std::uint64_t budget_bytes = 0;
 };
 
 // A row's bytes in a file opened once for many rows (a packed cache's shard).

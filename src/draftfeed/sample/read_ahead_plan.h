@@ -28,8 +28,10 @@ struct ReadAheadPlan {
   // The next epoch's batches, when the source asked for them (plans_next_epoch) and the loader
   // trains (a validation pass has training after it, and would hold what it fetched all that time).
   std::vector<PlannedBatch> next;
-  // The loader's batch buffers' bytes: a read-ahead's budget is given in them by default.
-  std::uint64_t batch_memory_bytes = 0;
+  // What the source's read-ahead may hold ahead of the loader (the loader's read_ahead_bytes, or
+  // the default rule: read_ahead/byte_budget.h read_ahead_budget_bytes); 0: the source's own
+  // default (a source driven without a loader).
+  std::uint64_t budget_bytes = 0;
 };
 
 }  // namespace draftfeed

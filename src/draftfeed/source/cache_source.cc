@@ -167,6 +167,7 @@ void CacheSampleSource::will_need(const ReadAheadPlan& plan) {
   files.batches.reserve(plan.batches->size());
   for (const PlannedBatch& batch : *plan.batches) files.batches.emplace_back(batch.rows);
   files.owner = plan.batches;
+  files.budget_bytes = plan.budget_bytes;
   read_ahead_->plan(std::move(files));
 }
 

@@ -88,6 +88,7 @@ class CacheSampleSource : public SampleSource {
   void interrupt() override;
   void resume() override;
   FileReadAheadStats read_ahead_stats() const { return read_ahead_->stats(); }
+  ReadAheadMemory read_ahead_memory() const override { return read_ahead_->stats().memory; }
   // Whether the read-ahead has done all the plan and its budgets let it (FileReadAhead::settled).
   bool read_ahead_settled() const { return read_ahead_->settled(); }
   // {"read_ahead": the file read-ahead's statistics}.

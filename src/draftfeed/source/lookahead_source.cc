@@ -31,8 +31,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 void LookaheadOptions::validate() const {
   require(!window || *window >= 0, ErrorKind::kInvalidArgument,
           "lookahead must be >= 0 (0: off), got " + std::to_string(window.value_or(0)));
-  require(budget_buffers >= 1, ErrorKind::kInvalidArgument,
-          "lookahead_budget_buffers must be >= 1, got " + std::to_string(budget_buffers));
   hedge.validate("hedge_factor", "hedge_min_seconds");
 }
 
@@ -49,7 +47,7 @@ LookaheadSource::LookaheadSource(std::shared_ptr<SampleSource> inner,
       options_(options),
       window_(options_.window.value_or(0)),
       schedule_(std::max(1, inner_ ? inner_->blocking_fetches() : 1)) {
-  held_.set_limit(budget(0));
+  held_.set_limit(read_ahead_budget_bytes(0, 0));
   require(inner_ != nullptr && dataset_ != nullptr, ErrorKind::kInvalidArgument,
           "the lookahead needs a source and a dataset");
   options_.validate();
@@ -69,11 +67,6 @@ LookaheadSource::~LookaheadSource() {
   inner_->interrupt();
   for (auto& t : threads_) t.join();
   inner_->resume();  // the inner source may outlive the lookahead
-}
-
-std::uint64_t LookaheadSource::budget(std::uint64_t plan_budget) const {
-  if (options_.budget_bytes > 0) return options_.budget_bytes;
-  return plan_budget > 0 ? plan_budget : kDefaultBudgetBytes;
 }
 
 bool LookaheadSource::fits(std::int64_t tokens) const {
@@ -141,7 +134,8 @@ void LookaheadSource::run() {
       }
       // Nothing else to start: an idle thread hedges, one at a time until hedges pay, and not
       // once they clearly do not (the slow requests are slow for the prompt's sake).
-      if (hedge && hedges_running_ == 0 && stats_.hedges_lost < stats_.hedges_won + 2) break;
+      if (hedge && hedges_running_ == 0 && stats_.memory.hedges_lost < stats_.memory.hedges_won + 2)
+        break;
       hedge = nullptr;
       if (next_due == std::chrono::steady_clock::time_point::max()) {
         work_.wait(lock);
@@ -152,7 +146,7 @@ void LookaheadSource::run() {
     if (stopping_) return;
     if (hedge) {
       hedge->hedged = true;
-      ++stats_.hedges;
+      ++stats_.memory.hedges;
       ++hedges_running_;
       run_attempt(lock, hedge, 1, true);
       --hedges_running_;
@@ -211,7 +205,8 @@ void LookaheadSource::run_attempt(std::unique_lock<std::mutex>& lock,
     if (entry->attempts > 0 && !inner_->cancelled_fetches_leave_data()) {
       entry->cancel[static_cast<std::size_t>(1 - attempt)] = true;
     }
-    if (outcome.sample && entry->hedged) ++(attempt == 1 ? stats_.hedges_won : stats_.hedges_lost);
+    if (outcome.sample && entry->hedged)
+      ++(attempt == 1 ? stats_.memory.hedges_won : stats_.memory.hedges_lost);
     if (outcome.sample) {
       observe(item, seconds);
       if (item.tokens > 0) {
@@ -370,7 +365,7 @@ void LookaheadSource::plan(int stream, const std::vector<std::vector<std::int64_
   const FetchSchedule::Batches after = with_tokens(next, 2 * static_cast<std::size_t>(window_));
   {
     std::lock_guard lock(mutex_);
-    if (budget_bytes > 0) held_.set_limit(budget(budget_bytes));
+    if (budget_bytes > 0) held_.set_limit(budget_bytes);
     schedule_.set_plan(stream, current, after, model_);
     reconcile(stream);
     std::erase_if(not_stored_, [this](std::int64_t row) { return !schedule_.queued(row); });
@@ -396,8 +391,7 @@ void LookaheadSource::will_need(const ReadAheadPlan& plan) {
     for (const PlannedBatch& batch : batches) rows.push_back(batch.rows);
     return rows;
   };
-  this->plan(plan.stream, rows_of(*plan.batches), rows_of(plan.next),
-             static_cast<std::uint64_t>(options_.budget_buffers) * plan.batch_memory_bytes);
+  this->plan(plan.stream, rows_of(*plan.batches), rows_of(plan.next), plan.budget_bytes);
 }
 
 void LookaheadSource::clear(int stream) {
@@ -437,6 +431,12 @@ void LookaheadSource::resume() {
   inner_->resume();
 }
 
+ReadAheadMemory LookaheadSource::read_ahead_memory() const {
+  ReadAheadMemory memory = stats().memory;
+  memory += inner_->read_ahead_memory();
+  return memory;
+}
+
 StatsTree LookaheadSource::stats_report() const {
   StatsTree out = inner_->stats_report();
   out.add_group("lookahead", stats_tree(stats()));
@@ -459,9 +459,7 @@ LookaheadStats LookaheadSource::stats() const {
   for (const auto& [row, list] : entries_) {
     for (const auto& entry : list) out.ready += entry->done ? 1 : 0;
   }
-  out.held_bytes = held_.held();
-  out.peak_held_bytes = held_.peak();
-  out.budget_bytes = held_.limit();
+  held_.report(out.memory);
   out.trusts_history = model_.trusts_history();
   out.tail_factor = model_.tail_factor();
   return out;

@@ -17,6 +17,8 @@
 // rows) and the byte budget:
 //   held bytes = sum over samples fetched, unclaimed (their hidden states' bytes)
 //              + sum over rows under way (tokens x the largest bytes per token seen so far)
+// against the loader's read-ahead budget (a plan's budget_bytes: read_ahead/byte_budget.h, the
+// one rule both read-aheads follow), reported as the file read-ahead's is (ReadAheadMemory).
 // Of the next plan only the first rows are kept (as many as the window holds, twice over): no more
 // of it can start before its epoch does, as nothing of it is claimed before.
 //
@@ -87,14 +89,11 @@ struct LookaheadStats {
   std::int64_t stored_reads = 0;       // fetch() calls of queued rows served from the store
   std::int64_t discarded = 0;          // fetched rows never claimed (no plan wanted them any more)
   std::int64_t next_plan_started = 0;  // rows of a next plan (the next epoch's) started
-  std::uint64_t held_bytes = 0;        // see the header's formula
-  std::uint64_t peak_held_bytes = 0;
-  std::uint64_t budget_bytes = 0;
-  std::int64_t hedges = 0;       // second fetches started (see the header)
-  std::int64_t hedges_won = 0;   // rows whose second fetch ended first with the sample
-  std::int64_t hedges_lost = 0;  // rows hedged whose first fetch ended first with the sample
-  bool trusts_history = true;    // the service-time model's choice (service_time_model.h)
-  double tail_factor = 1;        // and how far off it is
+  // Held bytes (the header's formula), at most, the budget; hedges: second fetches started (see
+  // the header), won when the second ended first with the sample, lost when the first did.
+  ReadAheadMemory memory;
+  bool trusts_history = true;  // the service-time model's choice (service_time_model.h)
+  double tail_factor = 1;      // and how far off it is
 };
 
 // Each statistic under its reported name (common/stats_tree.h).
@@ -109,12 +108,7 @@ void for_each_stat(const LookaheadStats& l, Visit&& visit) {
   visit("stored_reads", l.stored_reads);
   visit("discarded", l.discarded);
   visit("next_plan_started", l.next_plan_started);
-  visit("held_bytes", l.held_bytes);
-  visit("peak_held_bytes", l.peak_held_bytes);
-  visit("budget_bytes", l.budget_bytes);
-  visit("hedges", l.hedges);
-  visit("hedges_won", l.hedges_won);
-  visit("hedges_lost", l.hedges_lost);
+  visit("memory", l.memory);
   visit("trusts_history", l.trusts_history);
   visit("tail_factor", l.tail_factor);
 }
@@ -129,11 +123,6 @@ struct LookaheadOptions {
   // request slots idle (docs/decisions.md).
   std::optional<int> window;
   static constexpr int kRowsPerFetch = 8;
-  // Bytes of the fetched samples held (the header's formula) at most; 0: `budget_buffers` x the
-  // loader's batch memory (ReadAheadPlan::batch_memory_bytes; docs/decisions.md: why four), or
-  // LookaheadSource::kDefaultBudgetBytes before any plan.
-  std::uint64_t budget_bytes = 0;
-  int budget_buffers = 4;
   // x the prompt's predicted service time, and at least min_wait (Python: hedge_factor,
   // hedge_min_seconds); factor 0: no hedged fetches.
   HedgeRule hedge{.factor = 2, .min_wait = std::chrono::duration<double>(1.0)};
@@ -152,8 +141,6 @@ struct LookaheadOptions {
 class LookaheadSource : public SampleSource {
  public:
   static constexpr std::int64_t kMinHedgeObservations = 8;
-  // The byte budget when neither the constructor nor a plan gives one.
-  static constexpr std::uint64_t kDefaultBudgetBytes = std::uint64_t{1} << 30;
 
   // `options` validated, its window resolved (window_for) and >= 1. The destructor interrupts the
   // inner source before it joins the threads, so a slow inner fetch (a request with a long
@@ -173,14 +160,14 @@ class LookaheadSource : public SampleSource {
 
   // Replaces `stream`'s plan: `batches` (global rows, in delivery order) and `next`, the plan that
   // follows (started once no row of the active plan waits). `budget_bytes` > 0 sets the budget
-  // when the constructor gave none (the loader passes its batch memory). Out-of-range rows are
-  // refused with kInvalidArgument.
+  // from then on (the loader's: byte_budget.h; before any, read_ahead_budget_bytes(0, 0)).
+  // Out-of-range rows are refused with kInvalidArgument.
   void plan(int stream, const std::vector<std::vector<std::int64_t>>& batches,
             const std::vector<std::vector<std::int64_t>>& next = {},
             std::uint64_t budget_bytes = 0);
   // Stream 0's plan, each row its own batch.
   void plan_rows(const std::vector<std::int64_t>& rows);
-  // A loader's epoch (SampleSource): plan(stream, batches, next, budget_buffers x batch memory).
+  // A loader's epoch (SampleSource): plan(stream, batches, next, the plan's budget_bytes).
   void will_need(const ReadAheadPlan& plan) override;
   bool plans_next_epoch() const override { return options_.next_epoch; }
   void forget_plan(int stream) override {
@@ -190,6 +177,8 @@ class LookaheadSource : public SampleSource {
   bool stored_locally(std::int64_t global_row) const override {
     return inner_->stored_locally(global_row);
   }
+  // Its own, with the inner source's (a file read-ahead under it).
+  ReadAheadMemory read_ahead_memory() const override;
   const LookaheadOptions& options() const { return options_; }
   // Forgets `stream`'s plan (its unclaimed samples are dropped unless another plan holds them).
   void clear(int stream);
@@ -231,12 +220,10 @@ class LookaheadSource : public SampleSource {
   // The running entry most overdue for a hedge, if any; else `next_due` is lowered to the next
   // time one may become due.
   // Hedges have won more often than they lost (see the header).
-  bool hedges_pay() const { return stats_.hedges_won > stats_.hedges_lost; }
+  bool hedges_pay() const { return stats_.memory.hedges_won > stats_.memory.hedges_lost; }
   std::shared_ptr<Entry> hedge_candidate(std::chrono::steady_clock::time_point now,
                                          std::chrono::steady_clock::time_point& next_due) const;
   bool fits(std::int64_t tokens) const;
-  // The byte budget: the options', else a plan's (`plan_budget` > 0), else the default.
-  std::uint64_t budget(std::uint64_t plan_budget) const;
   // Keeps the samples some plan still wants (marking their occurrences started), drops the rest.
   void reconcile(int stream);
   void drop(const std::shared_ptr<Entry>& entry);

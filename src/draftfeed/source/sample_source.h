@@ -9,6 +9,7 @@
 
 #include "draftfeed/common/stats_tree.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "draftfeed/read_ahead/byte_budget.h"
 #include "draftfeed/sample/fetched_sample.h"
 #include "draftfeed/sample/read_ahead_plan.h"
 
@@ -58,6 +59,10 @@ class SampleSource {
   // What the source has to report, as named groups (a cache's "read_ahead", an online source's
   // counts and its "lookahead"): the loader's metrics carry them without knowing the source.
   virtual StatsTree stats_report() const { return {}; }
+  // What the source's read-ahead holds ahead of the loader, against the plan's budget
+  // (read_ahead/byte_budget.h), and its hedges: the file read-ahead's, the lookahead's, or both
+  // summed where one source holds another. The loader reports it once ("read_ahead_memory").
+  virtual ReadAheadMemory read_ahead_memory() const { return {}; }
 
   // How many fetches this source may keep blocked at once for a long time (a request to a server
   // holds its fetch for the whole round trip). The pipeline runs that many threads on top of its
