@@ -32,10 +32,12 @@
 
 #include "bindings.h"
 #include "draftfeed/common/fault_guard.h"
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/dataset/arrow_ipc_writer.h"
 #include "draftfeed/dataset/dataset_writer.h"
 #include "draftfeed/dataset/synthetic.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "stats_dict.h"
 
 namespace draftfeed::python {
 
@@ -116,15 +118,6 @@ Int64Array owned_int64(const std::vector<std::int64_t>& values) {
   nb::capsule owner(copy,
                     [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
   return Int64Array(copy->data(), {copy->size()}, owner);
-}
-
-nb::dict summary_dict(const DatasetWriteSummary& summary) {
-  nb::dict out;
-  out["rows"] = summary.rows;
-  out["tokens"] = summary.tokens;
-  out["shards"] = summary.shard_paths;
-  out["bytes"] = summary.bytes;
-  return out;
 }
 
 SyntheticOptions synthetic_options(std::int64_t rows, std::uint64_t seed, std::int64_t min_len,
@@ -295,7 +288,7 @@ void bind_writer(nb::module_& m) {
                nb::gil_scoped_release release;
                summary = w.finish();
              }
-             return summary_dict(summary);
+             return stats_dict(stats_tree(summary));
            })
       .def_prop_ro("rows", &DatasetWriter::rows);
 
@@ -312,7 +305,7 @@ void bind_writer(nb::module_& m) {
           nb::gil_scoped_release release;
           summary = write_synthetic_dataset(path, options, writer);
         }
-        return summary_dict(summary);
+        return stats_dict(stats_tree(summary));
       },
       "path"_a, "rows"_a, "seed"_a = 0, "min_len"_a = 32, "max_len"_a = 512, "vocab"_a = 32000,
       "num_shards"_a = 0, "int32"_a = false,

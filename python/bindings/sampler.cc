@@ -23,9 +23,11 @@
 
 #include "bindings.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/common/stats_tree.h"
 #include "draftfeed/sampler/multipack.h"
 #include "draftfeed/sampler/numpy_random.h"
 #include "plans.h"
+#include "stats_dict.h"
 
 namespace draftfeed::python {
 
@@ -79,17 +81,6 @@ Int64Array to_numpy(std::vector<std::int64_t>&& values) {
                       [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
   std::int64_t* data = owner->empty() ? kEmptyData : owner->data();
   return Int64Array(data, {owner->size()}, capsule);
-}
-
-nb::dict counts_to_python(const PlanCounts& counts) {
-  nb::dict out;
-  out["num_samples"] = counts.num_samples;
-  out["num_long"] = counts.num_long;
-  out["dropped_long"] = counts.dropped_long;
-  out["dropped_tail"] = counts.dropped_tail;
-  out["cut_by_max_batches"] = counts.cut_by_max_batches;
-  out["planned"] = counts.planned;
-  return out;
 }
 
 PlanOptions options_of(std::int64_t max_len, int world_size, nb::handle seed, bool truncate,
@@ -165,7 +156,7 @@ nb::object plan_all(nb::handle lengths, std::int64_t max_len, int world_size, st
   nb::list ranks;
   for (auto& rank : plan.ranks) ranks.append(batches_to_python(std::move(rank)));
   if (!with_counts) return ranks;
-  return nb::make_tuple(ranks, counts_to_python(plan.counts));
+  return nb::make_tuple(ranks, stats_dict(stats_tree(plan.counts)));
 }
 
 }  // namespace

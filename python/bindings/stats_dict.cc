@@ -1,6 +1,7 @@
 #include "stats_dict.h"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <variant>
 

@@ -16,6 +16,7 @@
 #include "rewrite_progress.h"
 #include "row_range.h"
 #include "skip_report.h"
+#include "stats_json.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -99,16 +100,7 @@ int run_pack(const std::vector<std::string>& argv) {
   if (flags.json) {
     nlohmann::json j;
     add_rewrite_json(j, report);
-    j["packed"] = report.packed;
-    j["already_packed"] = report.already_packed;
-    j["repacked"] = report.repacked;
-    j["missing"] = report.missing;
-    j["kept"] = report.kept;
-    j["shards"] = report.shards;
-    j["manifest_writes"] = report.manifest_writes;
-    j["removed"] = report.removed;
-    j["hidden_before"] = report.hidden_before;
-    j["hidden_after"] = report.hidden_after;
+    j.update(stats_json(stats_tree(report)));
     j["hidden_ratio"] = byte_ratio(report.hidden_after, report.hidden_before);
     j["target"] = flags.in_place ? flags.hidden : flags.out;
     std::printf("%s\n", j.dump(2).c_str());

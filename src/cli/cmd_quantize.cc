@@ -17,6 +17,7 @@
 #include "rewrite_progress.h"
 #include "row_range.h"
 #include "skip_report.h"
+#include "stats_json.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -90,11 +91,7 @@ int run_quantize(const std::vector<std::string>& argv) {
   if (flags.json) {
     nlohmann::json j;
     add_rewrite_json(j, report);
-    j["converted"] = report.converted;
-    j["already_fp8"] = report.already_fp8;
-    j["moved"] = report.moved;
-    j["copied"] = report.copied;
-    j["missing"] = report.missing;
+    j.update(stats_json(stats_tree(report)));
     j["source"] = flags.hidden;
     j["target"] = flags.in_place ? flags.hidden : flags.out;
     std::printf("%s\n", j.dump(2).c_str());

@@ -14,6 +14,7 @@
 #include "draftfeed/pack/pack_writer.h"
 #include "rewrite_progress.h"
 #include "skip_report.h"
+#include "stats_json.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -53,9 +54,7 @@ int run_unpack(const std::vector<std::string>& argv) {
   if (flags.json) {
     nlohmann::json j;
     add_rewrite_json(j, report);
-    j["written"] = report.written;
-    j["failed"] = report.failed();
-    j["removed_pack"] = report.removed_pack;
+    j.update(stats_json(stats_tree(report)));
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("unpack: %lld rows of %s -> %s: %lld written, %lld failed%s\n",

@@ -111,21 +111,6 @@ void print_summary(const StreamSummary& s) {
   std::printf("  samples dropped  %s\n", drops.empty() ? "none" : drops.c_str());
 }
 
-std::string summary_json(const StreamSummary& s) {
-  nlohmann::json out;
-  out["label"] = s.label;
-  out["batches"] = s.batches;
-  out["tokens"] = s.tokens;
-  out["hidden_bytes"] = s.hidden_bytes;
-  out["seconds"] = s.seconds;
-  out["tokens_per_s"] = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0;
-  out["gb_per_s"] = s.seconds > 0 ? static_cast<double>(s.hidden_bytes) / s.seconds / 1e9 : 0.0;
-  out["first_batch_seconds"] = s.first_batch_seconds;
-  out["consumer_wait_seconds"] = s.consumer_wait_seconds;
-  out["pool_bytes"] = s.pool_bytes;
-  out["pinned"] = s.pinned;
-  out["dropped"] = stats_json(named_counts(s.dropped, drop_reason_name));
-  return out.dump();
-}
+std::string summary_json(const StreamSummary& s) { return stats_json(stats_tree(s)).dump(); }
 
 }  // namespace draftfeed::cli

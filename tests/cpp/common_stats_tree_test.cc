@@ -9,6 +9,10 @@
 #include <vector>
 
 #include "draftfeed/common/stats_tree.h"
+#include "draftfeed/dataset/dataset_writer.h"
+#include "draftfeed/hidden/fp8_convert.h"
+#include "draftfeed/pack/pack_writer.h"
+#include "draftfeed/sampler/multipack.h"
 #include "draftfeed/source/lookahead_source.h"
 #include "draftfeed/source/online_source.h"
 
@@ -82,6 +86,26 @@ TEST(StatsTreeTest, TheSourcesStatsAreReportedWhole) {
   ASSERT_NE(online.group("file_failures"), nullptr);
   EXPECT_EQ(online.group("file_failures")->values.size(),
             static_cast<std::size_t>(FileProblem::kCount) - 1);
+}
+
+// The reports the commands and the bindings print are declared once each, as the statistics: every
+// field of the struct in its tree (a field added to one but not the other changes the count).
+TEST(StatsTreeTest, TheReportsAreDeclaredOnce) {
+  DatasetWriteSummary written;
+  written.rows = 2;
+  written.shard_paths = {"a.arrow", "b.arrow"};
+  const StatsTree dataset = stats_tree(written);
+  ASSERT_EQ(dataset.values.size(), 4u);
+  EXPECT_EQ(dataset.values[2].first, "shards");
+  EXPECT_EQ(std::get<std::vector<std::string>>(dataset.values[2].second), written.shard_paths);
+  EXPECT_EQ(stats_tree(PlanCounts{}).values.size(), sizeof(PlanCounts) / 8);
+  // Their own fields (CacheRewriteReport's: the rewrite commands' add_rewrite_json).
+  EXPECT_EQ(stats_tree(PackReport{}).values.size(),
+            (sizeof(PackReport) - sizeof(CacheRewriteReport)) / 8);
+  EXPECT_EQ(stats_tree(CacheConvertReport{}).values.size(),
+            (sizeof(CacheConvertReport) - sizeof(CacheRewriteReport)) / 8);
+  const StatsTree unpack = stats_tree(UnpackReport{});
+  EXPECT_EQ(unpack.values.size(), 3u);  // written, failed (of the skipped), removed_pack
 }
 
 }  // namespace

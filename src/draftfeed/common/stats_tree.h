@@ -4,7 +4,7 @@
 //
 //   template <typename Visit>
 //   void for_each_stat(const MyStats& s, Visit&& visit) {
-//     visit("opened", s.opened);        // a number, a bool or a string: a value
+//     visit("opened", s.opened);        // a number, a bool, a string or strings: a value
 //     visit("client", s.client);        // a struct with its own for_each_stat: a group
 //     visit("endpoints", s.endpoints);  // a vector of such structs: a list of groups
 //     visit("problems", named_counts(s.problems, problem_name));  // counts by an enum's names
@@ -25,7 +25,9 @@
 namespace draftfeed {
 
 struct StatsTree {
-  using Value = std::variant<std::int64_t, std::uint64_t, double, bool, std::string>;
+  // A value: a number, a bool, a string or a list of strings (a dataset's shard paths).
+  using Value = std::variant<std::int64_t, std::uint64_t, double, bool, std::string,
+                             std::vector<std::string>>;
   struct Group;  // a name and a tree (defined below: a tree holds trees)
   struct List;   // a name and trees
   std::vector<std::pair<std::string, Value>> values;
@@ -84,6 +86,8 @@ class Builder {
       tree_.values.emplace_back(name, static_cast<double>(value));
     } else if constexpr (std::is_convertible_v<const T&, std::string>) {
       tree_.values.emplace_back(name, std::string(value));
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      tree_.values.emplace_back(name, value);
     } else if constexpr (std::is_same_v<T, StatsTree>) {
       tree_.add_group(name, value);
     } else if constexpr (is_vector<T>::value) {

@@ -41,6 +41,15 @@ struct DatasetWriteSummary {
   std::uint64_t bytes = 0;  // all shards
 };
 
+// Each field under its reported name (common/stats_tree.h): what the Python writer returns.
+template <typename Visit>
+void for_each_stat(const DatasetWriteSummary& s, Visit&& visit) {
+  visit("rows", s.rows);
+  visit("tokens", s.tokens);
+  visit("shards", s.shard_paths);
+  visit("bytes", s.bytes);
+}
+
 class DatasetWriter {
  public:
   // Creates `folder` if needed. Throws Error(kInvalidArgument) for bad options or a folder that

@@ -51,6 +51,16 @@ struct CacheConvertReport : CacheRewriteReport {
   // bytes_before: the source files of the rows that have an FP8 file now; bytes_after: theirs.
 };
 
+// CacheConvertReport's own fields under their reported names (common/stats_tree.h).
+template <typename Visit>
+void for_each_stat(const CacheConvertReport& r, Visit&& visit) {
+  visit("converted", r.converted);
+  visit("already_fp8", r.already_fp8);
+  visit("moved", r.moved);
+  visit("copied", r.copied);
+  visit("missing", r.missing);
+}
+
 // Converts rows [begin, end) of `source` (give it LockMode::kProbe). `ids_of_row` as for
 // scan_cache. Throws the writer lock's Error when another rewrite holds the folder (kTimeout naming
 // it), Error(kIo) naming the folder or file when the target folder cannot be created or a file

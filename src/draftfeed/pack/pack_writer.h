@@ -63,6 +63,22 @@ struct PackReport : CacheRewriteReport {
   std::uint64_t hidden_after = 0;   // and as stored
 };
 
+// PackReport's own fields under their reported names (common/stats_tree.h; CacheRewriteReport's
+// are the rewrite commands' one report of them).
+template <typename Visit>
+void for_each_stat(const PackReport& r, Visit&& visit) {
+  visit("packed", r.packed);
+  visit("already_packed", r.already_packed);
+  visit("repacked", r.repacked);
+  visit("missing", r.missing);
+  visit("kept", r.kept);
+  visit("shards", r.shards);
+  visit("manifest_writes", r.manifest_writes);
+  visit("removed", r.removed);
+  visit("hidden_before", r.hidden_before);
+  visit("hidden_after", r.hidden_after);
+}
+
 // The manifest names every sample of the pack, so rewriting it after every shard would cost
 // O(samples^2) bytes over a pack of many small shards (10^6 samples: a manifest of about 100 MB).
 // It is rewritten once the shards written since its last write hold at least this many times its
@@ -87,6 +103,13 @@ struct UnpackReport : CacheRewriteReport {
   bool removed_pack = false;  // in place: manifest and shards removed
   // bytes_before: the shards; bytes_after: the per-sample files.
 };
+
+template <typename Visit>
+void for_each_stat(const UnpackReport& r, Visit&& visit) {
+  visit("written", r.written);
+  visit("failed", r.failed());
+  visit("removed_pack", r.removed_pack);
+}
 
 // Unpacks the pack in `root` into options.target_root (empty: in place). Throws the writer lock's
 // Error, Error(kNotFound) when `root` has no manifest, kIo when a write fails.

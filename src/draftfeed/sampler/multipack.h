@@ -92,6 +92,17 @@ struct PlanCounts {
   std::int64_t planned = 0;             // samples in some rank's batch
 };
 
+// Each count under its reported name (common/stats_tree.h): the Python plan's dict.
+template <typename Visit>
+void for_each_stat(const PlanCounts& c, Visit&& visit) {
+  visit("num_samples", c.num_samples);
+  visit("num_long", c.num_long);
+  visit("dropped_long", c.dropped_long);
+  visit("dropped_tail", c.dropped_tail);
+  visit("cut_by_max_batches", c.cut_by_max_batches);
+  visit("planned", c.planned);
+}
+
 struct AllRanksPlan {
   std::int64_t num_batches = 0;  // the same on every rank
   std::vector<RankPlan> ranks;   // index = rank
