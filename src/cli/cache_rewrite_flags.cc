@@ -7,18 +7,18 @@
 
 namespace draftfeed::cli {
 
-const std::set<std::string> kCacheRewriteValueFlags = {"out", "hidden-states", "threads",
-                                                       "examples", "lock-wait"};
-const std::set<std::string> kCacheRewriteSwitchFlags = {"in-place", "no-progress", "json"};
-
-const char* const kCacheRewriteFlagsHelp =
-    R"(  --threads N          threads (default: one per core)
-  --examples K         problems listed per kind (default 5)
-  --lock-wait S        when another rewrite of the folder (pack, unpack, quantize, generate into
-                       a pack) holds its writer lock, wait up to S seconds for it (default 0:
-                       refuse at once, naming its host and pid). Training and verify never wait
-  --no-progress        no progress bar
-)";
+const FlagTable& cache_rewrite_flags_table() {
+  static const FlagTable flags{
+      {"threads", "N", "threads (default: one per core)"},
+      {"examples", "K", "problems listed per kind (default 5)"},
+      {"lock-wait", "S",
+       "when another rewrite of the folder (pack, unpack, quantize, generate into a pack) holds "
+       "its writer lock, wait up to S seconds for it (default 0: refuse at once, naming its host "
+       "and pid). Training and verify never wait"},
+      {"no-progress", "", "no progress bar"},
+  };
+  return flags;
+}
 
 CacheRewriteFlags cache_rewrite_flags(const Args& args, const std::string& command,
                                       const std::string& out_help) {

@@ -10,14 +10,13 @@
 
 #include "args.h"
 #include "draftfeed/hidden/cache_rewrite.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 
-// The flag names, to add to a command's own (Args' value and switch flags).
-extern const std::set<std::string> kCacheRewriteValueFlags;
-extern const std::set<std::string> kCacheRewriteSwitchFlags;
-// Their lines of --help, after the command's --out/--in-place lines.
-extern const char* const kCacheRewriteFlagsHelp;
+// --threads, --examples, --lock-wait and --no-progress, to add to a command's table after its own
+// --out, --in-place, --hidden-states and --json (whose help is the command's: what it writes).
+const FlagTable& cache_rewrite_flags_table();
 
 struct CacheRewriteFlags {
   std::string data;

@@ -21,6 +21,7 @@
 #include "draftfeed/hidden/synthetic_cache.h"
 #include "draftfeed/pack/pack_appender.h"
 #include "draftfeed/source/online_source.h"
+#include "flag_table.h"
 #include "loader_run.h"
 #include "sim_server_process.h"
 #include "stream_report.h"
@@ -28,6 +29,35 @@
 namespace draftfeed::cli {
 
 namespace {
+
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"out", "DIR", "write the data here (kept)"},
+      {"keep", "", "keep the temporary folder"},
+      {"rows", "N", "dataset rows (default 96)"},
+      {"min-len", "A", "shortest row (default 64)"},
+      {"max-len", "B", "longest row (default 1024)"},
+      {"hidden-size", "H", "verifier hidden size (default 1024)"},
+      {"layers", "L", "captured layers (default 4)"},
+      {"total-seq-len", "N", "tokens per batch (default 4096)"},
+      {"threads", "N", "engine threads (default: cores)"},
+      {"epochs", "E", "training epochs streamed (default 3)"},
+      {"seed", "S", "seed of the data, the planner and the noise (default 0)"},
+      {"no-online", "", "skip the online epoch"},
+      {"sim-server", "PATH",
+       "the simulated server's script (default: $DRAFTFEED_SIM_SERVER, else "
+       "tools/sim_vllm_server.py here or in the source tree)"},
+      {"python", "EXE", "the Python that runs it (default: $DRAFTFEED_PYTHON, else python3)"},
+      {"fetch-threads", "N",
+       "online requests in flight (default " + std::to_string(VllmClientOptions().fetch_threads) +
+           ")"},
+      {"on-generate", "M",
+       "what the online epoch keeps of what it generated: cache (per-sample files, the default), "
+       "pack (compressed, in the folder's pack) or delete"},
+      {"cache-budget", "SIZE", "with --on-generate pack: the pack's bytes at most, e.g. 200MB"},
+  };
+  return table;
+}
 
 std::string usage() {
   return R"(usage: draftfeed demo [options]
@@ -41,27 +71,7 @@ concurrently (skipped with a note when the server cannot start, e.g. without aio
 folder is removed at the end unless --out or --keep is given.
 
 options:
-  --out DIR           write the data here (kept)
-  --keep              keep the temporary folder
-  --rows N            dataset rows (default 96)
-  --min-len A         shortest row (default 64)
-  --max-len B         longest row (default 1024)
-  --hidden-size H     verifier hidden size (default 1024)
-  --layers L          captured layers (default 4)
-  --total-seq-len N   tokens per batch (default 4096)
-  --threads N         engine threads (default: cores)
-  --epochs E          training epochs streamed (default 3)
-  --seed S            seed of the data, the planner and the noise (default 0)
-  --no-online         skip the online epoch
-  --sim-server PATH   the simulated server's script (default: $DRAFTFEED_SIM_SERVER, else
-                      tools/sim_vllm_server.py here or in the source tree)
-  --python EXE        the Python that runs it (default: $DRAFTFEED_PYTHON, else python3)
-  --fetch-threads N   online requests in flight (default )" +
-         std::to_string(VllmClientOptions().fetch_threads) + R"()
-  --on-generate M     what the online epoch keeps of what it generated: cache (per-sample files,
-                      the default), pack (compressed, in the folder's pack) or delete
-  --cache-budget SIZE
-                      with --on-generate pack: the pack's bytes at most, e.g. 200MB)";
+)" + command_flags().help();
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -128,11 +138,7 @@ int run_online_epoch(const Args& args, LoaderOptions options, LoaderRun run,
 }
 
 int run_demo(const std::vector<std::string>& argv) {
-  const Args args(
-      argv,
-      {"out", "rows", "min-len", "max-len", "hidden-size", "layers", "total-seq-len", "threads",
-       "seed", "epochs", "sim-server", "python", "fetch-threads", "on-generate", "cache-budget"},
-      {"keep", "no-online"});
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(0, 0, "no positional arguments");
   SyntheticOptions options;
   options.rows = args.integer("rows", 96, 0);

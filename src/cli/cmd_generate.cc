@@ -29,6 +29,36 @@
 namespace draftfeed::cli {
 namespace {
 
+const FlagTable& command_flags() {
+  static const FlagTable table =
+      FlagTable{{"hidden-states", "DIR", "cache folder (default DATA/hidden_states)"}}
+          .add(online_flags())
+          .add(FlagTable{
+              {"rows", "A:B", "only rows A..B-1 (either side may be left out)"},
+              {"fp8", "",
+               "store each generated file as hs-connectors' FP8 file (float8_e4m3fn + per-token "
+               "scales, about half the bytes; files already valid are kept as they are: see "
+               "quantize)"},
+              {"pack", "",
+               "keep the generated rows in the folder's pack (shards and a manifest, "
+               "docs/formats.md) instead of a file per row: no per-sample file is written; a "
+               "shard is committed under the folder's writer lock, waiting --lock-wait for it "
+               "(default 60 s here), as other ranks and runs may write there too"},
+              {"compress", "", "with --pack: hidden states coded losslessly (planes-zstd)"},
+              {"layout", "flat|sharded",
+               "where new files go: DIR/hs_<row>.safetensors (flat, the default) or DIR/<row // "
+               "1000, 4 digits>/hs_<row>.safetensors (sharded, draftfeed's layout for large "
+               "caches); files already there are found in either layout"},
+              {"lock-wait", "S",
+               "a folder holding a pack is rewritten under its writer lock (docs/formats.md): "
+               "wait up to S seconds for another rewrite's (pack, unpack, quantize) to end "
+               "(default 0: refuse at once, naming its host and pid)"},
+              {"no-progress", "", "no progress bar"},
+              {"json", "", "print the summary as JSON"},
+          });
+  return table;
+}
+
 std::string usage() {
   return R"(usage: draftfeed generate DATA --endpoint URL [--endpoint URL2 ...] [options]
 
@@ -40,29 +70,8 @@ have list content) are sent as chat requests with their messages, others as toke
 file is checked (token ids, shape, finite values) and moved into the cache atomically.
 
 options:
-  --hidden-states DIR                 cache folder (default DATA/hidden_states)
-)" + online_flags_usage(34) +
-         R"(  --rows A:B                          only rows A..B-1 (either side may be left out)
-  --fp8                               store each generated file as hs-connectors' FP8 file
-                                      (float8_e4m3fn + per-token scales, about half the bytes;
-                                      files already valid are kept as they are: see quantize)
-  --pack                              keep the generated rows in the folder's pack (shards and a
-                                      manifest, docs/formats.md) instead of a file per row: no
-                                      per-sample file is written; a shard is committed under the
-                                      folder's writer lock, waiting --lock-wait for it (default
-                                      60 s here), as other ranks and runs may write there too
-  --compress                          with --pack: hidden states coded losslessly (planes-zstd)
-  --layout flat|sharded               where new files go: DIR/hs_<row>.safetensors (flat, the
-                                      default) or DIR/<row // 1000, 4 digits>/hs_<row>.safetensors
-                                      (sharded, draftfeed's layout for large caches); files
-                                      already there are found in either layout
-  --lock-wait S                       a folder holding a pack is rewritten under its writer lock
-                                      (docs/formats.md): wait up to S seconds for another
-                                      rewrite's (pack, unpack, quantize) to end (default 0:
-                                      refuse at once, naming its host and pid)
-  --no-progress                       no progress bar
-  --json                              print the summary as JSON
-
+)" + command_flags().help() +
+         R"(
 Exit status: 0 when every row of the range has a valid file, 1 when some remain unfilled,
 2 for bad arguments.)";
 }
@@ -124,11 +133,7 @@ void draw(const Progress& p, std::int64_t total, double seconds, std::int64_t in
 }
 
 int run_generate(const std::vector<std::string>& argv) {
-  std::set<std::string> value_flags = {"hidden-states", "rows", "layout", "lock-wait"};
-  value_flags.insert(online_value_flags().begin(), online_value_flags().end());
-  std::set<std::string> switch_flags = {"no-progress", "json", "fp8", "pack", "compress"};
-  switch_flags.insert(online_switch_flags().begin(), online_switch_flags().end());
-  const Args args(argv, value_flags, switch_flags);
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
   require(args.has("endpoint"), ErrorKind::kInvalidArgument,

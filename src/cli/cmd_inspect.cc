@@ -7,23 +7,32 @@
 #include "command.h"
 #include "draftfeed/dataset/dataset_summary.h"
 #include "draftfeed/dataset/token_dataset.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: draftfeed inspect DATA [--json] [--bins N]
+const std::string kUsage = R"(usage: draftfeed inspect DATA [options]
 
 Opens DATA (a folder written by datasets' Dataset.save_to_disk, or by `draftfeed synth`) and
 reports its rows, shards, columns with their Arrow types, total tokens (sum of input_ids lengths),
 seq_len min/mean/max (the seq_len column when present, else input_ids lengths) and a histogram.
 
-  --json    one JSON object: folder, rows, shards (count), shard_files, columns {name: type},
-            tokens, seq_len {min, mean, max}, histogram {edges, counts}
-  --bins N  histogram bins (default 10))";
+)";
+
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"json", "",
+       "one JSON object: folder, rows, shards (count), shard_files, columns {name: type}, tokens, "
+       "seq_len {min, mean, max}, histogram {edges, counts}"},
+      {"bins", "N", "histogram bins (default 10)"},
+  };
+  return table;
+}
 
 int run_inspect(const std::vector<std::string>& argv) {
-  const Args args(argv, {"bins"}, {"json"});
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(1, 1, "one dataset folder");
   const std::int64_t bins = args.integer("bins", 10);
   require(bins >= 1 && bins <= 1000, ErrorKind::kInvalidArgument,
@@ -40,7 +49,7 @@ int run_inspect(const std::vector<std::string>& argv) {
 
 const CommandRegistration kRegistration({"inspect",
                                          "show a token dataset's rows, columns, tokens and lengths",
-                                         kUsage, run_inspect});
+                                         kUsage + command_flags().help(), run_inspect});
 
 }  // namespace
 

@@ -16,11 +16,12 @@
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/run_workers.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 namespace {
 
-const char* kUsage = R"(usage: draftfeed kernels [options]
+const std::string kUsage = R"(usage: draftfeed kernels [options]
 
 Times the batch copy (copy_hidden_rows, the code every batch goes through, dispatch included) for
 each source dtype, batch dtype and noise, against memcpy of the same rows (same strides, same
@@ -34,16 +35,24 @@ The layout is the engine's: per token, the verifier's first L-1 layers (one row 
 elements) out of a file row of L x H, copied in jobs of --job-tokens tokens (one sample each).
 
 options:
-  --threads N       threads, each copying its share of the jobs (default 1)
-  --hidden-size H   default 2048
-  --layers L        captured layers per token (default 4)
-  --tokens T        tokens in the batch (default 8192, the reference's total_seq_len)
-  --job-tokens J    tokens per copy job, a sample (default 512)
-  --repeat R        timed repeats (default 7, after one warm-up)
-  --only NAMES      comma-separated case names (default every case; see the output). A name
-                    ending in [avx2] is the AVX2 kernel with the AVX-512 ones forbidden, listed by
-                    default where the CPU has those (DRAFTFEED_AVX512=0 forbids them throughout))
-  --json            print the result as JSON)";
+)";
+
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"threads", "N", "threads, each copying its share of the jobs (default 1)"},
+      {"hidden-size", "H", "hidden size (default 2048)"},
+      {"layers", "L", "captured layers per token (default 4)"},
+      {"tokens", "T", "tokens in the batch (default 8192, the reference's total_seq_len)"},
+      {"job-tokens", "J", "tokens per copy job, a sample (default 512)"},
+      {"repeat", "R", "timed repeats (default 7, after one warm-up)"},
+      {"only", "NAMES",
+       "comma-separated case names (default every case; see the output). A name ending in [avx2] "
+       "is the AVX2 kernel with the AVX-512 ones forbidden, listed by default where the CPU has "
+       "those (DRAFTFEED_AVX512=0 forbids them throughout)"},
+      {"json", "", "print the result as JSON"},
+  };
+  return table;
+}
 
 // One case: what is copied, into what, with which noise. The memcpy that bounds it copies the same
 // rows in the wider of the two dtypes: every byte the kernel writes, and every byte it reads (a
@@ -235,9 +244,7 @@ std::vector<const Case*> chosen_cases(const std::string& only) {
 }
 
 int run_kernels(const std::vector<std::string>& argv) {
-  const Args args(argv,
-                  {"threads", "hidden-size", "layers", "tokens", "job-tokens", "repeat", "only"},
-                  {"json"});
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(0, 0, "");
   const auto threads = static_cast<unsigned>(args.integer("threads", 1));
   const std::int64_t hidden = args.integer("hidden-size", 2048);
@@ -322,7 +329,7 @@ int run_kernels(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration kKernels({"kernels", "time the batch copy's kernels against memcpy",
-                                    kUsage, run_kernels});
+                                    kUsage + command_flags().help(), run_kernels});
 
 }  // namespace
 }  // namespace draftfeed::cli

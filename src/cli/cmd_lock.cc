@@ -13,13 +13,14 @@
 #include "args.h"
 #include "command.h"
 #include "draftfeed/common/folder_lock.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 
 namespace {
 
-constexpr const char* kUsage =
-    R"(usage: draftfeed lock DIR [--hold SECONDS] [--wait SECONDS] [--json]
+const std::string kUsage =
+    R"(usage: draftfeed lock DIR [options]
 
 Says who holds the writer lock of the cache folder DIR (its .draftfeed-writer.lock): the host, the
 pid and the command of the rewrite under way (pack, unpack, quantize, generate into a pack, an
@@ -31,10 +32,18 @@ SECONDS, or until interrupted: no rewrite of the folder starts meanwhile (they w
 a backup of a cache taken while nothing rewrites it, and for scripts/writer_lock_check.sh, which
 checks that a shared file system forwards the lock between hosts.
 
-  --hold SECONDS   take the lock and hold it this long
-  --wait SECONDS   with --hold, how long to wait for another holder (default 0)
-  --json           one JSON object: folder, held (bool), host, pid, what, since
+)";
 
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"hold", "SECONDS", "take the lock and hold it this long"},
+      {"wait", "SECONDS", "with --hold, how long to wait for another holder (default 0)"},
+      {"json", "", "one JSON object: folder, held (bool), host, pid, what, since"},
+  };
+  return table;
+}
+
+const std::string kExit = R"(
 Exit status: 0 when the lock is free (or was held by --hold), 1 when another holds it, 2 for bad
 arguments.)";
 
@@ -43,7 +52,7 @@ std::atomic<bool> interrupted{false};
 void on_signal(int /*signal*/) { interrupted = true; }
 
 int run_lock(const std::vector<std::string>& argv) {
-  const Args args(argv, {"hold", "wait"}, {"json"});
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(1, 1, "one cache folder");
   const std::string folder = args.positionals()[0];
   const bool json = args.has("json");
@@ -82,7 +91,7 @@ int run_lock(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration kRegistration({"lock", "who holds a cache folder's writer lock; hold it",
-                                         kUsage, run_lock});
+                                         kUsage + command_flags().help() + kExit, run_lock});
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/pack/pack_writer.h"
+#include "flag_table.h"
 #include "rewrite_progress.h"
 #include "row_range.h"
 #include "skip_report.h"
@@ -22,9 +23,7 @@ namespace draftfeed::cli {
 namespace {
 
 const std::string kUsage = std::string(
-    R"(usage: draftfeed pack DATA (--out DIR | --in-place) [--hidden-states DIR] [--shard-bytes N]
-                     [--compress] [--level L] [--threads N] [--rows A:B] [--examples K]
-                     [--lock-wait S] [--no-progress] [--json]
+    R"(usage: draftfeed pack DATA (--out DIR | --in-place) [options]
 
 Packs DATA's hidden-state cache (DIR/hs_<row>.safetensors, default DATA/hidden_states) into shard
 files of many samples each (shard-NNNNNN.safetensors, each a safetensors file whose tensors are
@@ -46,29 +45,39 @@ One rewrite of a folder at a time: pack holds the folder's writer lock (.draftfe
 while it runs, on this host and, where the file system forwards locks, on others (docs/formats.md,
 "The writer lock"). Loaders running meanwhile read the new pack from their next epoch.
 
-  --out DIR            write the pack into DIR (created); the source cache is left as it is
-  --in-place           pack into the cache folder and remove the per-sample files packed
-  --hidden-states DIR  the source cache (default DATA/hidden_states; files in either layout)
-  --shard-bytes N      per-sample bytes per shard (default 1073741824); one shard is held in
-                       memory while it is built
-  --compress           code bf16 and FP8 hidden states losslessly (exponent plane through zstd,
-                       planes-zstd): about 0.7x the bytes for bf16; decoded when read
-  --level L            zstd level of --compress (default 1)
-  --rows A:B           only rows A..B-1 (either side may be left out)
-)" + std::string(kCacheRewriteFlagsHelp) +
-    R"(  --json               one JSON object: rows, packed, already_packed, repacked, missing,
-                       skipped (by kind), kept, shards, removed, bytes_before, bytes_after, ratio,
-                       hidden_ratio, seconds, lock_wait_seconds
+)");
 
+const FlagTable& command_flags() {
+  static const FlagTable table =
+      FlagTable{
+          {"out", "DIR", "write the pack into DIR (created); the source cache is left as it is"},
+          {"in-place", "", "pack into the cache folder and remove the per-sample files packed"},
+          {"hidden-states", "DIR",
+           "the source cache (default DATA/hidden_states; files in either layout)"},
+          {"shard-bytes", "N",
+           "per-sample bytes per shard (default " + std::to_string(kDefaultShardBytes) +
+               "); one shard is held in memory while it is built"},
+          {"compress", "",
+           "code bf16 and FP8 hidden states losslessly (exponent plane through zstd, planes-zstd): "
+           "about 0.7x the bytes for bf16; decoded when read"},
+          {"level", "L", "zstd level of --compress (default 1)"},
+          {"rows", "A:B", "only rows A..B-1 (either side may be left out)"},
+      }
+          .add(cache_rewrite_flags_table())
+          .add({"json", "",
+                "one JSON object: rows, packed, already_packed, "
+                "repacked, missing, skipped (by kind), kept, shards, "
+                "removed, bytes_before, bytes_after, ratio, hidden_ratio, "
+                "seconds, lock_wait_seconds"});
+  return table;
+}
+
+const std::string kExit = R"(
 Exit status: 0 when every row with a valid file is packed, 1 when some stayed per-sample (or
-another rewrite holds the folder), 2 for bad arguments.)");
+another rewrite holds the folder), 2 for bad arguments.)";
 
 int run_pack(const std::vector<std::string>& argv) {
-  std::set<std::string> value_flags = {"rows", "shard-bytes", "level"};
-  value_flags.insert(kCacheRewriteValueFlags.begin(), kCacheRewriteValueFlags.end());
-  std::set<std::string> switch_flags = {"compress"};
-  switch_flags.insert(kCacheRewriteSwitchFlags.begin(), kCacheRewriteSwitchFlags.end());
-  const Args args(argv, value_flags, switch_flags);
+  const Args args = command_flags().parse(argv);
   const CacheRewriteFlags flags = cache_rewrite_flags(args, "pack", "a new packed cache");
   const std::int64_t shard_bytes =
       args.integer("shard-bytes", static_cast<std::int64_t>(kDefaultShardBytes));
@@ -122,8 +131,8 @@ int run_pack(const std::vector<std::string>& argv) {
   return report.skipped_total() == 0 ? 0 : 1;
 }
 
-const CommandRegistration registration({"pack", "pack a hidden-state cache into shards", kUsage,
-                                        run_pack});
+const CommandRegistration registration({"pack", "pack a hidden-state cache into shards",
+                                        kUsage + command_flags().help() + kExit, run_pack});
 
 }  // namespace
 }  // namespace draftfeed::cli

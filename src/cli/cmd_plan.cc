@@ -15,12 +15,13 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/sampler/multipack.h"
 #include "draftfeed/sampler/plan_summary.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: draftfeed plan DATA --world-size R --max-len N [options]
+const std::string kUsage = R"(usage: draftfeed plan DATA --world-size R --max-len N [options]
 
 Plans one epoch of DATA (a `save_to_disk` folder) for all R data-parallel ranks with the multipack
 planner (identical to speculators' MultipackDistributedBatchSamplerV2; lengths from the seq_len
@@ -31,20 +32,29 @@ batch's lengths are the reference's, but which of several equal-length samples a
 differ.
 
 options:
-  --world-size R      data-parallel ranks (required)
-  --max-len N         tokens per rank's batch, the reference's total_seq_len (required)
-  --epoch E           epoch to plan (default 0; the shuffle seed is seed + epoch)
-  --seed S            planner seed, 0 to 2^64-1 (default 0)
-  --drop-long         drop samples longer than max_len (default: clip their length)
-  --max-batches M     keep only the first M batches per rank
-  --train-ratio F     plan one part of the train/validation split (rows [0, int(n*F)) are train)
-  --split train|val   which part with --train-ratio (default train)
-  --list              also print every rank's batches as global row indices
-  --json              one JSON object: data, rows, row_begin, row_end, split, world_size, max_len,
-                      epoch, seed, truncate, max_batches, batches_per_rank, samples {total,
-                      planned, long, dropped_long, dropped_tail, cut_by_max_batches},
-                      planned_tokens, fill_percent {mean, min}, tokens_per_rank {max, min, ratio},
-                      samples_per_rank {max, min, ratio}, plan_ms, and batches (with --list))";
+)";
+
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"world-size", "R", "data-parallel ranks (required)"},
+      {"max-len", "N", "tokens per rank's batch, the reference's total_seq_len (required)"},
+      {"epoch", "E", "epoch to plan (default 0; the shuffle seed is seed + epoch)"},
+      {"seed", "S", "planner seed, 0 to 2^64-1 (default 0)"},
+      {"drop-long", "", "drop samples longer than max_len (default: clip their length)"},
+      {"max-batches", "M", "keep only the first M batches per rank"},
+      {"train-ratio", "F",
+       "plan one part of the train/validation split (rows [0, int(n*F)) are train)"},
+      {"split", "train|val", "which part with --train-ratio (default train)"},
+      {"list", "", "also print every rank's batches as global row indices"},
+      {"json", "",
+       "one JSON object: data, rows, row_begin, row_end, split, world_size, max_len, epoch, seed, "
+       "truncate, max_batches, batches_per_rank, samples {total, planned, long, dropped_long, "
+       "dropped_tail, cut_by_max_batches}, planned_tokens, fill_percent {mean, min}, "
+       "tokens_per_rank {max, min, ratio}, samples_per_rank {max, min, ratio}, plan_ms, and "
+       "batches (with --list)"},
+  };
+  return table;
+}
 
 std::uint64_t parse_seed(const Args& args) {
   const std::string text = args.str("seed", "0");
@@ -98,9 +108,7 @@ void print_text(const nlohmann::ordered_json& r, const AllRanksPlan& plan,
 }
 
 int run_plan(const std::vector<std::string>& argv) {
-  const Args args(argv,
-                  {"world-size", "max-len", "epoch", "seed", "max-batches", "train-ratio", "split"},
-                  {"drop-long", "list", "json"});
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(1, 1, "one dataset folder");
   require(args.has("world-size") && args.has("max-len"), ErrorKind::kInvalidArgument,
           "--world-size and --max-len are required (see --help)");
@@ -183,7 +191,8 @@ int run_plan(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration kRegistration(
-    {"plan", "plan an epoch's batches for every rank and report balance", kUsage, run_plan});
+    {"plan", "plan an epoch's batches for every rank and report balance",
+     kUsage + command_flags().help(), run_plan});
 
 }  // namespace
 

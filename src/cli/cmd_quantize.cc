@@ -14,6 +14,7 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/fp8_convert.h"
+#include "flag_table.h"
 #include "rewrite_progress.h"
 #include "row_range.h"
 #include "skip_report.h"
@@ -23,9 +24,7 @@ namespace draftfeed::cli {
 namespace {
 
 const std::string kUsage = std::string(
-    R"(usage: draftfeed quantize DATA (--out DIR | --in-place) [--hidden-states DIR] [--threads N]
-                         [--rows A:B] [--layout flat|sharded] [--fsync] [--examples K]
-                         [--lock-wait S] [--no-progress] [--json]
+    R"(usage: draftfeed quantize DATA (--out DIR | --in-place) [options]
 
 Converts DATA's hidden-state cache (DIR/hs_<row>.safetensors, default DATA/hidden_states) to the FP8
 files hs-connectors' FP8HiddenStatesConnector writes: hidden_states float8_e4m3fn [T, L, H],
@@ -42,31 +41,42 @@ Quantize holds the writer lock of the folder it writes while it runs (docs/forma
 lock"): one rewrite of a folder at a time. Rows of a pack (`draftfeed pack`) have no per-sample
 file and are counted as missing: unpack the pack first to quantize them.
 
-  --out DIR            write the FP8 cache into DIR (created); the source cache is left as it is
-  --in-place           replace each bf16/f16/f32 file by its FP8 file (lossy: the bf16 values are
-                       gone; keep a copy if you may need them)
-  --hidden-states DIR  the source cache (default DATA/hidden_states; files in either layout)
-  --layout L           where the FP8 files go: flat (DIR/hs_<row>.safetensors) or sharded
-                       (DIR/<row // 1000, 4 digits>/hs_<row>.safetensors, draftfeed's layout for
-                       large caches). Default: into --out, flat; in place, each file stays where it
-                       is (with --layout, files of the other layout move: the cache ends in one)
-  --rows A:B           only rows A..B-1 (either side may be left out)
-  --fsync              fsync each file before its rename (always done with --in-place, where
-                       the new file replaces the only copy)
-)" + std::string(kCacheRewriteFlagsHelp) +
-    R"(  --json               one JSON object: rows, converted, already_fp8, copied, missing, skipped (by
-                       kind), bytes_before, bytes_after, ratio, seconds, threads, examples,
-                       lock_wait_seconds
+)");
 
+const FlagTable& command_flags() {
+  static const FlagTable table =
+      FlagTable{
+          {"out", "DIR",
+           "write the FP8 cache into DIR (created); the source cache is left as it is"},
+          {"in-place", "",
+           "replace each bf16/f16/f32 file by its FP8 file (lossy: the bf16 values are gone; keep "
+           "a copy if you may need them)"},
+          {"hidden-states", "DIR",
+           "the source cache (default DATA/hidden_states; files in either layout)"},
+          {"layout", "flat|sharded",
+           "where the FP8 files go: flat (DIR/hs_<row>.safetensors) or sharded (DIR/<row // 1000, "
+           "4 digits>/hs_<row>.safetensors, draftfeed's layout for large caches). Default: into "
+           "--out, flat; in place, each file stays where it is (with --layout, files of the other "
+           "layout move: the cache ends in one)"},
+          {"rows", "A:B", "only rows A..B-1 (either side may be left out)"},
+          {"fsync", "",
+           "fsync each file before its rename (always done with --in-place, where the new file "
+           "replaces the only copy)"},
+      }
+          .add(cache_rewrite_flags_table())
+          .add({"json", "",
+                "one JSON object: rows, converted, already_fp8, copied, missing, skipped (by "
+                "kind), bytes_before, bytes_after, ratio, seconds, threads, examples, "
+                "lock_wait_seconds"});
+  return table;
+}
+
+const std::string kExit = R"(
 Exit status: 0 when every row with a valid file has its FP8 file, 1 when some files were left
-unconverted (or another rewrite holds the folder), 2 for bad arguments.)");
+unconverted (or another rewrite holds the folder), 2 for bad arguments.)";
 
 int run_quantize(const std::vector<std::string>& argv) {
-  std::set<std::string> value_flags = {"rows", "layout"};
-  value_flags.insert(kCacheRewriteValueFlags.begin(), kCacheRewriteValueFlags.end());
-  std::set<std::string> switch_flags = {"fsync"};
-  switch_flags.insert(kCacheRewriteSwitchFlags.begin(), kCacheRewriteSwitchFlags.end());
-  const Args args(argv, value_flags, switch_flags);
+  const Args args = command_flags().parse(argv);
   const CacheRewriteFlags flags = cache_rewrite_flags(args, "quantize", "a new FP8 cache");
 
   const auto dataset = TokenDataset::open(flags.data);
@@ -114,7 +124,7 @@ int run_quantize(const std::vector<std::string>& argv) {
 
 const CommandRegistration registration({"quantize",
                                         "convert a hidden-state cache to hs-connectors' FP8 files",
-                                        kUsage, run_quantize});
+                                        kUsage + command_flags().help() + kExit, run_quantize});
 
 }  // namespace
 }  // namespace draftfeed::cli

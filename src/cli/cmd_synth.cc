@@ -18,45 +18,45 @@
 #include "draftfeed/dataset/token_dataset.h"
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/synthetic_cache.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 
 namespace {
 
-constexpr const char* kUsage =
-    R"(usage: draftfeed synth OUT --rows N [--seed S] [--min-len A] [--max-len B] [--vocab V]
-                      [--shards K] [--int32] [--json]
-                      [--hidden-size H [--layers L] [--dtype bf16|f16|f32] [--hidden-states DIR]]
+const std::string kUsage =
+    R"(usage: draftfeed synth OUT --rows N [options] [--hidden-size H [cache options]]
 
 Writes a synthetic token dataset to the folder OUT in the layout of datasets' save_to_disk
 (Arrow stream shards, state.json with torch format, dataset_info.json). Row r's length, token ids
 and loss mask are deterministic functions of (S, r, position), documented in
 src/draftfeed/dataset/synthetic.h.
 
-  --rows N      rows to write (required)
-  --seed S      seed (default 0)
-  --min-len A   shortest row (default 32)
-  --max-len B   longest row (default 512)
-  --vocab V     token ids are in [0, V) (default 32000)
-  --shards K    exactly K shards (default: by size, 500 MB each)
-  --int32       store input_ids as list<int32> (default list<int64>)
-  --json        print a JSON summary: folder, rows, tokens, shards, bytes, seed, min_len, max_len,
-                vocab (and hidden_states when written)
+)";
 
-With --hidden-size, also writes a hidden-state cache for every row: DIR/hs_<row>.safetensors
-(default DIR: OUT/hidden_states) holding the row's token_ids and hidden_states [T, L, H] whose
-values are functions of (S, row, position, layer, h), documented in
-src/draftfeed/hidden/synthetic_cache.h.
-
-  --hidden-size H  hidden size of the cache
-  --layers L       captured layers (default 4)
-  --dtype D        bf16 (default), f16 or f32
-  --hidden-states DIR  where to write the cache)";
-
-const std::set<std::string> kDatasetValueFlags = {"rows",    "seed",  "min-len",
-                                                  "max-len", "vocab", "shards"};
-const std::set<std::string> kDatasetSwitchFlags = {"int32"};
-const std::set<std::string> kHiddenValueFlags = {"hidden-size", "layers", "dtype", "hidden-states"};
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"rows", "N", "rows to write (required)"},
+      {"seed", "S", "seed (default 0)"},
+      {"min-len", "A", "shortest row (default 32)"},
+      {"max-len", "B", "longest row (default 512)"},
+      {"vocab", "V", "token ids are in [0, V) (default 32000)"},
+      {"shards", "K", "exactly K shards (default: by size, 500 MB each)"},
+      {"int32", "", "store input_ids as list<int32> (default list<int64>)"},
+      {"json", "",
+       "print a JSON summary: folder, rows, tokens, shards, bytes, seed, min_len, max_len, vocab "
+       "(and hidden_states when written)"},
+      {"hidden-size", "H", "hidden size of the cache",
+       "With --hidden-size, also writes a hidden-state cache for every row: "
+       "DIR/hs_<row>.safetensors\n(default DIR: OUT/hidden_states) holding the row's token_ids "
+       "and hidden_states [T, L, H] whose\nvalues are functions of (S, row, position, layer, h), "
+       "documented in\nsrc/draftfeed/hidden/synthetic_cache.h.\n"},
+      {"layers", "L", "captured layers (default 4)"},
+      {"dtype", "bf16|f16|f32", "the cache's dtype (default bf16)"},
+      {"hidden-states", "DIR", "where to write the cache"},
+  };
+  return table;
+}
 
 // The hidden-state part of `synth` (with --hidden-size): a cache for the dataset just written.
 struct SynthHidden {
@@ -123,11 +123,7 @@ SynthDataset synth_dataset(const Args& args, const std::string& out) {
 }
 
 int run_synth(const std::vector<std::string>& argv) {
-  std::set<std::string> value_flags = kDatasetValueFlags;
-  value_flags.insert(kHiddenValueFlags.begin(), kHiddenValueFlags.end());
-  std::set<std::string> switch_flags = kDatasetSwitchFlags;
-  switch_flags.insert("json");
-  const Args args(argv, value_flags, switch_flags);
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(1, 1, "one output folder");
   const std::string out = args.positionals()[0];
   const SynthDataset synth = synth_dataset(args, out);
@@ -163,8 +159,8 @@ int run_synth(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const CommandRegistration kRegistration({"synth", "write a deterministic synthetic dataset", kUsage,
-                                         run_synth});
+const CommandRegistration kRegistration({"synth", "write a deterministic synthetic dataset",
+                                         kUsage + command_flags().help(), run_synth});
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/pack/pack_manifest.h"
 #include "draftfeed/pack/pack_writer.h"
+#include "flag_table.h"
 #include "rewrite_progress.h"
 #include "skip_report.h"
 #include "stats_json.h"
@@ -20,8 +21,7 @@ namespace draftfeed::cli {
 namespace {
 
 const std::string kUsage = std::string(
-    R"(usage: draftfeed unpack DATA (--out DIR | --in-place) [--hidden-states DIR] [--threads N]
-                       [--examples K] [--lock-wait S] [--no-progress] [--json]
+    R"(usage: draftfeed unpack DATA (--out DIR | --in-place) [options]
 
 Writes each sample of the packed cache in DIR (default DATA/hidden_states: its manifest.json and
 shard files) back as its per-sample file hs_<row>.safetensors, byte for byte as it was packed
@@ -33,15 +33,24 @@ of the folder it writes (in place, the pack's own) while it runs (docs/formats.m
 lock"); loaders running meanwhile keep reading the shards they hold until their epoch ends, and
 read the per-sample files from their next epoch.
 
-  --out DIR            write the per-sample files into DIR (created); the pack stays
-  --in-place           write them beside the pack, then remove the pack
-  --hidden-states DIR  the packed cache (default DATA/hidden_states)
-)" + std::string(kCacheRewriteFlagsHelp) +
-    R"(  --json               one JSON object: rows, written, failed, skipped and examples (by kind),
-                       bytes_before, bytes_after, ratio, removed_pack, seconds, lock_wait_seconds)");
+)");
+
+const FlagTable& command_flags() {
+  static const FlagTable table =
+      FlagTable{
+          {"out", "DIR", "write the per-sample files into DIR (created); the pack stays"},
+          {"in-place", "", "write them beside the pack, then remove the pack"},
+          {"hidden-states", "DIR", "the packed cache (default DATA/hidden_states)"},
+      }
+          .add(cache_rewrite_flags_table())
+          .add({"json", "",
+                "one JSON object: rows, written, failed, skipped and examples (by kind), "
+                "bytes_before, bytes_after, ratio, removed_pack, seconds, lock_wait_seconds"});
+  return table;
+}
 
 int run_unpack(const std::vector<std::string>& argv) {
-  const Args args(argv, kCacheRewriteValueFlags, kCacheRewriteSwitchFlags);
+  const Args args = command_flags().parse(argv);
   const CacheRewriteFlags flags = cache_rewrite_flags(args, "unpack", "per-sample files");
   auto manifest = read_pack_manifest(flags.hidden);
   if (!manifest.ok()) throw manifest.error();
@@ -69,7 +78,7 @@ int run_unpack(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration registration({"unpack", "turn a packed cache back into per-sample files",
-                                        kUsage, run_unpack});
+                                        kUsage + command_flags().help(), run_unpack});
 
 }  // namespace
 }  // namespace draftfeed::cli

@@ -12,14 +12,14 @@
 #include "draftfeed/hidden/cache_layout.h"
 #include "draftfeed/hidden/cache_scan.h"
 #include "draftfeed/pack/pack_verify.h"
+#include "flag_table.h"
 
 namespace draftfeed::cli {
 
 namespace {
 
-constexpr const char* kUsage =
-    R"(usage: draftfeed verify DATA [--hidden-states DIR] [--json] [--threads N] [--examples K]
-                        [--baseline memcpy|read|pread]
+const std::string kUsage =
+    R"(usage: draftfeed verify DATA [options]
 
 Checks DATA's cached hidden states (DIR/hs_<row>.safetensors, default DATA/hidden_states, or
 draftfeed's sharded layout DIR/<row // 1000, 4 digits>/hs_<row>.safetensors: each row's file is
@@ -37,20 +37,30 @@ it): such rows count as ok and are listed as fallbacks, with why their packed sa
 baselines read per-sample files only. Verify takes no lock: it never waits for a rewrite, nor
 holds one up.
 
-  --threads N        scanning threads (default: one per core)
-  --json             one JSON object: rows, ok, missing, corrupt, mismatched, nonfinite, locked,
-                     bytes, layouts (flat, sharded), packed (samples, shards, compressed,
-                     packed_ok, fallbacks, fallback_examples, budget: bytes, used, share,
-                     kept_rows, not_kept_rows),
-                     seconds, gb_per_s, threads, examples
-  --baseline memcpy  measure a plain memcpy of every file instead of validating it (the bound
-                     for anything that copies every byte once, as a loader does)
-  --baseline read    measure a read-only pass over every byte of every file instead (the bound
-                     for anything that reads every byte once without copying, as verify does)
-  --baseline pread   measure a read of every file through its descriptor into a 64 MiB ring of
-                     destinations (the kernel's copy out of the page cache: the bound for a
-                     loader that reads page-cache files through read())
+)";
 
+const FlagTable& command_flags() {
+  static const FlagTable table{
+      {"hidden-states", "DIR", "the cache (default DATA/hidden_states)"},
+      {"threads", "N", "scanning threads (default: one per core)"},
+      {"examples", "K", "problems listed per kind (default 5)"},
+      {"json", "",
+       "one JSON object: rows, ok, missing, corrupt, mismatched, nonfinite, locked, bytes, "
+       "layouts (flat, sharded), packed (samples, shards, compressed, packed_ok, fallbacks, "
+       "fallback_examples, budget: bytes, used, share, kept_rows, not_kept_rows), seconds, "
+       "gb_per_s, threads, examples"},
+      {"baseline", "memcpy|read|pread",
+       "measure instead of validating: memcpy, a plain memcpy of every file (the bound for "
+       "anything that copies every byte once, as a loader does);\nread, a read-only pass over "
+       "every byte of every file (the bound for anything that reads every byte once without "
+       "copying, as verify does);\npread, a read of every file through its descriptor into a 64 "
+       "MiB ring of destinations (the kernel's copy out of the page cache: the bound for a loader "
+       "that reads page-cache files through read())"},
+  };
+  return table;
+}
+
+const std::string kExit = R"(
 Exit status: 0 when every file is ok or missing, 1 otherwise (2 for bad arguments).)";
 
 std::string gb_text(double bytes) {
@@ -77,7 +87,7 @@ nlohmann::json budget_json(const PackedCache& pack, const CacheScanReport& repor
 }
 
 int run_verify(const std::vector<std::string>& argv) {
-  const Args args(argv, {"hidden-states", "threads", "examples", "baseline"}, {"json"});
+  const Args args = command_flags().parse(argv);
   args.expect_positionals(1, 1, "one dataset folder");
   const std::string data = args.positionals()[0];
   const std::string hidden = args.str("hidden-states", default_hidden_states_path(data));
@@ -208,7 +218,7 @@ int run_verify(const std::vector<std::string>& argv) {
 }
 
 const CommandRegistration kVerify({"verify", "check cached hidden states against the dataset",
-                                   kUsage, run_verify});
+                                   kUsage + command_flags().help() + kExit, run_verify});
 
 }  // namespace
 

@@ -1,7 +1,5 @@
 #include "online_flags.h"
 
-#include <cstdio>
-
 #include "draftfeed/pack/pack_appender.h"
 
 namespace draftfeed::cli {
@@ -10,81 +8,45 @@ namespace {
 
 using seconds = std::chrono::duration<double>;
 
-// "  --flag ARG   its help": the help at column width + 2, or on a line of its own below a flag
-// too long for the column (two spaces at least between them, so that neither runs into the other).
-std::string line(int width, const std::string& flag, const std::string& help) {
-  const auto column = static_cast<std::size_t>(width) + 2;
-  std::string text = "  " + flag;
-  if (text.size() + 2 > column) {
-    text += "\n";
-    text.append(column, ' ');
-  } else {
-    text.resize(column, ' ');
-  }
-  return text + help + "\n";
-}
-
 }  // namespace
 
-std::string default_text(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  return text;
-}
-
-const std::set<std::string>& online_value_flags() {
-  static const std::set<std::string> flags = {"endpoint",
-                                              "server-dir",
-                                              "fetch-threads",
-                                              "model",
-                                              "request-timeout",
-                                              "max-retries",
-                                              "retry-backoff",
-                                              "generation-validation-retries",
-                                              "max-consecutive-failures",
-                                              "lock-timeout",
-                                              "cache-budget"};
+const FlagTable& online_flags() {
+  static const FlagTable flags = [] {
+    const OnlineSourceOptions d;
+    return FlagTable{
+        {"endpoint", "URL",
+         "a server's OpenAI API base, e.g. http://host:8000/v1 (repeat for several)"},
+        {"server-dir", "DIR", "folder the servers write into: handles elsewhere are refused"},
+        {"fetch-threads", "N",
+         "requests in flight (default " + std::to_string(d.client.fetch_threads) +
+             "; the engine gets N more threads)"},
+        {"model", "NAME", "the model the servers must serve"},
+        {"request-timeout", "S",
+         "seconds per attempt (default " + default_text(d.client.request_timeout.count()) +
+             "; 0: no limit)"},
+        {"max-retries", "N",
+         "extra attempts after transport errors/timeouts/5xx (default " +
+             std::to_string(d.client.max_retries) + ")"},
+        {"retry-backoff", "S",
+         "sleep before the first retry, doubling (default " +
+             default_text(d.client.retry_backoff.count()) + ")"},
+        {"generation-validation-retries", "N",
+         "extra round trips after a bad file (default " +
+             std::to_string(d.generation_validation_retries) + ")"},
+        {"max-consecutive-failures", "N",
+         "stop after N rows failing in a row (default " +
+             std::to_string(d.max_consecutive_generation_failures) + ")"},
+        {"fail-on-error", "", "stop at the first row that fails"},
+        {"lock-timeout", "S",
+         "wait for a writer's lock at most S seconds (default " +
+             default_text(d.cache.lock_timeout.count()) + ")"},
+        {"no-keepalive", "", "open a new connection per request"},
+        {"cache-budget", "SIZE",
+         "with --on-generate pack: the pack's bytes on disk at most, e.g. 500GB, 1.5TiB "
+         "(default: no bound)"},
+    };
+  }();
   return flags;
-}
-
-const std::set<std::string>& online_switch_flags() {
-  static const std::set<std::string> flags = {"fail-on-error", "no-keepalive"};
-  return flags;
-}
-
-std::string online_flags_usage(int width) {
-  const OnlineSourceOptions d;
-  return line(width, "--endpoint URL",
-              "a server's OpenAI API base, e.g. http://host:8000/v1 (repeat for several)") +
-         line(width, "--server-dir DIR",
-              "folder the servers write into: handles elsewhere are refused") +
-         line(width, "--fetch-threads N",
-              "requests in flight (default " + std::to_string(d.client.fetch_threads) +
-                  "; the engine gets N more threads)") +
-         line(width, "--model NAME", "the model the servers must serve") +
-         line(width, "--request-timeout S",
-              "seconds per attempt (default " + default_text(d.client.request_timeout.count()) +
-                  "; 0: no limit)") +
-         line(width, "--max-retries N",
-              "extra attempts after transport errors/timeouts/5xx (default " +
-                  std::to_string(d.client.max_retries) + ")") +
-         line(width, "--retry-backoff S",
-              "sleep before the first retry, doubling (default " +
-                  default_text(d.client.retry_backoff.count()) + ")") +
-         line(width, "--generation-validation-retries N",
-              "extra round trips after a bad file (default " +
-                  std::to_string(d.generation_validation_retries) + ")") +
-         line(width, "--max-consecutive-failures N",
-              "stop after N rows failing in a row (default " +
-                  std::to_string(d.max_consecutive_generation_failures) + ")") +
-         line(width, "--fail-on-error", "stop at the first row that fails") +
-         line(width, "--lock-timeout S",
-              "wait for a writer's lock at most S seconds (default " +
-                  default_text(d.cache.lock_timeout.count()) + ")") +
-         line(width, "--no-keepalive", "open a new connection per request") +
-         line(width, "--cache-budget SIZE",
-              "with --on-generate pack: the pack's bytes on disk at most, e.g. 500GB, 1.5TiB "
-              "(default: no bound)");
 }
 
 OnlineSourceOptions online_options_from(const Args& args) {
@@ -118,29 +80,24 @@ OnlineSourceOptions online_options_from(const Args& args) {
   return options;
 }
 
-const std::set<std::string>& lookahead_value_flags() {
-  static const std::set<std::string> flags = {"lookahead", "hedge-factor", "hedge-min-seconds"};
+const FlagTable& lookahead_flags() {
+  static const FlagTable flags = [] {
+    const LookaheadOptions d;
+    return FlagTable{
+        {"lookahead", "ROWS",
+         "rows fetched ahead of the batch buffers at most (default " +
+             std::to_string(LookaheadOptions::kRowsPerFetch) +
+             " x --fetch-threads; 0: off), their bytes within --read-ahead-bytes"},
+        {"lookahead-next-epoch", "",
+         "fetch the next epoch's first rows while this epoch's last requests run"},
+        {"hedge-factor", "X",
+         "ask again for a row whose request ran X times its predicted time (default " +
+             default_text(d.hedge.factor) + "; 0: never)"},
+        {"hedge-min-seconds", "S",
+         "and at least S seconds (default " + default_text(d.hedge.min_wait.count()) + ")"},
+    };
+  }();
   return flags;
-}
-
-const std::set<std::string>& lookahead_switch_flags() {
-  static const std::set<std::string> flags = {"lookahead-next-epoch"};
-  return flags;
-}
-
-std::string lookahead_flags_usage(int width) {
-  const LookaheadOptions d;
-  return line(width, "--lookahead ROWS",
-              "rows fetched ahead of the batch buffers at most (default " +
-                  std::to_string(LookaheadOptions::kRowsPerFetch) +
-                  " x --fetch-threads; 0: off), their bytes within --read-ahead-bytes") +
-         line(width, "--lookahead-next-epoch",
-              "fetch the next epoch's first rows while this epoch's last requests run") +
-         line(width, "--hedge-factor X",
-              "ask again for a row whose request ran X times its predicted time (default " +
-                  default_text(d.hedge.factor) + "; 0: never)") +
-         line(width, "--hedge-min-seconds S",
-              "and at least S seconds (default " + default_text(d.hedge.min_wait.count()) + ")");
 }
 
 LookaheadOptions lookahead_options_from(const Args& args) {

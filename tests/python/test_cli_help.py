@@ -64,3 +64,35 @@ def test_long_online_flags_keep_their_whole_name(run_cli, name):
     text = run_cli(name, "--help").stdout
     for flag in ("--generation-validation-retries N", "--max-consecutive-failures N"):
         assert f"  {flag}\n" in text or f"  {flag}  " in text, (flag, text)
+
+
+def documented_flags(help_text: str) -> list[str]:
+    """The flags the option lines of a help text name (its first column)."""
+    flags = []
+    for line in help_text.splitlines():
+        if re.match(r"^ {2}--[a-z]", line):
+            flags.append(line.split()[0])
+    return flags
+
+
+def test_every_documented_flag_is_one_the_command_takes_and_each_once(run_cli):
+    """Each command's help is made from the table its parser takes (src/cli/flag_table.h): a flag
+    the help names is never refused as unknown, and no flag is named twice."""
+    for name in commands(run_cli):
+        text = run_cli(name, "--help").stdout
+        flags = documented_flags(text)
+        assert flags, (name, text[:300])
+        # The synopsis names no flag the options do not describe (verify's named --hidden-states
+        # and --examples, described nowhere).
+        synopsis = text.split("\n\n", 1)[0]
+        assert set(re.findall(r"--[a-z][a-z0-9-]*", synopsis)) <= set(flags), (name, synopsis)
+        assert len(flags) == len(set(flags)), (name, sorted(f for f in flags if flags.count(f) > 1))
+        for flag in flags:
+            # Parsed before anything runs: a flag the command does not take is refused by name; one
+            # it takes lets the parser go on to the next word, which is no flag of any command.
+            proc = run_cli(name, flag + "=1", "--zz-no-such-flag", check=False)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 2, (name, flag, out[-300:])
+            assert f"unknown option {flag} " not in out, (name, flag, out[-300:])
+            assert "takes no value" in out or "unknown option --zz-no-such-flag" in out, (
+                name, flag, out[-300:])
