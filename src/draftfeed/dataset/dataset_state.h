@@ -1,9 +1,9 @@
 // The JSON files of a Hugging Face `datasets` folder (state.json, dataset_info.json,
 // dataset_dict.json), parsed from their text with bounded nesting, and state.json's shard list.
 // A dataset folder may come from anywhere: nothing recursive (printing, copying) ever meets a
-// value nested deeper than kMaxJsonDepth (common/json_depth.h), and messages name an entry by its place and type,
-// never by printing it. Pure functions: the fuzz target (tests/fuzz/dataset_state_fuzz.cc) calls
-// them directly. Thread safety: reentrant.
+// value nested deeper than kMaxJsonDepth (common/json_depth.h), and messages name an entry by its
+// place and type, never by printing it. Pure functions: the fuzz target
+// (tests/fuzz/dataset_state_fuzz.cc) calls them directly. Thread safety: reentrant.
 #pragma once
 
 #include <nlohmann/json.hpp>
