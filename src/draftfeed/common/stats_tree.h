@@ -76,7 +76,8 @@ class Builder {
 
   template <typename T>
   void operator()(const char* name, const T& value) const {
-    if constexpr (std::is_same_v<T, bool>) {
+    // Stored as they are: a bool, or a list of strings (a dataset's shard paths).
+    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::vector<std::string>>) {
       tree_.values.emplace_back(name, value);
     } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
       tree_.values.emplace_back(name, static_cast<std::int64_t>(value));
@@ -86,8 +87,6 @@ class Builder {
       tree_.values.emplace_back(name, static_cast<double>(value));
     } else if constexpr (std::is_convertible_v<const T&, std::string>) {
       tree_.values.emplace_back(name, std::string(value));
-    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-      tree_.values.emplace_back(name, value);
     } else if constexpr (std::is_same_v<T, StatsTree>) {
       tree_.add_group(name, value);
     } else if constexpr (is_vector<T>::value) {
