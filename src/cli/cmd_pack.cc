@@ -58,9 +58,12 @@ const FlagTable& command_flags() {
            "per-sample bytes per shard (default " + std::to_string(kDefaultShardBytes) +
                "); one shard is held in memory while it is built"},
           {"compress", "",
-           "code bf16 and FP8 hidden states losslessly (exponent plane through zstd, planes-zstd): "
-           "about 0.7x the bytes for bf16; decoded when read"},
-          {"level", "L", "zstd level of --compress (default 1)"},
+           "code bf16 and FP8 hidden states losslessly (the exponent plane entropy-coded, "
+           "planes-zstd): about 0.7x the bytes for bf16; decoded when read"},
+          {"entropy", "CODER",
+           "the exponent planes' coder of --compress: huffman (default; format version 2, "
+           "decodes about twice as fast) or zstd (version 1, which earlier draftfeed builds read)"},
+          {"level", "L", "zstd level of --compress --entropy zstd (default 1)"},
           {"rows", "A:B", "only rows A..B-1 (either side may be left out)"},
       }
           .add(cache_rewrite_flags_table())
@@ -98,6 +101,10 @@ int run_pack(const std::vector<std::string>& argv) {
   options.shard_bytes = static_cast<std::uint64_t>(shard_bytes);
   options.compress = args.has("compress");
   options.codec.zstd_level = static_cast<int>(level);
+  const std::string entropy = args.str("entropy", "huffman");
+  require(entropy == "huffman" || entropy == "zstd", ErrorKind::kInvalidArgument,
+          "--entropy must be huffman or zstd, got '" + entropy + "'");
+  options.codec.entropy = entropy == "zstd" ? PlaneEntropy::kZstd : PlaneEntropy::kHuffman;
   CacheRewriteProgress progress;
   PackReport report;
   run_with_progress("pack", range.end - range.begin, flags.progress_bar, progress, [&] {

@@ -30,7 +30,8 @@ struct Case {
   Preprocess preprocess;
   DType batch_dtype;
   bool noise;
-  DType source = DType::kBF16;  // or F8 E4M3, with a scale per token
+  DType source = DType::kBF16;                    // or F8 E4M3, with a scale per token
+  PlaneEntropy entropy = PlaneEntropy::kHuffman;  // or the version 1 blobs' zstd
 };
 
 class CompressedRowsCopyTest : public ::testing::TestWithParam<Case> {
@@ -72,14 +73,22 @@ class CompressedRowsCopyTest : public ::testing::TestWithParam<Case> {
       const float scale = 0.5f + 0.01f * static_cast<float>(t);
       std::memcpy(scales_.data() + 4 * t, &scale, 4);
     }
-    blob_ = plane_encode(c.source, values_, PlaneCodecOptions{1, kChunkValues});
+    PlaneCodecOptions options;
+    options.entropy = c.entropy;
+    options.chunk_values = kChunkValues;
+    blob_ = plane_encode(c.source, values_, options);
     auto parsed = plane_parse(c.source, blob_, blob_.size(), count);
     ASSERT_TRUE(parsed.ok()) << parsed.error().what();
     planes_ = std::make_shared<CompressedPlanes>(CompressedPlanes{
         blob_.data(), parsed.value(), "shard-000000.safetensors, offset 8, row 7"});
-    bool any_zstd = false;
-    for (const auto& chunk : planes_->planes.chunks) any_zstd = any_zstd || chunk.zstd;
-    ASSERT_TRUE(any_zstd);
+    ASSERT_TRUE(coded(0));
+  }
+
+  // Whether chunk c's exponent plane is coded with the case's entropy coder (not stored raw).
+  bool coded(std::size_t c) const {
+    return planes_->planes.chunks[c].mode == (GetParam().entropy == PlaneEntropy::kHuffman
+                                                  ? PlaneBlob::Mode::kHuffman
+                                                  : PlaneBlob::Mode::kZstd);
   }
 
   FetchedSample plain() const {
@@ -134,9 +143,10 @@ TEST_P(CompressedRowsCopyTest, EqualsTheCopyOfTheDecodedRows) {
 }
 
 TEST_P(CompressedRowsCopyTest, ACorruptChunkDropsTheSampleNamingWhereItLies) {
-  std::size_t bad = 0;
-  while (!planes_->planes.chunks[bad].zstd) ++bad;
-  // The frame's first byte: its magic number, which every decode checks.
+  std::size_t bad = 3;
+  while (!coded(bad)) ++bad;
+  // The plane's first byte: a zstd frame's magic number, a Huffman plane's first symbol (after
+  // its last one), which every decode checks.
   blob_[planes_->planes.chunks[bad].at] ^= 0xFF;
   std::optional<FetchOutcome> drop;
   copy(compressed(), {20}, &drop);
@@ -154,7 +164,11 @@ INSTANTIATE_TEST_SUITE_P(Copies, CompressedRowsCopyTest,
                                            Case{Preprocess::kEagle3Shift, DType::kF32, false},
                                            Case{Preprocess::kMtp, DType::kF32, true},
                                            Case{Preprocess::kEagle3Shift, DType::kBF16, true,
-                                                DType::kF8E4M3}));
+                                                DType::kF8E4M3},
+                                           Case{Preprocess::kEagle3Shift, DType::kBF16, true,
+                                                DType::kBF16, PlaneEntropy::kZstd},
+                                           Case{Preprocess::kMtp, DType::kF32, false,
+                                                DType::kF8E4M3, PlaneEntropy::kZstd}));
 
 }  // namespace
 }  // namespace draftfeed

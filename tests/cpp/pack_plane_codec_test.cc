@@ -1,6 +1,8 @@
 // The planes-zstd codec gives back every bf16 and FP8 bit pattern (NaN payloads, negative zero,
-// infinities), at every size around its chunk boundaries; it compresses Gaussian bf16 values; a
-// blob cut short or changed anywhere is refused, never read past its end.
+// infinities), at every size around its chunk boundaries, with either entropy coder; it
+// compresses Gaussian bf16 values, Huffman (version 2) no worse than zstd (version 1); a blob cut
+// short or changed anywhere is refused, never read past its end; version 1 blobs an earlier build
+// wrote (tests/data/pack_v1) still decode to the bytes their hash names.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,9 @@
 #include <vector>
 
 #include "draftfeed/common/xxh64.h"
+#include "draftfeed/hidden/safetensors.h"
 #include "draftfeed/pack/plane_codec.h"
+#include "draftfeed/pack/shard_layout.h"
 
 namespace draftfeed {
 namespace {
@@ -36,6 +40,12 @@ TEST(Xxh64, KnownValues) {
   EXPECT_EQ(xxh64(counting), 0x33FFECC78862A044ULL);  // the xxhash package's value
 }
 
+PlaneCodecOptions with_zstd() {
+  PlaneCodecOptions options;
+  options.entropy = PlaneEntropy::kZstd;
+  return options;
+}
+
 TEST(PlaneCodec, EveryBf16PatternComesBack) {
   std::vector<std::uint8_t> bytes(2 * 65536);
   for (std::uint32_t v = 0; v < 65536; ++v) {
@@ -46,6 +56,7 @@ TEST(PlaneCodec, EveryBf16PatternComesBack) {
   small.chunk_values = 1000;
   EXPECT_EQ(round_trip(DType::kBF16, bytes), bytes);
   EXPECT_EQ(round_trip(DType::kBF16, bytes, small), bytes);
+  EXPECT_EQ(round_trip(DType::kBF16, bytes, with_zstd()), bytes);
 }
 
 TEST(PlaneCodec, EveryFp8PatternComesBackAtOddSizes) {
@@ -55,6 +66,8 @@ TEST(PlaneCodec, EveryFp8PatternComesBackAtOddSizes) {
     PlaneCodecOptions small;
     small.chunk_values = 64;
     EXPECT_EQ(round_trip(DType::kF8E4M3, bytes), bytes) << n;
+    EXPECT_EQ(round_trip(DType::kF8E4M3, bytes, small), bytes) << n;
+    small.entropy = PlaneEntropy::kZstd;
     EXPECT_EQ(round_trip(DType::kF8E4M3, bytes, small), bytes) << n;
   }
 }
@@ -74,9 +87,12 @@ TEST(PlaneCodec, SizesAroundTheChunkBoundary) {
   const std::uint32_t chunk = 128;
   PlaneCodecOptions options;
   options.chunk_values = chunk;
-  for (const std::size_t n : {0U, 1U, chunk - 1, chunk, chunk + 1, 3 * chunk + 5}) {
-    const auto bytes = gaussian_bf16(n);
-    EXPECT_EQ(round_trip(DType::kBF16, bytes, options), bytes) << n;
+  for (const PlaneEntropy entropy : {PlaneEntropy::kHuffman, PlaneEntropy::kZstd}) {
+    options.entropy = entropy;
+    for (const std::size_t n : {0U, 1U, chunk - 1, chunk, chunk + 1, 3 * chunk + 5}) {
+      const auto bytes = gaussian_bf16(n);
+      EXPECT_EQ(round_trip(DType::kBF16, bytes, options), bytes) << n;
+    }
   }
 }
 
@@ -91,9 +107,65 @@ TEST(PlaneCodec, GaussianBf16Compresses) {
   EXPECT_EQ(sizes.header + sizes.exponent_stored + sizes.rest, blob.size());
 }
 
-TEST(PlaneCodec, DamagedBlobsAreRefused) {
+TEST(PlaneCodec, HuffmanWritesVersionTwoNoLargerThanZstd) {
+  const auto bytes = gaussian_bf16(1 << 18);
+  const auto huffman = plane_encode(DType::kBF16, bytes);
+  const auto zstd = plane_encode(DType::kBF16, bytes, with_zstd());
+  EXPECT_EQ(huffman[4], 2);
+  EXPECT_EQ(zstd[4], 1);
+  const auto parsed = plane_parse(DType::kBF16, huffman, huffman.size(), bytes.size() / 2);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().what();
+  for (const auto& chunk : parsed.value().chunks) EXPECT_EQ(chunk.mode, PlaneBlob::Mode::kHuffman);
+  EXPECT_LE(plane_sizes(huffman).exponent_stored, plane_sizes(zstd).exponent_stored);
+}
+
+TEST(PlaneCodec, AVersionOneBlobHasNoHuffmanChunks) {
+  const auto bytes = gaussian_bf16(1000);
+  auto blob = plane_encode(DType::kBF16, bytes);
+  blob[4] = 1;
+  std::vector<std::uint8_t> out(bytes.size());
+  const auto error = plane_decode(DType::kBF16, blob, out);
+  ASSERT_TRUE(error);
+  EXPECT_NE(std::string(error->what()).find("mode 2 (0 raw, 1 zstd)"), std::string::npos)
+      << error->what();
+  blob[4] = 3;
+  EXPECT_TRUE(plane_decode(DType::kBF16, blob, out));
+}
+
+// Every compressed part of a shard an earlier build wrote (version 1: zstd) decodes, and to the
+// bytes its blob's hash names (plane_decode checks it).
+void expect_shard_decodes(const std::string& name, DType dtype) {
+  const std::string path = std::string(DRAFTFEED_TEST_DATA) + "/pack_v1/" + name;
+  auto file = SafetensorsFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.error().what();
+  auto index = index_pack_shard(file.value()->tensors(), file.value()->metadata(), path);
+  ASSERT_TRUE(index.ok()) << index.error().what();
+  std::size_t decoded = 0;
+  for (const auto& [row, sample] : index.value()) {
+    for (const PackedPart& part : sample.parts) {
+      if (!part.compressed) continue;
+      EXPECT_EQ(part.view.data[4], 1) << "row " << row << " is not a version 1 blob";
+      EXPECT_EQ(part.dtype, dtype);
+      std::vector<std::uint8_t> out(part.decoded_bytes);
+      const auto error = plane_decode(part.dtype, part.view.bytes(), out);
+      EXPECT_FALSE(error) << "row " << row << ": " << error->what();
+      ++decoded;
+    }
+  }
+  EXPECT_GE(decoded, 3U);
+}
+
+TEST(PlaneCodec, ReadsTheVersionOneBlobsOfAnEarlierBuild) {
+  expect_shard_decodes("bf16_shard-000000.safetensors", DType::kBF16);
+  expect_shard_decodes("fp8_shard-000000.safetensors", DType::kF8E4M3);
+}
+
+class DamagedBlobs : public ::testing::TestWithParam<PlaneEntropy> {};
+
+TEST_P(DamagedBlobs, AreRefused) {
   PlaneCodecOptions options;
   options.chunk_values = 256;
+  options.entropy = GetParam();
   const auto bytes = gaussian_bf16(1000);
   const auto blob = plane_encode(DType::kBF16, bytes, options);
   std::vector<std::uint8_t> out(bytes.size());
@@ -102,7 +174,8 @@ TEST(PlaneCodec, DamagedBlobsAreRefused) {
     EXPECT_TRUE(plane_decode(DType::kBF16, part, out)) << "cut at " << cut;
   }
   // A changed byte is refused, or changed nothing the decoder reads (a zstd frame header bit
-  // that does not change the frame's output): the bytes that come out are the original ones.
+  // that does not change the frame's output, a Huffman stream's padding bit): the bytes that come
+  // out are the original ones.
   std::size_t refused = 0;
   for (std::size_t at = 0; at < blob.size(); at += 5) {
     auto changed = blob;
@@ -121,6 +194,9 @@ TEST(PlaneCodec, DamagedBlobsAreRefused) {
   EXPECT_TRUE(plane_decode(DType::kBF16, blob, shorter));
   EXPECT_THROW(plane_encode(DType::kF32, bytes), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(PlaneCodec, DamagedBlobs,
+                         ::testing::Values(PlaneEntropy::kHuffman, PlaneEntropy::kZstd));
 
 }  // namespace
 }  // namespace draftfeed

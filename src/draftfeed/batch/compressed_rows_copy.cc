@@ -111,20 +111,6 @@ CompressedRowsCopy copy_compressed_rows(const BatchLayout& layout, const BatchMe
   });
   result.bad_chunk = range.bad_chunk;
   result.status = range.status;
-  // The blob's pages of the chunks wholly inside these rows leave this process's memory (a chunk
-  // shared with the next copy chunk stays for it).
-  const PlaneBlob& planes = blob.planes;
-  if (sample.file && !planes.chunks.empty() && last > first) {
-    const std::uint64_t begin_value = static_cast<std::uint64_t>(first) * row_values;
-    const std::uint64_t end_value = static_cast<std::uint64_t>(last) * row_values;
-    const std::size_t c0 = (begin_value + planes.chunk_values - 1) / planes.chunk_values;
-    const std::size_t c1 = std::min(
-        planes.chunks.size(), planes.chunk_of(end_value) + (end_value == planes.values ? 1 : 0));
-    if (c0 < c1) {
-      const std::size_t to = c1 < planes.chunks.size() ? planes.chunks[c1].at : planes.blob_bytes;
-      sample.file->release(blob.data + planes.chunks[c0].at, blob.data + to);
-    }
-  }
   return result;
 }
 

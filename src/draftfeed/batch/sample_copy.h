@@ -12,7 +12,8 @@
 //     the sample is dropped once its copy is done (MappedFile::change_since_mapped);
 //   - NaN or Inf in the copied rows (found by the copy's kernels) drops the sample too.
 // Once a chunk's rows are in the batch, its file pages leave this process's memory (they stay
-// in the page cache): a loader that kept a batch's files mapped would hold that batch twice.
+// in the page cache): a loader that kept a batch's files mapped would hold that batch twice. A
+// compressed sample's blob leaves once, when the whole sample is copied (finish).
 // A cache file whose source asks for the rows to be read (FetchedSample::read_rows) is copied
 // through its descriptor instead (file_rows_copy.h): no mapping to guard or release there; a
 // file that shrank under the read is dropped as one that faulted. Hidden states left compressed in
@@ -47,7 +48,8 @@ class SampleCopy {
   // After every chunk was copied: the drop this sample gets, if any (its file shrank in the copy,
   // its file changed since it was mapped, a compressed chunk did not decode, or it held non-finite
   // values), with a message naming the row and the file; nothing if its rows in the batch are
-  // good. Resets what the copies found, for a copy again after the batch is repacked.
+  // good. Releases a compressed sample's blob pages. Resets what the copies found, for a copy
+  // again after the batch is repacked.
   std::optional<FetchOutcome> finish(const FetchedSample& sample, std::int64_t global_row);
 
  private:

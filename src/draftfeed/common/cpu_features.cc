@@ -26,6 +26,11 @@ bool cpu_has_avx2() {
   return has;
 }
 
+bool cpu_has_bmi2() {
+  static const bool has = __builtin_cpu_supports("bmi2") != 0;
+  return has;
+}
+
 bool cpu_has_avx2_f16c() {
   // clang's __builtin_cpu_supports does not know "f16c": CPUID leaf 1 says (ECX bit 29); the
   // AVX2 check covers the OS saving the ymm registers, which F16C's VEX encoding needs too.
@@ -63,6 +68,7 @@ bool cpu_has_avx512_kernels() {
 #else
 
 bool cpu_has_avx2() { return false; }
+bool cpu_has_bmi2() { return false; }
 bool cpu_has_avx2_f16c() { return false; }
 bool cpu_has_avx512_kernels() { return false; }
 

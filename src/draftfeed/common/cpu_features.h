@@ -6,6 +6,10 @@ namespace draftfeed {
 // x86 with AVX2 (and an OS that saves the ymm registers); false elsewhere.
 bool cpu_has_avx2();
 
+// x86 with BMI2 (shifts by a register other than CL, which the Huffman decoder's loop is made of);
+// false elsewhere.
+bool cpu_has_bmi2();
+
 // AVX2 and F16C (the f16 <-> float conversions).
 bool cpu_has_avx2_f16c();
 

@@ -1,24 +1,29 @@
 // The lossless codec of packed caches ("planes-zstd", docs/formats.md): a bf16 or FP8 tensor's
 // bytes split into a plane of exponents, which compresses (hidden states cluster around a few
 // magnitudes), and a plane of signs and mantissas, which does not (near-uniform bits); the
-// exponent plane entropy-coded with libzstd, the other stored as it is. Decoding gives back the
-// same bytes, bit for bit (NaN payloads, negative zeros and FP8's NaN codes included).
+// exponent plane entropy-coded (our Huffman coder, pack/exponent_huffman.h, since version 2;
+// libzstd in version 1, still read and still written on request), the other stored as it is.
+// Decoding gives back the same bytes, bit for bit (NaN payloads, negative zeros and FP8's NaN codes
+// included).
 //
 //   bf16  16 bits s|eeeeeeee|mmmmmmm -> exponent byte eeeeeeee, and byte s|mmmmmmm
 //   FP8   E4M3 8 bits s|eeee|mmm     -> exponent nibble eeee, and nibble s|mmm; two values' nibbles
 //                                       per byte (the first value in the low nibble)
 //
-// Values are coded in chunks of `chunk_values` (default 64 Ki), each chunk's exponent plane a zstd
-// frame of its own, or stored raw when zstd would not make it smaller: a decoder can work chunk by
-// chunk in a cache-sized buffer, and chunks decode independently.
+// Values are coded in chunks of `chunk_values` (default 64 Ki), each chunk's exponent plane coded
+// on its own (a Huffman plane or a zstd frame), or stored raw when coding would not make it
+// smaller: a decoder can work chunk by chunk in a cache-sized buffer, and chunks decode
+// independently. A Huffman blob's chunks share one code where the blob's own histogram serves
+// them (the decoder then builds its table once per blob), a chunk's own where it saves more.
 //
 // Blob layout, little-endian, every field checked on decode (the blob is untrusted input):
-//   "DFPZ"  u8 version (1)  u8 kind (1 bf16, 2 FP8)  u16 zero
+//   "DFPZ"  u8 version (1 or 2)  u8 kind (1 bf16, 2 FP8)  u16 zero
 //   u64 value count   u32 chunk_values   u32 chunk count   u64 XXH64 of the decoded bytes
-//   chunk table: per chunk, u32 stored exponent bytes, u32 mode (0 raw, 1 zstd)
+//   chunk table: per chunk, u32 stored exponent bytes, u32 mode (0 raw, 1 zstd, 2 Huffman: version
+//   2 only)
 //   per chunk: its stored exponent plane, then its sign/mantissa plane (values bytes for bf16,
 //   ceil(values / 2) for FP8)
-// Thread safety: pure functions (each call uses its own zstd context); a PlaneChunkDecoder is one
+// Thread safety: pure functions (each call uses its own contexts); a PlaneChunkDecoder is one
 // thread's.
 #pragma once
 
@@ -32,14 +37,21 @@
 
 #include "draftfeed/common/dtype.h"
 #include "draftfeed/common/error.h"
+#include "draftfeed/pack/exponent_huffman.h"
 
 namespace draftfeed {
 
 inline constexpr const char* kPlaneCodecName = "planes-zstd";
 inline constexpr std::uint32_t kPlaneCodecDefaultChunk = 64 * 1024;
 
+// The exponent planes' entropy coder. Huffman decodes about twice as fast at the same size
+// (docs/decisions.md, "The exponent planes' entropy stage"); zstd writes version 1 blobs, which
+// readers from before version 2 read.
+enum class PlaneEntropy : std::uint8_t { kHuffman, kZstd };
+
 struct PlaneCodecOptions {
-  int zstd_level = 1;  // docs/decisions.md: higher levels gain < 1% on these planes
+  PlaneEntropy entropy = PlaneEntropy::kHuffman;
+  int zstd_level = 1;  // kZstd's; docs/decisions.md: higher levels gain < 1% on these planes
   std::uint32_t chunk_values = kPlaneCodecDefaultChunk;
 };
 
@@ -66,10 +78,11 @@ struct PlaneBlob {
   std::uint64_t values = 0;
   std::uint32_t chunk_values = 0;
   std::size_t blob_bytes = 0;
+  enum class Mode : std::uint8_t { kRaw = 0, kZstd = 1, kHuffman = 2 };
   struct Chunk {
     std::uint64_t at = 0;      // the chunk's stored exponent plane
     std::uint32_t stored = 0;  // its bytes
-    bool zstd = false;         // a zstd frame (else the raw plane)
+    Mode mode = Mode::kRaw;    // how they are coded
   };
   std::vector<Chunk> chunks;
 
@@ -97,9 +110,9 @@ Result<PlaneBlob> plane_parse(DType dtype, std::span<const std::uint8_t> head,
 // count): 0 when those are not a header.
 std::size_t plane_head_bytes(std::span<const std::uint8_t> first_32);
 
-// Decodes single chunks of parsed blobs, with a zstd context and an exponent buffer of its own,
-// allocated by the constructor and reserve(): decode() allocates nothing, so it may run under a
-// fault guard (common/fault_guard.h) reading a mapped blob.
+// Decodes single chunks of parsed blobs, with a zstd context, a Huffman decoder and an exponent
+// buffer of its own, allocated by the constructor and reserve(): decode() allocates nothing, so
+// it may run under a fault guard (common/fault_guard.h) reading a mapped blob.
 class PlaneChunkDecoder {
  public:
   PlaneChunkDecoder();
@@ -110,11 +123,13 @@ class PlaneChunkDecoder {
   // Room for chunks of `chunk_values` values.
   void reserve(std::uint32_t chunk_values);
 
-  // What one decode found: ok, or the zstd error code / the size it decoded to instead.
+  // What one decode found: ok, or the zstd error code / the size it decoded to instead, or the
+  // Huffman plane's fault.
   struct Status {
     bool ok = true;
     std::size_t zstd_code = 0;  // a zstd error code, or 0
     std::size_t got = 0;        // the bytes the frame decoded to, when not an error
+    HuffmanFault huffman = HuffmanFault::kNone;
   };
   // Chunk `c` of `blob` (its bytes at `data`), decoded into `out` (chunk_count(c) values).
   // Needs reserve(blob.chunk_values) first.
@@ -127,6 +142,7 @@ class PlaneChunkDecoder {
   struct Context;
   std::unique_ptr<Context> context_;
   std::vector<std::uint8_t> exponent_;
+  HuffmanDecoder huffman_;
 };
 
 // Byte counts of the two planes, for measurements: the stored exponent planes and the raw rest.
