@@ -75,9 +75,11 @@ def make_llama(harness_data: Path, folder: Path) -> Path:
     return folder
 
 
-def measure(data: Path, work: Path, name: str, levels: tuple[int, ...] = (1, 3)) -> list[dict]:
+def measure(data: Path, work: Path, name: str, levels: tuple[int, ...] = (1, 3),
+            entropy: str = "zstd") -> list[dict]:
     """Per dtype (bf16, FP8) and zstd level: the per-sample files' bytes, the packed and the packed and
-    compressed cache's (the plain pack at the first level only)."""
+    compressed cache's (the plain pack at the first level only). `entropy`: pack's --entropy (with
+    huffman, the levels are only repeats: huffman has none)."""
     rows = []
     fp8 = work / f"{name}_fp8"
     run("quantize", data, "--out", fp8, "--no-progress")
@@ -86,12 +88,13 @@ def measure(data: Path, work: Path, name: str, levels: tuple[int, ...] = (1, 3))
             out = work / f"{name}_{dtype}_pack{level}"
             start = time.perf_counter()
             report = json.loads(run("pack", data, "--hidden-states", cache, "--out", out, "--compress",
-                                    "--level", level, "--json"))
+                                    "--entropy", entropy, "--level", level, "--json"))
             seconds = time.perf_counter() - start
             plain = json.loads(run("pack", data, "--hidden-states", cache, "--out", work / f"{name}_{dtype}_plain",
                                    "--json")) if level == levels[0] else None
             rows.append({
-                "states": name, "dtype": dtype, "zstd_level": level, "samples": report["packed"],
+                "states": name, "dtype": dtype, "entropy": entropy,
+                "zstd_level": level if entropy == "zstd" else None, "samples": report["packed"],
                 "bytes_per_sample_file": report["bytes_before"],
                 "packed_plain_bytes": plain["bytes_after"] if plain else None,
                 "packed_compressed_bytes": report["bytes_after"],

@@ -26,7 +26,9 @@ files in practice:
                        a shard name, overlapping samples, a row twice)
   pack_folder_fuzz/    a manifest and its one shard together (u32 manifest length, manifest, shard)
   pack_shard_fuzz/     the shard files of the same packs (samples of bf16 and FP8 files, plain and
-                       planes-zstd), and a bare planes-zstd blob
+                       planes-zstd with either coder: Huffman, version 2, and zstd, version 1)
+  pack_huffman_fuzz/   the Huffman-coded exponent planes of those packs' shards (u16 size, then the
+                       stored plane), and exponent-like planes to code
   mooncake_manifest_fuzz/  transfer manifests as hs-connectors' MooncakeHiddenStatesConnector makes them
                        (its packed_layout; bf16, f16 and f32 hidden states, an empty prompt), the
                        damaged ones tools/sim_mooncake.py answers (corrupt_manifest's modes), and
@@ -46,6 +48,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import sys
@@ -401,16 +404,19 @@ def _packs() -> dict[str, dict[str, bytes]]:
                         "--hidden-size", "64", "--layers", "2"], check=True, capture_output=True)
         subprocess.run([program, "quantize", str(data), "--out", str(Path(tmp) / "fp8"), "--no-progress"],
                        check=True, capture_output=True)
+        # plain; compressed with pack's default coder (huffman, format version 2); and with zstd
+        # (version 1, what earlier builds wrote)
+        coders = {"plain": [], "huffman": ["--compress"], "zstd": ["--compress", "--entropy", "zstd"]}
         for source in ("hidden_states", "fp8"):
-            for compress in (False, True):
+            for coder, flags in coders.items():
                 for shard_bytes in ("100000", "2000"):
-                    name = f"{'bf16' if source == 'hidden_states' else 'fp8'}_{'zstd' if compress else 'plain'}" \
+                    name = f"{'bf16' if source == 'hidden_states' else 'fp8'}_{coder}" \
                            f"_{'one' if shard_bytes == '100000' else 'many'}"
                     out = Path(tmp) / name
                     subprocess.run([program, "pack", str(data), "--hidden-states",
                                     str(data / source if source == "hidden_states" else Path(tmp) / source),
                                     "--out", str(out), "--shard-bytes", shard_bytes, "--no-progress",
-                                    *(["--compress"] if compress else [])], check=True, capture_output=True)
+                                    *flags], check=True, capture_output=True)
                     packs[name] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     return packs
 
@@ -450,6 +456,52 @@ def pack_folder_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def _huffman_planes(shard: bytes) -> list[tuple[int, bytes]]:
+    """The Huffman-coded exponent planes (mode 2) of a pack shard's compressed tensors: (the plane's
+    bytes decoded, its stored form), read from the planes-zstd blobs' chunk tables
+    (docs/formats.md)."""
+    import struct
+
+    header_len = struct.unpack_from("<Q", shard)[0]
+    header = json.loads(shard[8:8 + header_len])
+    planes = []
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] != "U8":
+            continue
+        begin, end = info["data_offsets"]
+        blob = shard[8 + header_len + begin:8 + header_len + end]
+        if blob[:4] != b"DFPZ" or blob[4] != 2:
+            continue
+        kind, values, chunk, chunks = blob[5], *struct.unpack_from("<QII", blob, 8)
+        at = 32 + 8 * chunks
+        for c in range(chunks):
+            stored, mode = struct.unpack_from("<II", blob, 32 + 8 * c)
+            n = min(chunk, values - c * chunk)
+            plane = n if kind == 1 else (n + 1) // 2
+            if mode == 2:
+                planes.append((plane, blob[at:at + stored]))
+            at += stored + plane
+    return planes
+
+
+def pack_huffman_seeds() -> dict[str, bytes]:
+    """Inputs of pack_huffman_fuzz (u16 plane size, then a stored plane; also read from byte 4 on
+    as a plane to code): the Huffman planes of bf16 and FP8 packs, and planes of exponent-like
+    bytes."""
+    import struct
+
+    seeds: dict[str, bytes] = {}
+    for name, files in _packs().items():
+        if "huffman" in name and name.endswith("_one"):
+            for i, (size, stored) in enumerate(_huffman_planes(files["shard-000000.safetensors"])[:4]):
+                seeds[f"{name}_{i}.bin"] = struct.pack("<H", size & 0xFFFF) + stored
+    rng = random.Random(7)
+    for size in (1, 5, 64, 1000):
+        plane = bytes(max(0, min(255, 120 + int(rng.gauss(0, 3)))) for _ in range(size))
+        seeds[f"exponents_{size}.bin"] = struct.pack("<H", size) + b"\x00\x00" + plane
+    return seeds
+
+
 def write(out: Path, fuzzer: str, seeds: dict[str, bytes]) -> None:
     folder = out / fuzzer
     if folder.exists():
@@ -477,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         "pack_manifest_fuzz": pack_manifest_seeds,
         "pack_shard_fuzz": pack_shard_seeds,
         "pack_folder_fuzz": pack_folder_seeds,
+        "pack_huffman_fuzz": pack_huffman_seeds,
     }
     for fuzzer, make in makers.items():
         if args.only is None or args.only == fuzzer:

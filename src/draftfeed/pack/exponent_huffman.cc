@@ -250,9 +250,11 @@ const char* huffman_fault_text(HuffmanFault fault) {
 }
 
 struct HuffmanDecoder::Tables {
-  // Entry for the next 11 bits: up to four symbols (low 32 bits, first symbol lowest), their
-  // count (bits 32-39) and the bits they take (bits 40-47).
-  alignas(64) std::array<std::uint64_t, kTableSize> multi{};
+  // For the next 11 bits: up to four symbols (first symbol lowest), and in `meta` the bits they
+  // take (low byte) and their count (high byte). Two tables, so that a lookup's next window waits
+  // on the small entry alone and shifts by it as it is (a shift uses the low 6 bits of its count).
+  alignas(64) std::array<std::uint32_t, kTableSize> symbols{};
+  alignas(64) std::array<std::uint16_t, kTableSize> meta{};
   // Entry for the next 11 bits: the first symbol (low byte) and its bits (high byte).
   alignas(64) std::array<std::uint16_t, kTableSize> single{};
   // The header the tables were built from; key_bytes 0 while none is.
@@ -306,7 +308,8 @@ bool HuffmanDecoder::load_code(const std::uint8_t* header, std::size_t header_by
       ++count;
       used += l;
     }
-    t.multi[i] = symbols | (std::uint64_t{count} << 32) | (std::uint64_t{used} << 40);
+    t.symbols[i] = static_cast<std::uint32_t>(symbols);
+    t.meta[i] = static_cast<std::uint16_t>(used | (count << 8));
   }
   t.key = key;
   t.key_bytes = header_bytes;
@@ -314,6 +317,15 @@ bool HuffmanDecoder::load_code(const std::uint8_t* header, std::size_t header_by
 }
 
 namespace {
+
+struct MultiTable {
+  const std::uint32_t* symbols;
+  const std::uint16_t* meta;
+};
+
+// The fast loop's marker bit (group()): below the 57 bits a refill always holds.
+constexpr unsigned kMarkerBit = 6;
+constexpr std::uint64_t kMarker = std::uint64_t{1} << kMarkerBit;
 
 // The four streams' state in the fast loop. Positions are bits from the first stream's first
 // byte, so one base pointer serves all four (fewer registers: the loop keeps all of this in them).
@@ -338,25 +350,26 @@ std::size_t safe_groups(const Lanes& l, std::size_t k) {
          1;
 }
 
-[[gnu::always_inline]] inline void group(const std::uint8_t* base, const std::uint64_t* multi,
+[[gnu::always_inline]] inline void group(const std::uint8_t* base, const MultiTable& multi,
                                          std::uint64_t& pos, std::uint8_t*& out) {
-  std::uint64_t window = peek(base, pos);
+  // The window's 57 bits from `pos`, then a marker bit and zeros: the lookups shift it left by
+  // the bits they take, so the marker's place says how many they took, with no count kept.
+  std::uint64_t window = (peek(base, pos) & ~std::uint64_t{0x7F}) | kMarker;
   for (unsigned i = 0; i < kLookupsPerRefill; ++i) {
-    const std::uint64_t e = multi[window >> kPeekShift];
-    const auto symbols = static_cast<std::uint32_t>(e);
+    const std::size_t at = window >> kPeekShift;
+    const std::uint32_t symbols = multi.symbols[at];
+    const unsigned meta = multi.meta[at];
     std::memcpy(out, &symbols, sizeof symbols);
-    out += (e >> 32) & 0xFFU;
-    const auto bits = static_cast<unsigned>(e >> 40);
-    window <<= bits;
-    pos += bits;
+    out += meta >> 8;
+    window <<= meta & 63U;
   }
+  pos += static_cast<unsigned>(__builtin_ctzll(window)) - kMarkerBit;
 }
 
 // `n` groups on each of the four streams, interleaved: their lookups are independent, so each
 // one's table load waits while the others' go on.
-[[gnu::always_inline]] inline void four_streams(const std::uint8_t* base,
-                                                const std::uint64_t* multi, Lanes& l,
-                                                std::size_t n) {
+[[gnu::always_inline]] inline void four_streams(const std::uint8_t* base, const MultiTable& multi,
+                                                Lanes& l, std::size_t n) {
   std::uint64_t p0 = l.pos[0], p1 = l.pos[1], p2 = l.pos[2], p3 = l.pos[3];
   std::uint8_t *o0 = l.out[0], *o1 = l.out[1], *o2 = l.out[2], *o3 = l.out[3];
   const std::uint8_t* warm = l.warm;
@@ -378,7 +391,7 @@ std::size_t safe_groups(const Lanes& l, std::size_t k) {
 }
 
 // The fast loop: four streams while all have room, then each alone while it has.
-[[gnu::always_inline]] inline void fast_loop(const std::uint8_t* base, const std::uint64_t* multi,
+[[gnu::always_inline]] inline void fast_loop(const std::uint8_t* base, const MultiTable& multi,
                                              Lanes& l) {
   for (;;) {
     const std::size_t n = std::min(std::min(safe_groups(l, 0), safe_groups(l, 1)),
@@ -396,13 +409,13 @@ std::size_t safe_groups(const Lanes& l, std::size_t k) {
 // The same loop built twice: with BMI2 (shifts by any register, no moves into CL), and without
 // for a CPU that lacks it; chosen once.
 __attribute__((target("bmi2"))) void fast_loop_bmi2(const std::uint8_t* base,
-                                                    const std::uint64_t* multi, Lanes& l) {
+                                                    const MultiTable& multi, Lanes& l) {
   fast_loop(base, multi, l);
 }
-void fast_loop_base(const std::uint8_t* base, const std::uint64_t* multi, Lanes& l) {
+void fast_loop_base(const std::uint8_t* base, const MultiTable& multi, Lanes& l) {
   fast_loop(base, multi, l);
 }
-using FastLoop = void (*)(const std::uint8_t*, const std::uint64_t*, Lanes&);
+using FastLoop = void (*)(const std::uint8_t*, const MultiTable&, Lanes&);
 const FastLoop kFastLoop = cpu_has_bmi2() ? fast_loop_bmi2 : fast_loop_base;
 
 }  // namespace
@@ -436,7 +449,7 @@ HuffmanFault HuffmanDecoder::decode(std::span<const std::uint8_t> stored,
   l.warm = read_next.data();
   l.warm_end = read_next.data() + read_next.size();
   const std::uint8_t* base = p + header + kStreamSizeBytes;
-  kFastLoop(base, tables_->multi.data(), l);
+  kFastLoop(base, MultiTable{tables_->symbols.data(), tables_->meta.data()}, l);
   const std::uint16_t* single = tables_->single.data();
   for (std::size_t k = 0; k < kStreams; ++k) {
     // The last bytes one symbol at a time, the window past the stream's end zero-filled; a
