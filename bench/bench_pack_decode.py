@@ -1,11 +1,11 @@
 """Compressed packs at memory speed (issue 51), side by side in one run:
 
   * warm epochs, the loader's defaults (2 copy threads here), at each --hidden (default 1024, 2048,
-    4096): packed plain against packed and compressed (pack's default coder, huffman), bf16 and
-    FP8 (`draftfeed quantize`); the caches' epochs interleaved round by round (plain bf16,
-    compressed bf16, plain FP8, compressed FP8, then again), so that a change in the machine's
-    load falls on all of them alike; each figure the median over --rounds rounds, and the share
-    compressed / plain the median of the rounds' own shares;
+    4096): packed plain against packed and compressed with pack's default coder (huffman, format
+    version 2) and with zstd (version 1, the coder before issue 51), bf16 and FP8 (`draftfeed
+    quantize`); the caches' epochs interleaved round by round (each cache one epoch, then again),
+    so that a change in the machine's load falls on all of them alike; each figure the median
+    over --rounds rounds, and the share compressed / plain the median of the rounds' own shares;
   * the entropy stage alone (`draftfeed codecs`): each coder's exponent-plane decode in GB/s per
     core of exponent bytes, beside memcpy of the same bytes, on bench/residual_states.py's
     residual-stream-like states (bf16, and FP8 from them), with each coder's size;
@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_common import cli_path  # noqa: E402
 
 MAX_LEN = 2048
-CACHES = ("bf16 packed", "bf16 packed+compressed", "fp8 packed", "fp8 packed+compressed")
 GOAL_SHARE = 0.60
 GOAL_RATIO = {"bf16": 0.70, "fp8": 0.82}
 GOAL_ENTROPY_GB_PER_S = 2.0
@@ -57,11 +56,11 @@ def make_caches(work: Path, hidden: int, rows: int) -> tuple[Path, dict[str, Pat
     run("quantize", data, "--out", fp8, "--no-progress")
     caches = {}
     for dtype, source in (("bf16", data / "hidden_states"), ("fp8", fp8)):
-        for compressed in (False, True):
-            name = f"{dtype} packed{'+compressed' if compressed else ''}"
-            out = work / f"{dtype}_{'z' if compressed else 'p'}_{hidden}"
-            run("pack", data, "--hidden-states", source, "--out", out, "--no-progress",
-                *(["--compress"] if compressed else []))
+        for suffix, flags in (("", []), ("+compressed", ["--compress"]),
+                              ("+compressed (zstd)", ["--compress", "--entropy", "zstd"])):
+            name = f"{dtype} packed{suffix}"
+            out = work / f"{dtype}_{len(flags)}_{hidden}"
+            run("pack", data, "--hidden-states", source, "--out", out, "--no-progress", *flags)
             caches[name] = out
     shutil.rmtree(fp8)
     return data, caches
@@ -85,7 +84,7 @@ def warm_rounds(data: Path, caches: dict[str, Path], hidden: int, rounds: int) -
     seconds: dict[str, list[float]] = {name: [] for name in caches}
     tokens = 0
     try:
-        for name, loader in loaders.items():  # warms the page cache, checks each sample's checksum once
+        for loader in loaders.values():  # warms the page cache, checks each sample's checksum once
             epoch(loader, 0)
         for r in range(rounds):
             for name, loader in loaders.items():
@@ -101,8 +100,10 @@ def warm_rounds(data: Path, caches: dict[str, Path], hidden: int, rounds: int) -
                                "warm_epoch_seconds": round(s, 4), "epoch_seconds": [round(x, 4) for x in runs],
                                "warm_gb_per_s_of_bf16": round(tokens * 4 * hidden * 2 / s / 1e9, 2)}
     for dtype in ("bf16", "fp8"):
-        plain, packed = seconds[f"{dtype} packed"], seconds[f"{dtype} packed+compressed"]
-        out[f"{dtype}_share"] = round(statistics.median(p / c for p, c in zip(plain, packed)), 3)
+        plain = seconds[f"{dtype} packed"]
+        for suffix, key in (("+compressed", "share"), ("+compressed (zstd)", "share_zstd")):
+            packed = seconds[f"{dtype} packed{suffix}"]
+            out[f"{dtype}_{key}"] = round(statistics.median(p / c for p, c in zip(plain, packed)), 3)
     return out
 
 
@@ -148,7 +149,8 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
             share = warm[f"{dtype}_share"]
             out.append((f"H = {hidden}, {dtype}: warm compressed >= {GOAL_SHARE:.0%} of packed plain",
                         f"{share:.0%} ({c[f'{dtype} packed+compressed']['warm_gb_per_s_of_bf16']} / "
-                        f"{c[f'{dtype} packed']['warm_gb_per_s_of_bf16']} GB/s)", met(share >= GOAL_SHARE)))
+                        f"{c[f'{dtype} packed']['warm_gb_per_s_of_bf16']} GB/s; with zstd "
+                        f"{warm[f'{dtype}_share_zstd']:.0%})", met(share >= GOAL_SHARE)))
     for dtype, stage in results.get("entropy_stage", {}).items():
         coders = {c["name"]: c for c in stage["coders"]}
         h, z = coders["huffman"], coders["zstd"]

@@ -101,7 +101,10 @@ wheel_test() {
 
 python_tests() {
   # -rs: every skip with its reason; --durations: the slowest tests, for the suite's time budget.
-  python3 -m pytest -q -p no:cacheprovider -rs --durations=15 "$@"
+  # -n: one worker per core (pytest-xdist), each file's tests in one worker (--dist loadfile: a
+  # file's fixtures, servers and scratch folders stay its own); the suite's tests are bounded by
+  # events, not by wall-clock, so they hold with both cores busy.
+  python3 -m pytest -q -p no:cacheprovider -rs --durations=15 -n "$jobs" --dist loadfile "$@"
 }
 
 types_check() {
