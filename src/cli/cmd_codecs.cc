@@ -29,8 +29,8 @@ const std::string kUsage = R"(usage: draftfeed codecs FILE... [options]
 
 Times the exponent planes' entropy stage of packed caches (pack --compress) on the hidden states of
 the given safetensors files (their "hidden_states" tensor, BF16 or F8_E4M3): each file's tensor is
-coded as pack codes it, once with each coder (huffman: format version 2, pack's default; zstd:
-version 1, level --level, minimum match 7), and each coder's stored exponent planes are decoded,
+coded as pack codes it, once with each coder (huffman: format version 2, pack's default for bf16;
+zstd: version 1, level --level, minimum match 7, pack's default for FP8), and each coder's stored exponent planes are decoded,
 chunk by chunk (64 Ki values), on one thread. Beside them, memcpy of the same exponent bytes.
 
 For each coder: the stored exponent bytes as a share of the plane's, the blob's bytes as a share of
@@ -175,6 +175,7 @@ int run_codecs(const std::vector<std::string>& argv) {
         "the files' hidden states are of different dtypes: give BF16 or F8_E4M3 files, not both");
   }
   PlaneCodecOptions huffman_options;
+  huffman_options.entropy = PlaneEntropy::kHuffman;
   PlaneCodecOptions zstd_options;
   zstd_options.entropy = PlaneEntropy::kZstd;
   zstd_options.zstd_level = static_cast<int>(level);

@@ -61,8 +61,9 @@ const FlagTable& command_flags() {
            "code bf16 and FP8 hidden states losslessly (the exponent plane entropy-coded, "
            "planes-zstd): about 0.7x the bytes for bf16; decoded when read"},
           {"entropy", "CODER",
-           "the exponent planes' coder of --compress: huffman (default; format version 2, "
-           "decodes about twice as fast) or zstd (version 1, which earlier draftfeed builds read)"},
+           "the exponent planes' coder of --compress: auto (default: huffman for bf16, zstd for "
+           "FP8, each the faster there), huffman (format version 2) or zstd (version 1, which "
+           "earlier draftfeed builds read)"},
           {"level", "L", "zstd level of --compress --entropy zstd (default 1)"},
           {"rows", "A:B", "only rows A..B-1 (either side may be left out)"},
       }
@@ -101,10 +102,13 @@ int run_pack(const std::vector<std::string>& argv) {
   options.shard_bytes = static_cast<std::uint64_t>(shard_bytes);
   options.compress = args.has("compress");
   options.codec.zstd_level = static_cast<int>(level);
-  const std::string entropy = args.str("entropy", "huffman");
-  require(entropy == "huffman" || entropy == "zstd", ErrorKind::kInvalidArgument,
-          "--entropy must be huffman or zstd, got '" + entropy + "'");
-  options.codec.entropy = entropy == "zstd" ? PlaneEntropy::kZstd : PlaneEntropy::kHuffman;
+  const std::string entropy = args.str("entropy", "auto");
+  require(entropy == "auto" || entropy == "huffman" || entropy == "zstd",
+          ErrorKind::kInvalidArgument,
+          "--entropy must be auto, huffman or zstd, got '" + entropy + "'");
+  options.codec.entropy = entropy == "zstd"      ? PlaneEntropy::kZstd
+                          : entropy == "huffman" ? PlaneEntropy::kHuffman
+                                                 : PlaneEntropy::kAuto;
   CacheRewriteProgress progress;
   PackReport report;
   run_with_progress("pack", range.end - range.begin, flags.progress_bar, progress, [&] {

@@ -66,6 +66,7 @@ TEST(PlaneCodec, EveryFp8PatternComesBackAtOddSizes) {
     PlaneCodecOptions small;
     small.chunk_values = 64;
     EXPECT_EQ(round_trip(DType::kF8E4M3, bytes), bytes) << n;
+    small.entropy = PlaneEntropy::kHuffman;
     EXPECT_EQ(round_trip(DType::kF8E4M3, bytes, small), bytes) << n;
     small.entropy = PlaneEntropy::kZstd;
     EXPECT_EQ(round_trip(DType::kF8E4M3, bytes, small), bytes) << n;
@@ -117,6 +118,16 @@ TEST(PlaneCodec, HuffmanWritesVersionTwoNoLargerThanZstd) {
   ASSERT_TRUE(parsed.ok()) << parsed.error().what();
   for (const auto& chunk : parsed.value().chunks) EXPECT_EQ(chunk.mode, PlaneBlob::Mode::kHuffman);
   EXPECT_LE(plane_sizes(huffman).exponent_stored, plane_sizes(zstd).exponent_stored);
+}
+
+TEST(PlaneCodec, TheDefaultCoderIsHuffmanForBf16AndZstdForFp8) {
+  const auto bf16 = plane_encode(DType::kBF16, gaussian_bf16(5000));
+  std::vector<std::uint8_t> fp8(10000);
+  for (std::size_t i = 0; i < fp8.size(); ++i) fp8[i] = static_cast<std::uint8_t>(0x30 + i % 7);
+  const auto fp8_blob = plane_encode(DType::kF8E4M3, fp8);
+  EXPECT_EQ(bf16[4], 2);
+  EXPECT_EQ(fp8_blob[4], 1);
+  EXPECT_EQ(plane_entropy_for(DType::kF8E4M3, PlaneEntropy::kHuffman), PlaneEntropy::kHuffman);
 }
 
 TEST(PlaneCodec, AVersionOneBlobHasNoHuffmanChunks) {

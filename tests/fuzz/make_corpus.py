@@ -404,9 +404,10 @@ def _packs() -> dict[str, dict[str, bytes]]:
                         "--hidden-size", "64", "--layers", "2"], check=True, capture_output=True)
         subprocess.run([program, "quantize", str(data), "--out", str(Path(tmp) / "fp8"), "--no-progress"],
                        check=True, capture_output=True)
-        # plain; compressed with pack's default coder (huffman, format version 2); and with zstd
-        # (version 1, what earlier builds wrote)
-        coders = {"plain": [], "huffman": ["--compress"], "zstd": ["--compress", "--entropy", "zstd"]}
+        # plain; compressed with each coder: huffman (format version 2) and zstd (version 1, what
+        # earlier builds wrote)
+        coders = {"plain": [], "huffman": ["--compress", "--entropy", "huffman"],
+                  "zstd": ["--compress", "--entropy", "zstd"]}
         for source in ("hidden_states", "fp8"):
             for coder, flags in coders.items():
                 for shard_bytes in ("100000", "2000"):

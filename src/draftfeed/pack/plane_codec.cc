@@ -199,8 +199,15 @@ class ExponentCoder {
 
 }  // namespace
 
+PlaneEntropy plane_entropy_for(DType dtype, PlaneEntropy entropy) {
+  if (entropy != PlaneEntropy::kAuto) return entropy;
+  return dtype == DType::kF8E4M3 ? PlaneEntropy::kZstd : PlaneEntropy::kHuffman;
+}
+
 std::vector<std::uint8_t> plane_encode(DType dtype, std::span<const std::uint8_t> bytes,
-                                       const PlaneCodecOptions& options) {
+                                       const PlaneCodecOptions& requested) {
+  PlaneCodecOptions options = requested;
+  options.entropy = plane_entropy_for(dtype, requested.entropy);
   require(plane_codec_supports(dtype), ErrorKind::kInvalidArgument,
           std::string(kPlaneCodecName) + " codes BF16 and F8_E4M3 tensors, not " +
               std::string(dtype_name(dtype)));

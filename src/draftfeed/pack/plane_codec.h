@@ -44,13 +44,18 @@ namespace draftfeed {
 inline constexpr const char* kPlaneCodecName = "planes-zstd";
 inline constexpr std::uint32_t kPlaneCodecDefaultChunk = 64 * 1024;
 
-// The exponent planes' entropy coder. Huffman decodes about twice as fast at the same size
-// (docs/decisions.md, "The exponent planes' entropy stage"); zstd writes version 1 blobs, which
-// readers from before version 2 read.
-enum class PlaneEntropy : std::uint8_t { kHuffman, kZstd };
+// The exponent planes' entropy coder. On bf16 planes Huffman decodes about twice as fast as zstd
+// at a smaller size; on FP8's planes (two exponents a byte, about 5 bits of entropy a byte) zstd's
+// decoder is the faster one, at the same size (docs/decisions.md, "The exponent planes' entropy
+// stage"): kAuto takes each where it is faster. zstd writes version 1 blobs, which readers from
+// before version 2 read.
+enum class PlaneEntropy : std::uint8_t { kAuto, kHuffman, kZstd };
+
+// The coder kAuto means for `dtype`: Huffman for BF16, zstd for F8_E4M3.
+PlaneEntropy plane_entropy_for(DType dtype, PlaneEntropy entropy);
 
 struct PlaneCodecOptions {
-  PlaneEntropy entropy = PlaneEntropy::kHuffman;
+  PlaneEntropy entropy = PlaneEntropy::kAuto;
   int zstd_level = 1;  // kZstd's; docs/decisions.md: higher levels gain < 1% on these planes
   std::uint32_t chunk_values = kPlaneCodecDefaultChunk;
 };
