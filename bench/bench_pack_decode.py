@@ -216,7 +216,8 @@ def main() -> None:
                         "the entropy stage and the ratio; 0 leaves both out")
     parser.add_argument("--cold-mbps", type=float, default=0)
     parser.add_argument("--work", help="folder for the scratch folder (default: the system's temporary folder)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "i51_pack_decode"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "i51_pack_decode"),
+                        help="OUT.json and OUT.md (a folder: FOLDER/pack_decode.json and .md)")
     args = parser.parse_args()
     import os
 
@@ -240,6 +241,8 @@ def main() -> None:
             results["entropy_stage"] = entropy_stage(work, args.residual_rows)
             results["ratio"] = ratios(work)
     out = Path(args.out)
+    if out.is_dir():  # bench/run.py's section: a folder of its own
+        out = out / "pack_decode"
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(results))
     print(markdown(results))

@@ -191,6 +191,27 @@ def packed_caches(results: dict) -> list[Row]:
     return rows
 
 
+def pack_decode(results: dict) -> list[Row]:
+    """Warm epochs of compressed packs (pack's default coder) against plain packs, at each H."""
+    r = results["pack_decode"]
+    if r.get("status") != "done":
+        return []
+    import bench_pack_decode
+
+    hiddens = list(r["warm"])
+    rows = []
+    for dtype in ("bf16", "fp8"):
+        coder = bench_pack_decode.DEFAULT_CODER[dtype]
+        comp = [r["warm"][h]["caches"][f"{dtype} packed+{coder}"]["warm_gb_per_s_of_bf16"] for h in hiddens]
+        plain = [r["warm"][h]["caches"][f"{dtype} packed"]["warm_gb_per_s_of_bf16"] for h in hiddens]
+        shares = [r["warm"][h][f"{dtype}_{coder}_share"] for h in hiddens]
+        rows.append((f"packed + compressed cache ({dtype}, {coder}), warm epochs, H = {' / '.join(hiddens)}",
+                     " / ".join(f"{g:g}" for g in comp) + " GB/s",
+                     "the plain pack, " + " / ".join(f"{g:g}" for g in plain) + " GB/s",
+                     " / ".join(f"{100 * x:.0f}%" for x in shares) + " of its speed"))
+    return rows
+
+
 def online_pack(results: dict) -> list[Row]:
     """on_generate="pack" (issue 50): epoch 1 with half the dataset's bytes as the budget, against
     the reference generating every row every epoch, and the full budget's kept bytes."""
@@ -242,6 +263,7 @@ ROWS: tuple[tuple[tuple[str, ...], Callable[[dict], list[Row]]], ...] = (
     (("online_defaults",), online_defaults),
     (("mooncake",), mooncake_native),
     (("pack",), packed_caches),
+    (("pack_decode",), pack_decode),
     (("online_pack",), online_pack),
 )
 

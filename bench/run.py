@@ -70,6 +70,10 @@ processes or engine threads, same noise, same call), and each bound is named for
            compression ratio of --pack-ratio-rows residual-stream-like samples, bf16 and FP8
            (pack_ratio.py's residual rows). One table: each of issue 41's targets, measured, met or not.
            Without FUSE the slowfs parts are left out, saying why.
+  pack_decode  bench_pack_decode.py: warm epochs of packed plain against packed and compressed with each
+           coder (huffman, zstd), bf16 and FP8, at each --copy-hidden-sizes, interleaved round by round;
+           the entropy stage of each coder alone against memcpy of the same bytes (`draftfeed codecs`);
+           the ratio of residual-stream-like packs (issue 51's targets, measured, met or not).
 The scaling table (1 and 2 workers or threads on both sides) comes from the engine and store runs.
 
 Provenance: the results record the commit (HEAD) and whether the tree had changes, and which
@@ -106,7 +110,7 @@ from plot import plot_results, warm_epoch  # noqa: E402
 
 SECTIONS = ("engine", "memcpy", "copy_bound", "memory", "kernels", "store", "planner", "trainer", "online",
             "online_prefill",
-            "online_defaults", "mooncake", "cold", "netfs", "pack", "online_pack")
+            "online_defaults", "mooncake", "cold", "netfs", "pack", "pack_decode", "online_pack")
 SIDES = ("reference", "draftfeed", "reference+noise", "draftfeed+noise")
 # Paths whose changes do not change what is measured: results rendered from a commit stay valid for
 # later commits that touch only these (report.py only renders the results' JSON into tables).
@@ -486,6 +490,22 @@ def pack_section(args, results: dict) -> None:
         print(f"  {met}: {target}: {measured}", flush=True)
 
 
+def pack_decode_section(args, results: dict) -> None:
+    """Warm epochs of compressed packs against plain ones at several H, bf16 and FP8, and the entropy
+    stage of each coder (bench/bench_pack_decode.py), and issue 51's targets."""
+    r = script_section(
+        "pack_decode", "bench_pack_decode.py",
+        ["--rows", str(args.pack_decode_rows), "--rounds", str(args.pack_decode_rounds), "--hidden",
+         ",".join(map(str, args.copy_hidden_sizes)), "--work", args.data],
+        "pack_decode.json", 3 * args.timeout, "bench/bench_pack_decode.py is not there")
+    results["pack_decode"] = r
+    import bench_pack_decode
+
+    if r.get("status") == "done":
+        for target, measured, met in bench_pack_decode.targets(r):
+            print(f"  {met}: {target}: {measured}", flush=True)
+
+
 def online_pack_section(args, results: dict) -> None:
     """Generated rows kept in a pack within a budget, against cache, delete and the reference
     (bench/bench_online_pack.py), and issue 50's goals."""
@@ -559,6 +579,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pack-cold-mbps", type=float, default=200, help="MB/s of the pack section's cold mount")
     p.add_argument("--pack-ratio-rows", type=int, default=8, help="residual-stream-like samples of the ratio")
     p.add_argument("--pack-ratio-hidden", type=int, default=4096)
+    p.add_argument("--pack-decode-rows", type=int, default=300, help="rows x 2048 / H of the pack_decode section")
+    p.add_argument("--pack-decode-rounds", type=int, default=5, help="its interleaved warm rounds per H")
     p.add_argument("--online-pack-rows", type=int, default=240, help="rows of the online_pack section's dataset")
     p.add_argument("--online-pack-hidden", type=int, default=256)
     p.add_argument("--online-pack-median", type=float, default=0.1, help="its service time's median (s)")
@@ -669,6 +691,7 @@ def main() -> int:
              ("cold", lambda: cold_section(args, results)),
              ("netfs", lambda: netfs_section(args, results)),
              ("pack", lambda: pack_section(args, results)),
+             ("pack_decode", lambda: pack_decode_section(args, results)),
              ("online_pack", lambda: online_pack_section(args, results))]
     sys.path.insert(0, str(REPO / "tools"))
     for name, step in steps:

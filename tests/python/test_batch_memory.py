@@ -31,7 +31,8 @@ SCRIPT = r"""
 import json, os, sys, draftfeed
 
 data, chunk = sys.argv[1], int(sys.argv[2])
-cache = os.path.join(data, "hidden_states") + "/"
+pack = sys.argv[3] if len(sys.argv) > 3 else None  # a packed cache to read instead
+cache = (pack or os.path.join(data, "hidden_states")) + "/"
 
 def cache_pss():
     total, in_cache = 0, False
@@ -43,8 +44,9 @@ def cache_pss():
             total += int(fields[1]) * 1024
     return total
 
+extra = {"hidden_states_path": pack} if pack else {}
 loader = draftfeed.Loader(data, hidden_size=512, total_seq_len=4096, split="all", num_target_layers=3,
-                          num_threads=2, prefetch=4, chunk_bytes=chunk, pin_memory=False)
+                          num_threads=2, prefetch=4, chunk_bytes=chunk, pin_memory=False, **extra)
 peak, total, batches = 0, 0, 0
 for epoch in range(2):
     loader.set_epoch(epoch)
@@ -72,10 +74,10 @@ def data(tmp_path_factory):
     return path
 
 
-def run_two_epochs(data: str, copy: str) -> dict:
+def run_two_epochs(data: str, copy: str, pack: str | None = None) -> dict:
     env = dict(os.environ, DRAFTFEED_CACHE_COPY=copy)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, data, str(CHUNK)], capture_output=True,
-                          text=True, timeout=240, env=env)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, data, str(CHUNK), *([pack] if pack else [])],
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["batches"] > 20
@@ -105,3 +107,19 @@ def test_read_rows_leave_no_hidden_state_page_mapped(data):
     mean, peak = out["mean_file_bytes"], out["peak_file_bytes"]
     assert mean <= 256 << 10, f"{mean / 2**20:.2f} MiB of cache files mapped on average"
     assert peak <= 2 * (2 << 20) + (256 << 10), f"{peak / 2**20:.1f} MiB of cache files mapped at once"
+
+
+def test_a_compressed_pack_is_mapped_only_while_its_samples_are_copied(data, tmp_path, run_cli):
+    # A compressed sample's first read checks its bytes and decodes it whole from a copy of its
+    # blob; later reads decode it inside the batch copy, from the mapping, and let go of the blob's
+    # pages once the sample is copied (one release a sample: each interrupts the other copy
+    # threads). Before the first read released its pages, an epoch left the whole pack mapped
+    # (about 340 MiB here).
+    pack = str(tmp_path / "packed")
+    run_cli("pack", data, "--out", pack, "--compress", "--no-progress", timeout=240)
+    out = run_two_epochs(data, "auto", pack)
+    mean, peak = out["mean_file_bytes"], out["peak_file_bytes"]
+    # Up to 4 batches in assembly of about 11 MiB of blobs each, and a sample's blob mapped until it
+    # is copied whole.
+    assert mean <= 16 << 20, f"{mean / 2**20:.2f} MiB of the pack mapped on average"
+    assert peak <= 64 << 20, f"{peak / 2**20:.1f} MiB of the pack mapped at once"

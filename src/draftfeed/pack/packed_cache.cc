@@ -260,6 +260,10 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check
     if (!guarded_copy(blob.data(), hidden->view.data, blob.size())) {
       return Error(ErrorKind::kIo, where(entry) + ": the shard shrank while being read");
     }
+    // Its pages leave this process's memory (the page cache keeps them): the copy reads the
+    // decoded bytes, and nothing else would release them (a first epoch kept the whole pack
+    // mapped).
+    s.file->mapping()->release(hidden->view.data, hidden->view.data + hidden->view.nbytes);
     std::shared_ptr<std::uint8_t[]> decoded =
         std::make_shared_for_overwrite<std::uint8_t[]>(hidden->decoded_bytes);
     // The blob's own hash of the decoded bytes is checked with the sample's checksum.
