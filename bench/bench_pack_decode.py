@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import cli_path  # noqa: E402
+from bench_pack import epoch  # noqa: E402
 
 MAX_LEN = 2048
 GOAL_SHARE = 0.60
@@ -67,15 +67,6 @@ def make_caches(work: Path, hidden: int, rows: int) -> tuple[Path, dict[str, Pat
             caches[name] = out
     shutil.rmtree(fp8)
     return data, caches
-
-
-def epoch(loader, index: int) -> tuple[float, int]:
-    loader.set_epoch(index)
-    start = time.perf_counter()
-    tokens = 0
-    for batch in loader:
-        tokens += int((batch["document_ids"] >= 0).sum())
-    return time.perf_counter() - start, tokens
 
 
 def warm_rounds(data: Path, caches: dict[str, Path], hidden: int, rounds: int) -> dict:
