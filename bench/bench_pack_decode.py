@@ -62,7 +62,7 @@ def make_caches(work: Path, hidden: int, rows: int) -> tuple[Path, dict[str, Pat
         for suffix, flags in (("", []), ("+huffman", ["--compress", "--entropy", "huffman"]),
                               ("+zstd", ["--compress", "--entropy", "zstd"])):
             name = f"{dtype} packed{suffix}"
-            out = work / f"{dtype}_{len(flags)}_{hidden}"
+            out = work / f"{dtype}_{suffix.strip('+') or 'plain'}_{hidden}"
             run("pack", data, "--hidden-states", source, "--out", out, "--no-progress", *flags)
             caches[name] = out
     shutil.rmtree(fp8)
