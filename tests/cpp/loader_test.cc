@@ -198,7 +198,7 @@ TEST_F(LoaderTest, TheEngineRunsAThreadPerFetchTheSourceMayKeepBlocked) {
 }
 
 TEST_F(LoaderTest, OptionsAreCheckedOnceNamingTheField) {
-  auto refused = [this](LoaderOptions o, const char* words) {
+  auto refused = [](LoaderOptions o, const char* words) {
     try {
       Loader loader(std::move(o));
       ADD_FAILURE() << "accepted; expected an error naming " << words;
