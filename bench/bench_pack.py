@@ -95,13 +95,13 @@ def cold_epoch(data: Path, cache: Path, hidden: int, mount: Path, bandwidth_mbps
 
 
 def residual_ratios(work: Path, rows: int, hidden: int) -> list[dict]:
-    """bench/pack_ratio.py's residual rows (bf16 and FP8, zstd level 1) on `rows` samples."""
+    """bench/pack_ratio.py's residual rows (bf16 and FP8, pack's default coder) on `rows` samples."""
     import pack_ratio
 
     folder = work / "residual"
     subprocess.run([sys.executable, str(ROOT / "bench" / "residual_states.py"), str(folder), "--rows", str(rows),
                     "--hidden", str(hidden)], check=True, capture_output=True)
-    return pack_ratio.measure(folder, work, "residual", levels=(1,))
+    return pack_ratio.measure(folder, work, "residual", levels=(1,), entropy="auto")
 
 
 def warm_epochs(data: Path, cache: Path, hidden: int, count: int) -> dict:

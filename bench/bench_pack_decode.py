@@ -216,6 +216,8 @@ def main() -> None:
                      "load_average": round(os.getloadavg()[0], 2), "commit": subprocess.run(
                          ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                          text=True).stdout.strip(), "warm": {}}
+    if args.work:
+        os.makedirs(args.work, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
         hiddens = [int(h) for h in args.hidden.split(",")]

@@ -496,7 +496,8 @@ def pack_decode_section(args, results: dict) -> None:
     r = script_section(
         "pack_decode", "bench_pack_decode.py",
         ["--rows", str(args.pack_decode_rows), "--rounds", str(args.pack_decode_rounds), "--hidden",
-         ",".join(map(str, args.copy_hidden_sizes)), "--work", args.data],
+         ",".join(map(str, args.copy_hidden_sizes)), "--residual-rows", str(args.pack_decode_residual_rows),
+         "--cold-mbps", str(args.pack_cold_mbps), "--work", args.data],
         "pack_decode.json", 3 * args.timeout, "bench/bench_pack_decode.py is not there")
     results["pack_decode"] = r
     import bench_pack_decode
@@ -581,6 +582,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pack-ratio-hidden", type=int, default=4096)
     p.add_argument("--pack-decode-rows", type=int, default=300, help="rows x 2048 / H of the pack_decode section")
     p.add_argument("--pack-decode-rounds", type=int, default=5, help="its interleaved warm rounds per H")
+    p.add_argument("--pack-decode-residual-rows", type=int, default=24,
+                   help="residual-stream-like samples (H = 4096) of its entropy stage and ratio")
     p.add_argument("--online-pack-rows", type=int, default=240, help="rows of the online_pack section's dataset")
     p.add_argument("--online-pack-hidden", type=int, default=256)
     p.add_argument("--online-pack-median", type=float, default=0.1, help="its service time's median (s)")
@@ -611,6 +614,7 @@ def parse_args() -> argparse.Namespace:
         args.pack_rows, args.pack_hidden, args.pack_ratio_rows, args.pack_ratio_hidden = 40, 64, 2, 512
         args.pack_shard_bytes = 2 << 20
         args.online_pack_rows, args.online_pack_hidden, args.online_pack_median = 40, 64, 0.02
+        args.pack_decode_rows, args.pack_decode_rounds, args.pack_decode_residual_rows = 16, 1, 2
     args.name = args.name or ("quick" if args.quick else "latest")
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]

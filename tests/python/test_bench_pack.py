@@ -1,6 +1,7 @@
 """bench/run.py's pack section at --quick sizes: it runs, records bench_pack.py's figures, and renders
 one table with each of issue 41's targets measured and met or not; without slowfs the targets that
-need it say why they were not measured."""
+need it say why they were not measured. Its pack_decode section (bench_pack_decode.py, issue 51) at
+--quick sizes: every pack measured, each target met or not, the README's headline rows built."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from conftest import cli_path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_pack  # noqa: E402
+import bench_pack_decode  # noqa: E402
+import headline  # noqa: E402
 import report  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,3 +58,27 @@ def test_targets_without_slowfs_say_why():
     assert met["warm epoch, packed+compressed >= 60% of packed"] == "met"
     [rendered] = report.pack_table({"pack": pack})
     assert "no /dev/fuse" in rendered["note"]
+
+
+def test_quick_pack_decode_section_runs_and_checks_issue_51s_targets(tmp_path):
+    env = dict(os.environ, DRAFTFEED_CLI=cli_path())
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "pack_decode",
+                           "--out", str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--allow-stale",
+                           "--no-readme"], capture_output=True, text=True, timeout=280, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((tmp_path / "out" / "quick.json").read_text())
+    r = results["pack_decode"]
+    assert r["status"] == "done", r
+    [warm] = r["warm"].values()
+    names = {f"{dtype} packed{suffix}" for dtype in ("bf16", "fp8") for suffix in ("", "+huffman", "+zstd")}
+    assert set(warm["caches"]) == names
+    # Each pack its own: the compressed ones smaller than the plain one.
+    sizes = {name: c["bytes_on_disk"] for name, c in warm["caches"].items()}
+    for dtype in ("bf16", "fp8"):
+        assert sizes[f"{dtype} packed+huffman"] < sizes[f"{dtype} packed"]
+        assert sizes[f"{dtype} packed+zstd"] < sizes[f"{dtype} packed"]
+    assert {c["name"] for c in r["entropy_stage"]["bf16"]["coders"]} == {"huffman", "zstd"}
+    rows = bench_pack_decode.targets(r)
+    assert len(rows) >= 8 and all(met in ("met", "NOT met") or met.startswith("not measured") for _, _, met in rows)
+    assert len(headline.pack_decode(results)) == 2
+    assert not list((tmp_path / "data").iterdir()), "the section's scratch folder is removed"
