@@ -406,17 +406,21 @@ std::size_t safe_groups(const Lanes& l, std::size_t k) {
   }
 }
 
-// The same loop built twice: with BMI2 (shifts by any register, no moves into CL), and without
-// for a CPU that lacks it; chosen once.
-__attribute__((target("bmi2"))) void fast_loop_bmi2(const std::uint8_t* base,
-                                                    const MultiTable& multi, Lanes& l) {
-  fast_loop(base, multi, l);
-}
+// The same loop built twice on x86 (DRAFTFEED_X86, as cpu_features.cc): with BMI2 (shifts by any
+// register, no moves into CL), and without for a CPU that lacks it; chosen once.
 void fast_loop_base(const std::uint8_t* base, const MultiTable& multi, Lanes& l) {
   fast_loop(base, multi, l);
 }
 using FastLoop = void (*)(const std::uint8_t*, const MultiTable&, Lanes&);
+#if defined(DRAFTFEED_X86)
+__attribute__((target("bmi2"))) void fast_loop_bmi2(const std::uint8_t* base,
+                                                    const MultiTable& multi, Lanes& l) {
+  fast_loop(base, multi, l);
+}
 const FastLoop kFastLoop = cpu_has_bmi2() ? fast_loop_bmi2 : fast_loop_base;
+#else
+const FastLoop kFastLoop = fast_loop_base;
+#endif
 
 }  // namespace
 
