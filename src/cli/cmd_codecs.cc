@@ -21,6 +21,7 @@
 #include "draftfeed/pack/exponent_huffman.h"
 #include "draftfeed/pack/plane_codec.h"
 #include "flag_table.h"
+#include "timing.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -52,15 +53,6 @@ const FlagTable& command_flags() {
 }
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 struct Tensor {
   DType dtype;

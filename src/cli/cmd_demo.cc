@@ -25,6 +25,7 @@
 #include "loader_run.h"
 #include "sim_server_process.h"
 #include "stream_report.h"
+#include "timing.h"
 
 namespace draftfeed::cli {
 
@@ -72,10 +73,6 @@ folder is removed at the end unless --out or --keep is given.
 
 options:
 )" + command_flags().help();
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::string make_temp_folder() {

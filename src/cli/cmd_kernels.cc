@@ -17,6 +17,7 @@
 #include "draftfeed/common/error.h"
 #include "draftfeed/common/run_workers.h"
 #include "flag_table.h"
+#include "timing.h"
 
 namespace draftfeed::cli {
 namespace {
@@ -215,12 +216,6 @@ std::string vector_kernels() {
   if (avx512_kernels_enabled()) return "AVX-512 (uniform noise into bf16), AVX2 (the rest)";
   if (cpu_has_avx2_f16c()) return "AVX2";
   return "none (scalar code, compiler-vectorised)";
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 != 0 ? values[mid] : (values[mid - 1] + values[mid]) / 2.0;
 }
 
 std::vector<const Case*> chosen_cases(const std::string& only) {

@@ -8,14 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "stats_json.h"
+#include "timing.h"
 
 namespace draftfeed::cli {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 void draw_bar(const std::string& label, std::int64_t done, std::int64_t total, double seconds,
               std::int64_t tokens, std::int64_t bytes) {
