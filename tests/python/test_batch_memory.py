@@ -111,10 +111,10 @@ def test_read_rows_leave_no_hidden_state_page_mapped(data):
 
 def test_a_compressed_pack_is_mapped_only_while_its_samples_are_copied(data, tmp_path, run_cli):
     # A compressed sample's first read checks its bytes and decodes it whole from a copy of its
-    # blob; later reads decode it inside the batch copy, from the mapping, and let go of the blob's
-    # pages once the sample is copied (one release a sample: each interrupts the other copy
-    # threads). Before the first read released its pages, an epoch left the whole pack mapped
-    # (about 340 MiB here).
+    # blob, and lets go of the blob's pages; later reads decode it inside the batch copy, from the
+    # mapping, and let go of them once the sample is copied (one release a sample: each interrupts
+    # the other copy threads). A first read that kept its pages would leave the whole pack mapped
+    # after an epoch (about 340 MiB here).
     pack = str(tmp_path / "packed")
     run_cli("pack", data, "--out", pack, "--compress", "--no-progress", timeout=240)
     out = run_two_epochs(data, "auto", pack)

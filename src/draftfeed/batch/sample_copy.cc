@@ -55,8 +55,8 @@ std::optional<FetchOutcome> SampleCopy::finish(const FetchedSample& sample,
   const std::int64_t bad_chunk = bad_chunk_.exchange(-1);
   if (sample.compressed && sample.file) {
     // The blob's pages leave this process's memory once the sample is copied (the page cache
-    // keeps them): once per sample, since each release interrupts the other copy threads (a TLB
-    // shootdown), which per copy chunk cost a compressed warm epoch about a tenth of its time.
+    // keeps them): once per sample, not per copy chunk, since each release interrupts the other
+    // copy threads (a TLB shootdown; docs/decisions.md has what that cost).
     const CompressedPlanes& blob = *sample.compressed;
     sample.file->release(blob.data, blob.data + blob.planes.blob_bytes);
   }

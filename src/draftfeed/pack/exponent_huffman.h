@@ -2,13 +2,13 @@
 // Huffman code over bytes, its code lengths at most 11 bits, the plane cut in four streams that
 // one decoder reads at once, and a decode table that gives up to four symbols per lookup.
 //
-// Why our own: an exponent plane carries about 2.6 bits per byte from some 40 byte values and has
-// no long repeats, so all of zstd's work on it is its Huffman literals stage, which decodes at
-// about 1 GB/s per core here; no library Debian or PyPI ships decodes such planes at 2 GB/s
-// (docs/decisions.md, "The exponent planes' entropy stage", has the candidates side by side). With
-// codes of at most 11 bits, one 2048-entry table (16 KiB, in L1) maps the next 11 bits of a
-// stream to every whole symbol they hold; four independent streams keep the core's load ports
-// busy while each stream waits on its own table lookup.
+// Why our own: a bf16 exponent plane carries about 3 bits per byte from a few dozen byte values
+// and has no long repeats, so all of zstd's work on it is its Huffman literals stage, one symbol a
+// lookup; zstd's Huffman entry points are not in Debian's libzstd, and no library Debian or PyPI
+// ships decodes such planes as fast (docs/decisions.md, "The exponent planes' entropy stage", has
+// the candidates side by side). With codes of at most 11 bits, one 2048-entry table (12 KiB, in
+// L1) maps the next 11 bits of a stream to every whole symbol they hold, three or more for these
+// planes; four independent streams keep the core busy while each waits on its own lookup.
 //
 // Stored form of one plane of n bytes, every field checked on decode (the bytes are untrusted):
 //   u8 first, u8 last          the symbols with a code lie in [first, last]

@@ -261,8 +261,8 @@ Result<PackedSample> PackedCache::read(const PackEntry& entry, bool always_check
       return Error(ErrorKind::kIo, where(entry) + ": the shard shrank while being read");
     }
     // Its pages leave this process's memory (the page cache keeps them): the copy reads the
-    // decoded bytes, and nothing else would release them (a first epoch kept the whole pack
-    // mapped).
+    // decoded bytes, and nothing else releases them (else an epoch of first reads would leave the
+    // whole pack mapped).
     s.file->mapping()->release(hidden->view.data, hidden->view.data + hidden->view.nbytes);
     std::shared_ptr<std::uint8_t[]> decoded =
         std::make_shared_for_overwrite<std::uint8_t[]>(hidden->decoded_bytes);

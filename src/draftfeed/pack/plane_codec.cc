@@ -184,8 +184,8 @@ class ExponentCoder {
     const HuffmanLengths own = huffman_lengths(histogram);
     const std::size_t shared_bytes = huffman_stored_bytes(blob_, histogram);
     const std::size_t own_bytes = huffman_stored_bytes(own, histogram);
-    // A chunk's own code costs the decoder a table build (about a fifth of the chunk's decode):
-    // worth it only where it saves more than kOwnCodeSaving of the chunk's bytes.
+    // A chunk's own code costs the decoder a table build (a sizeable part of a chunk's decode, see
+    // docs/decisions.md): worth it only where it saves more than kOwnCodeSaving of its bytes.
     const bool use_own = own_bytes + shared_bytes / kOwnCodeSaving < shared_bytes;
     if (std::min(own_bytes, shared_bytes) >= plane.size()) return kModeRaw;
     huffman_encode(use_own ? own : blob_, plane, packed_);

@@ -44,10 +44,10 @@ namespace draftfeed {
 inline constexpr const char* kPlaneCodecName = "planes-zstd";
 inline constexpr std::uint32_t kPlaneCodecDefaultChunk = 64 * 1024;
 
-// The exponent planes' entropy coder. On bf16 planes Huffman decodes about twice as fast as zstd
-// at a smaller size; on FP8's planes (two exponents a byte, about 5 bits of entropy a byte) zstd's
-// decoder is the faster one, at the same size (docs/decisions.md, "The exponent planes' entropy
-// stage"): kAuto takes each where it is faster. zstd writes version 1 blobs, which readers from
+// The exponent planes' entropy coder. On bf16 planes our Huffman decoder is the faster, at a
+// smaller size; on FP8's planes (two exponents a byte, about 5 bits of entropy a byte, two symbols
+// a lookup at most) zstd's is, at the same size (docs/decisions.md, "The exponent planes' entropy
+// stage", has the measurements): kAuto takes each where it is faster. zstd writes version 1 blobs, which readers from
 // before version 2 read.
 enum class PlaneEntropy : std::uint8_t { kAuto, kHuffman, kZstd };
 
