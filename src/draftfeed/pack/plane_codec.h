@@ -47,8 +47,8 @@ inline constexpr std::uint32_t kPlaneCodecDefaultChunk = 64 * 1024;
 // The exponent planes' entropy coder. On bf16 planes our Huffman decoder is the faster, at a
 // smaller size; on FP8's planes (two exponents a byte, about 5 bits of entropy a byte, two symbols
 // a lookup at most) zstd's is, at the same size (docs/decisions.md, "The exponent planes' entropy
-// stage", has the measurements): kAuto takes each where it is faster. zstd writes version 1 blobs, which readers from
-// before version 2 read.
+// stage", has the measurements): kAuto takes each where it is faster. zstd writes version 1 blobs,
+// which readers from before version 2 read.
 enum class PlaneEntropy : std::uint8_t { kAuto, kHuffman, kZstd };
 
 // The coder kAuto means for `dtype`: Huffman for BF16, zstd for F8_E4M3.
