@@ -456,18 +456,16 @@ HuffmanFault HuffmanDecoder::decode(std::span<const std::uint8_t> stored,
   kFastLoop(base, MultiTable{tables_->symbols.data(), tables_->meta.data()}, l);
   const std::uint16_t* single = tables_->single.data();
   for (std::size_t k = 0; k < kStreams; ++k) {
-    // The last bytes one symbol at a time, the window past the stream's end zero-filled; a
-    // stream that runs out of bits fails here rather than reading on.
-    const std::uint64_t first_bit = k == 0 ? 0 : l.stop[k - 1] * 8;
-    const std::uint64_t limit = l.stop[k] * 8;
-    const std::uint8_t* stream = base + first_bit / 8;
-    const std::size_t bytes = l.stop[k] - first_bit / 8;
-    std::uint64_t pos = l.pos[k] - first_bit;
+    // The last bytes one symbol at a time, the window past the stream's end zero-filled (the
+    // loop ends with the output); a stream whose bits do not end in its last byte is refused.
+    const std::uint64_t first = k == 0 ? 0 : l.stop[k - 1];
+    const std::uint8_t* stream = base + first;
+    const std::size_t bytes = l.stop[k] - first;
+    std::uint64_t pos = l.pos[k] - first * 8;
     for (std::uint8_t* o = l.out[k]; o < l.end[k]; ++o) {
       const std::uint16_t e = single[peek_tail(stream, bytes, pos) >> kPeekShift];
       *o = static_cast<std::uint8_t>(e);
       pos += e >> 8;
-      if (first_bit + pos > limit) return HuffmanFault::kBadStreams;
     }
     if ((pos + 7) / 8 != bytes) return HuffmanFault::kBadStreams;
   }
